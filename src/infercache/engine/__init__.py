@@ -1,0 +1,1 @@
+"""The built-in inference engine: a Llama-family model with radix-tree KV prefix reuse."""
