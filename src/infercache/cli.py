@@ -20,12 +20,11 @@ def build_parser() -> argparse.ArgumentParser:
         description="A layered cache for LLM inference: exact, semantic and KV-prefix reuse.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    from infercache import cli_cache
+    from infercache.cli_cache import register as register_cache
+    from infercache.engine.cli import register as register_engine
 
-    cli_cache.register(sub)
-    from infercache.engine import cli as engine_cli
-
-    engine_cli.register(sub)
+    register_cache(sub)
+    register_engine(sub)
     return parser
 
 

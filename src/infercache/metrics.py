@@ -265,14 +265,14 @@ class _SnapshotCollector(Collector):
         families: dict[str, HistogramMetricFamily] = {}
         for name, s in snap.items():
             for hname, h in s["histograms"].items():
-                fam = families.get(hname)
-                if fam is None:
-                    fam = families[hname] = HistogramMetricFamily(
+                hfam = families.get(hname)
+                if hfam is None:
+                    hfam = families[hname] = HistogramMetricFamily(
                         f"infercache_{hname}", hname, labels=["strategy"]
                     )
                 cumulative, running = [], 0
                 for bound, count in zip([*h["bounds"], float("inf")], h["counts"], strict=True):
                     running += count
                     cumulative.append(("+Inf" if bound == float("inf") else str(bound), running))
-                fam.add_metric([name], cumulative, sum_value=h["sum"])
+                hfam.add_metric([name], cumulative, sum_value=h["sum"])
         yield from families.values()

@@ -1,0 +1,126 @@
+"""Store administration commands: `stats`, `invalidate`, `set-model-version`, `purge`.
+
+Each works on the store a URL names (`--store`, default: the settings' store), so it acts on
+the same SQLite file or Redis server a running gateway uses, from another process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from infercache.clock import SystemClock
+from infercache.errors import InfercacheError
+from infercache.settings import Settings
+from infercache.stores import Backend, open_store
+from infercache.versions import Versions
+
+
+def add_store_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--store", metavar="URL", help="memory://, sqlite:///PATH or redis://...")
+    parser.add_argument("--config", metavar="FILE", type=Path, help="TOML settings file")
+
+
+def settings_from_args(args: argparse.Namespace) -> Settings:
+    settings = Settings.load(config_file=args.config)
+    if getattr(args, "store", None):
+        settings = settings.with_env({"INFERCACHE_STORE": args.store})
+    return settings
+
+
+def _open(args: argparse.Namespace) -> Backend:
+    settings = settings_from_args(args)
+    return open_store(
+        settings.resolved_store_url, clock=SystemClock(), max_bytes=settings.max_store_bytes
+    )
+
+
+def _stats(args: argparse.Namespace) -> int:
+    backend = _open(args)
+    try:
+        s = backend.stats()
+        out: dict[str, Any] = {
+            "store": backend.url,
+            "entries": s.entries,
+            "bytes": s.bytes,
+            "max_bytes": s.max_bytes,
+        }
+        if args.model:
+            versions = Versions(backend)
+            out["model_versions"] = {m: versions.model_version(m) for m in args.model}
+    finally:
+        backend.close()
+    print(json.dumps(out, indent=2))
+    return 0
+
+
+def _invalidate(args: argparse.Namespace) -> int:
+    backend = _open(args)
+    try:
+        n = Versions(backend).invalidate(args.tag)
+    finally:
+        backend.close()
+    print(f"invalidated {n} tag(s): {', '.join(sorted(set(args.tag)))}")
+    return 0
+
+
+def _set_model_version(args: argparse.Namespace) -> int:
+    backend = _open(args)
+    try:
+        changed = Versions(backend).set_model_version(args.model, args.version)
+    finally:
+        backend.close()
+    if changed:
+        print(f"{args.model}: version is now {args.version}; older entries are unreachable")
+    else:
+        print(f"{args.model}: version already {args.version}; nothing changed")
+    return 0
+
+
+def _purge(args: argparse.Namespace) -> int:
+    backend = _open(args)
+    try:
+        n = backend.purge()
+    finally:
+        backend.close()
+    print(f"purged {n} entries from {backend.url}")
+    return 0
+
+
+def _guarded(handler: Any) -> Any:
+    def run(args: argparse.Namespace) -> int:
+        try:
+            code: int = handler(args)
+        except InfercacheError as exc:
+            print(f"infercache: {exc}", file=sys.stderr)
+            return 1
+        return code
+
+    return run
+
+
+def register(sub: argparse._SubParsersAction[Any]) -> None:
+    p = sub.add_parser("stats", help="entries and bytes in the store")
+    add_store_options(p)
+    p.add_argument("--model", action="append", default=[], help="also show this model's version")
+    p.set_defaults(handler=_guarded(_stats))
+
+    p = sub.add_parser("invalidate", help="make every entry depending on a tag unreachable")
+    add_store_options(p)
+    p.add_argument("--tag", action="append", required=True, help="a tag (repeatable)")
+    p.set_defaults(handler=_guarded(_invalidate))
+
+    p = sub.add_parser(
+        "set-model-version", help="make a model version current; older entries unreachable"
+    )
+    add_store_options(p)
+    p.add_argument("model")
+    p.add_argument("version")
+    p.set_defaults(handler=_guarded(_set_model_version))
+
+    p = sub.add_parser("purge", help="delete every entry (versions and tags are kept)")
+    add_store_options(p)
+    p.set_defaults(handler=_guarded(_purge))

@@ -1,0 +1,146 @@
+"""The exact-match layer: a hit is an entry under the request's exact key that is fresh.
+
+Lookup: derive the key (keys.py), read the version view (one meta read: the model's version
+token and the generations of the request's tags), read the entry. The entry is served only if
+it has not expired on the injected clock, was produced under the current model version token,
+and every tag it depends on is still at the generation it recorded. A stale entry found on read
+is deleted (lazy reclamation) and the miss is attributed to its reason.
+
+Store: a complete response (policy.unstorable_reason) is written with the view seen *at lookup*,
+so an answer generated across a model swap or an invalidation is never served.
+
+Failure: a `StoreError` on lookup is a `store_error` miss; on store it is counted and logged.
+Neither reaches the caller. This class records store errors and lookup overhead; the caller
+(cache.py) records the hit or miss once it knows the outcome (coalesced waiters count as hits).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from infercache.clock import Clock
+from infercache.errors import StoreError
+from infercache.keys import IGNORABLE_FIELDS, exact_key
+from infercache.metrics import MissReason, StrategyMetrics
+from infercache.policy import CachePolicy, unstorable_reason, usage_tokens
+from infercache.request import ChatRequest
+from infercache.stores.base import Backend, Entry
+from infercache.versions import Versions, VersionView
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Lookup:
+    key: str
+    view: VersionView | None  # None when the store could not be read
+    entry: Entry | None  # the fresh entry on a hit
+    miss_reason: MissReason | None  # None on a hit
+
+    @property
+    def hit(self) -> bool:
+        return self.entry is not None
+
+
+class ExactCache:
+    def __init__(
+        self,
+        backend: Backend,
+        *,
+        policy: CachePolicy,
+        clock: Clock,
+        metrics: StrategyMetrics,
+        ignorable_fields: frozenset[str] = IGNORABLE_FIELDS,
+    ) -> None:
+        self.backend = backend
+        self.versions = Versions(backend)
+        self._policy = policy
+        self._clock = clock
+        self._metrics = metrics
+        self._ignorable = ignorable_fields
+
+    def key(self, request: ChatRequest) -> str:
+        return exact_key(request, self._ignorable)
+
+    def lookup(self, request: ChatRequest, *, read_entry: bool = True) -> Lookup:
+        """Find a fresh entry. With `read_entry=False` only the view is read (a refresh)."""
+        started = self._clock.monotonic_s()
+        key = self.key(request)
+        try:
+            view = self.versions.view(request.model, request.directives.tags)
+            entry = self.backend.get(key) if read_entry else None
+        except StoreError as exc:
+            self._store_error("lookup", exc)
+            self._metrics.overhead(self._clock.monotonic_s() - started)
+            return Lookup(key, None, None, MissReason.STORE_ERROR)
+        reason = self._staleness(entry, view) if entry is not None else MissReason.ABSENT
+        if entry is not None and reason is not None:
+            self._delete(key)
+        self._metrics.overhead(self._clock.monotonic_s() - started)
+        return Lookup(key, view, entry if reason is None else None, reason)
+
+    def _staleness(self, entry: Entry, view: VersionView) -> MissReason | None:
+        if self._clock.now_s() >= entry.expires_at_s:
+            return MissReason.EXPIRED
+        if not view.model_is_current(entry.model_version):
+            return MissReason.STALE_MODEL_VERSION
+        if not view.tags_are_current(entry.tags):
+            return MissReason.INVALIDATED_TAG
+        return None
+
+    def store(
+        self,
+        lookup: Lookup,
+        request: ChatRequest,
+        response: Mapping[str, Any],
+        *,
+        upstream_s: float,
+    ) -> bool:
+        """Store `response` for `request` if it is complete; True if stored."""
+        if lookup.view is None:
+            return False
+        why_not = unstorable_reason(response)
+        if why_not is not None:
+            self._metrics.count("not_stored")
+            log.debug("not storing %s: %s", lookup.key, why_not)
+            return False
+        started = self._clock.monotonic_s()
+        now_s = self._clock.now_s()
+        prompt_tokens, completion_tokens = usage_tokens(response)
+        entry = Entry(
+            response=json.dumps(response, separators=(",", ":")).encode(),
+            model=request.model,
+            model_version=lookup.view.model_version,
+            tags=lookup.view.tags,
+            created_at_s=now_s,
+            expires_at_s=now_s + self._policy.ttl_s(request),
+            upstream_s=upstream_s,
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+        )
+        try:
+            self.backend.put(lookup.key, entry)
+        except StoreError as exc:
+            self._store_error("store", exc)
+            return False
+        finally:
+            self._metrics.overhead(self._clock.monotonic_s() - started)
+        self._metrics.count("stored")
+        return True
+
+    def age_s(self, entry: Entry) -> float:
+        return max(0.0, self._clock.now_s() - entry.created_at_s)
+
+    def _delete(self, key: str) -> None:
+        try:
+            self.backend.delete(key)
+        except StoreError as exc:
+            self._store_error("delete", exc)
+
+    def _store_error(self, op: str, exc: StoreError) -> None:
+        self._metrics.count("store_errors")
+        log.warning("cache store failed on %s, serving without it: %s", op, exc)

@@ -1,0 +1,81 @@
+"""What may be cached, for how long. Pure functions of a request, a response and settings.
+
+- Cacheable request: a sampled request (temperature > 0, or no temperature, which the OpenAI API
+  treats as 1) without a `seed` is not cached unless `cache_sampled` is set: replaying one sample
+  to every caller silently removes the variety they asked for.
+- TTL: every entry has one. `default_ttl_s` is required in settings; a per-request `ttl_s` (or
+  `Cache-Control: max-age`) overrides it but is capped by `max_ttl_s`. There is no "forever".
+- Storable response: a complete answer only. Never an error body, empty `choices`, a choice whose
+  `finish_reason` is missing (partial / cut-off stream) or `content_filter`, or a refusal.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from infercache.chat import COMPLETE_FINISH_REASONS
+from infercache.request import ChatRequest
+
+
+@dataclass(frozen=True, slots=True)
+class CachePolicy:
+    default_ttl_s: float
+    max_ttl_s: float
+    cache_sampled: bool = False
+    # What a request without `temperature` samples at (the OpenAI API's default is 1).
+    default_temperature: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not 0 < self.default_ttl_s <= self.max_ttl_s:
+            raise ValueError(
+                f"need 0 < default_ttl_s ({self.default_ttl_s}) <= max_ttl_s ({self.max_ttl_s})"
+            )
+
+    def uncacheable_reason(self, request: ChatRequest) -> str | None:
+        """None if the request may be cached, else why not."""
+        if self.cache_sampled:
+            return None
+        temperature = request.body.get("temperature")
+        if temperature is None:
+            temperature = self.default_temperature
+        if temperature > 0 and request.body.get("seed") is None:
+            return f"sampled (temperature={temperature}) without a seed"
+        return None
+
+    def ttl_s(self, request: ChatRequest) -> float:
+        asked = request.directives.ttl_s
+        return min(asked if asked is not None else self.default_ttl_s, self.max_ttl_s)
+
+
+def unstorable_reason(response: Mapping[str, Any]) -> str | None:
+    """None if `response` is a complete answer that may be stored, else why not."""
+    if response.get("error") is not None:
+        return "error response"
+    choices = response.get("choices")
+    if not isinstance(choices, list) or not choices:
+        return "no choices"
+    for choice in choices:
+        if not isinstance(choice, Mapping):
+            return "malformed choice"
+        finish = choice.get("finish_reason")
+        if finish not in COMPLETE_FINISH_REASONS:
+            return f"finish_reason {finish!r}"
+        message = choice.get("message")
+        if isinstance(message, Mapping) and message.get("refusal"):
+            return "refusal"
+    return None
+
+
+def usage_tokens(response: Mapping[str, Any]) -> tuple[int, int]:
+    """(prompt_tokens, completion_tokens) from a response's usage; zeros when absent."""
+    usage = response.get("usage")
+    if not isinstance(usage, Mapping):
+        return 0, 0
+    prompt = usage.get("prompt_tokens")
+    completion = usage.get("completion_tokens")
+    return (
+        prompt if isinstance(prompt, int) else 0,
+        completion if isinstance(completion, int) else 0,
+    )

@@ -1,0 +1,193 @@
+"""A chat-completions request as the cache sees it: the body for the upstream plus directives.
+
+Cache metadata travels in an optional `infercache` object inside the request body; it is
+validated here and stripped before anything is sent upstream:
+
+    "infercache": {
+      "tenant": "acme",                 # scopes every layer; default "" (single-tenant use)
+      "tags": ["kb:pricing", "user:7"], # data the answer depends on, for invalidate(tags=...)
+      "context": ...,                   # ids/versions or text of retrieved documents; any JSON;
+                                        # only its sha256 fingerprint enters the key
+      "ttl_s": 600,                     # per-request TTL, capped by settings.max_ttl_s
+      "cache_control": "no-store"       # or a list: no-cache | no-store | only-if-cached
+    }
+
+The caller's dict is never mutated. Invalid directives raise `InvalidRequestError` naming the
+field and the bad value.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from infercache.errors import InvalidRequestError
+
+DIRECTIVES_FIELD = "infercache"
+_CACHE_CONTROLS = frozenset({"no-cache", "no-store", "only-if-cached"})
+
+
+@dataclass(frozen=True, slots=True)
+class CacheControl:
+    no_cache: bool = False  # skip the lookup, call upstream, refresh the entry
+    no_store: bool = False  # never store this answer
+    only_if_cached: bool = False  # answer from the cache or fail with NotCachedError
+
+    @classmethod
+    def parse(cls, value: object) -> CacheControl:
+        items: list[object]
+        if value is None:
+            return cls()
+        if isinstance(value, str):
+            items = [v.strip() for v in value.split(",") if v.strip()]
+        elif isinstance(value, list):
+            items = list(value)
+        else:
+            raise InvalidRequestError(
+                f"infercache.cache_control must be a string or a list, got {value!r}",
+                param="infercache.cache_control",
+            )
+        unknown = [v for v in items if v not in _CACHE_CONTROLS]
+        if unknown:
+            raise InvalidRequestError(
+                f"unknown infercache.cache_control value(s) {unknown!r}; "
+                f"allowed: {sorted(_CACHE_CONTROLS)}",
+                param="infercache.cache_control",
+            )
+        return cls(
+            no_cache="no-cache" in items,
+            no_store="no-store" in items,
+            only_if_cached="only-if-cached" in items,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Directives:
+    tenant: str = ""
+    tags: tuple[str, ...] = ()
+    context_fingerprint: str | None = None
+    ttl_s: float | None = None
+    cache_control: CacheControl = CacheControl()
+
+
+@dataclass(frozen=True, slots=True)
+class ChatRequest:
+    """`body` is what the upstream receives (directives stripped); never mutate it."""
+
+    body: Mapping[str, Any]
+    directives: Directives
+
+    @property
+    def model(self) -> str:
+        model: str = self.body["model"]
+        return model
+
+    @property
+    def stream(self) -> bool:
+        return bool(self.body.get("stream"))
+
+
+def context_fingerprint(context: object) -> str:
+    """sha256 over the canonical JSON of whatever identifies the retrieved context."""
+    canonical = json.dumps(context, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def _bad(field: str, message: str) -> InvalidRequestError:
+    return InvalidRequestError(message, param=field)
+
+
+def _parse_directives(raw: object, tenant_override: str | None) -> Directives:
+    if raw is None:
+        return Directives(tenant=tenant_override or "")
+    if not isinstance(raw, dict):
+        raise _bad(DIRECTIVES_FIELD, f"'infercache' must be an object, got {raw!r}")
+    unknown = set(raw) - {"tenant", "tags", "context", "ttl_s", "cache_control"}
+    if unknown:
+        raise _bad(DIRECTIVES_FIELD, f"unknown field(s) in 'infercache': {sorted(unknown)}")
+    tenant = raw.get("tenant", "")
+    if not isinstance(tenant, str):
+        raise _bad("infercache.tenant", f"infercache.tenant must be a string, got {tenant!r}")
+    tags = raw.get("tags", [])
+    if not isinstance(tags, list) or not all(isinstance(t, str) and t for t in tags):
+        raise _bad("infercache.tags", f"infercache.tags must be non-empty strings, got {tags!r}")
+    ttl_s = raw.get("ttl_s")
+    if ttl_s is not None and (
+        isinstance(ttl_s, bool) or not isinstance(ttl_s, int | float) or not ttl_s > 0
+    ):
+        raise _bad("infercache.ttl_s", f"infercache.ttl_s must be a number > 0, got {ttl_s!r}")
+    context = raw.get("context")
+    return Directives(
+        # A tenant established by authentication always wins over one claimed in the body.
+        tenant=tenant_override if tenant_override is not None else tenant,
+        tags=tuple(sorted(set(tags))),
+        context_fingerprint=None if context is None else context_fingerprint(context),
+        ttl_s=None if ttl_s is None else float(ttl_s),
+        cache_control=CacheControl.parse(raw.get("cache_control")),
+    )
+
+
+def _is_number(v: object) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
+
+
+def _is_int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_stop(v: object) -> bool:
+    return isinstance(v, str) or (isinstance(v, list) and all(isinstance(s, str) for s in v))
+
+
+# Types of the known parameters; a wrong type is a 400, as the OpenAI API answers it.
+_FIELD_CHECKS: dict[str, tuple[str, Any]] = {
+    "temperature": ("a number between 0 and 2", lambda v: _is_number(v) and 0 <= v <= 2),
+    "top_p": ("a number between 0 and 1", lambda v: _is_number(v) and 0 <= v <= 1),
+    "max_tokens": ("an integer >= 1", lambda v: _is_int(v) and v >= 1),
+    "max_completion_tokens": ("an integer >= 1", lambda v: _is_int(v) and v >= 1),
+    "n": ("an integer >= 1", lambda v: _is_int(v) and v >= 1),
+    "seed": ("an integer", _is_int),
+    "stream": ("a boolean", lambda v: isinstance(v, bool)),
+    "stop": ("a string or a list of strings", _is_stop),
+    "presence_penalty": ("a number between -2 and 2", lambda v: _is_number(v) and -2 <= v <= 2),
+    "frequency_penalty": ("a number between -2 and 2", lambda v: _is_number(v) and -2 <= v <= 2),
+    "logprobs": ("a boolean", lambda v: isinstance(v, bool)),
+    "top_logprobs": ("an integer between 0 and 20", lambda v: _is_int(v) and 0 <= v <= 20),
+    "logit_bias": ("an object", lambda v: isinstance(v, dict)),
+    "tools": ("a list", lambda v: isinstance(v, list)),
+    "response_format": ("an object", lambda v: isinstance(v, dict)),
+    "stream_options": ("an object", lambda v: isinstance(v, dict)),
+    "user": ("a string", lambda v: isinstance(v, str)),
+}
+
+
+def _validate_body(body: Mapping[str, Any]) -> None:
+    for name, (expected, check) in _FIELD_CHECKS.items():
+        value = body.get(name)
+        if value is not None and not check(value):
+            raise _bad(name, f"'{name}' must be {expected}, got {value!r}")
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise _bad("model", f"'model' must be a non-empty string, got {model!r}")
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise _bad("messages", "'messages' must be a non-empty list")
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise _bad(f"messages[{i}]", f"messages[{i}] must be an object with a 'role' string")
+
+
+def parse_request(body: object, *, tenant: str | None = None) -> ChatRequest:
+    """Validate a chat-completions body and split off its `infercache` directives.
+
+    `tenant`, when given (the gateway's authenticated tenant), overrides the body's claim.
+    """
+    if not isinstance(body, dict):
+        raise InvalidRequestError(f"the request body must be a JSON object, got {type(body)}")
+    _validate_body(body)
+    directives = _parse_directives(body.get(DIRECTIVES_FIELD), tenant)
+    upstream_body = {k: v for k, v in body.items() if k != DIRECTIVES_FIELD}
+    return ChatRequest(body=upstream_body, directives=directives)

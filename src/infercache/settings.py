@@ -1,0 +1,188 @@
+"""Settings, read once and passed down frozen. Nothing reads the environment anywhere else.
+
+Sources, later ones winning: the defaults below, a TOML file (`--config FILE`), then the
+environment (`INFERCACHE_*`). Every value is validated here; a bad one raises `ConfigError`
+naming it.
+
+    [cache]                              # env
+    store = "sqlite:///path.db"          # INFERCACHE_STORE (default: SQLite in data_dir)
+    data_dir = "~/.cache/infercache"     # INFERCACHE_DATA_DIR
+    max_store_bytes = 1073741824         # INFERCACHE_MAX_STORE_BYTES
+    default_ttl_s = 3600                 # INFERCACHE_DEFAULT_TTL_S (required > 0; no forever)
+    max_ttl_s = 604800                   # INFERCACHE_MAX_TTL_S (caps per-request ttl_s)
+    cache_sampled = false                # INFERCACHE_CACHE_SAMPLED: cache temperature > 0
+                                         #   without a seed too
+    default_temperature = 1.0            # what a request without temperature samples at
+
+    [prices."gpt-4o-mini"]               # INFERCACHE_PRICES='{"gpt-4o-mini": [0.15, 0.6, 0.075]}'
+    input_usd_per_mtok = 0.15
+    output_usd_per_mtok = 0.6
+    cached_input_usd_per_mtok = 0.075
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+from infercache.errors import ConfigError
+from infercache.keys import IGNORABLE_FIELDS
+from infercache.metrics import Price, PriceTable
+from infercache.policy import CachePolicy
+
+
+def default_data_dir(environ: Mapping[str, str]) -> Path:
+    if environ.get("INFERCACHE_DATA_DIR"):
+        return Path(environ["INFERCACHE_DATA_DIR"]).expanduser()
+    base = environ.get("XDG_CACHE_HOME") or str(Path(environ.get("HOME", "~")) / ".cache")
+    return Path(base).expanduser() / "infercache"
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    data_dir: Path
+    store_url: str | None = None  # None: sqlite in data_dir
+    max_store_bytes: int = 1 << 30
+    default_ttl_s: float = 3600.0
+    max_ttl_s: float = 7 * 86400.0
+    cache_sampled: bool = False
+    default_temperature: float = 1.0
+    ignorable_fields: frozenset[str] = IGNORABLE_FIELDS
+    prices: PriceTable = field(default_factory=PriceTable)
+
+    def __post_init__(self) -> None:
+        if not self.default_ttl_s > 0:
+            raise ConfigError(f"default_ttl_s must be > 0, got {self.default_ttl_s}")
+        if self.max_ttl_s < self.default_ttl_s:
+            raise ConfigError(
+                f"max_ttl_s ({self.max_ttl_s}) must be >= default_ttl_s ({self.default_ttl_s})"
+            )
+        if self.max_store_bytes <= 0:
+            raise ConfigError(f"max_store_bytes must be > 0, got {self.max_store_bytes}")
+
+    @property
+    def resolved_store_url(self) -> str:
+        return self.store_url or f"sqlite:///{self.data_dir / 'cache.sqlite3'}"
+
+    def policy(self) -> CachePolicy:
+        return CachePolicy(
+            default_ttl_s=self.default_ttl_s,
+            max_ttl_s=self.max_ttl_s,
+            cache_sampled=self.cache_sampled,
+            default_temperature=self.default_temperature,
+        )
+
+    @classmethod
+    def load(
+        cls, environ: Mapping[str, str] | None = None, config_file: Path | None = None
+    ) -> Settings:
+        """Defaults, then `config_file` (TOML), then `environ` (default: os.environ)."""
+        env = os.environ if environ is None else environ
+        settings = cls(data_dir=default_data_dir(env))
+        if config_file is not None:
+            settings = settings.with_toml(config_file)
+        return settings.with_env(env)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str]) -> Settings:
+        return cls.load(environ)
+
+    def with_toml(self, path: Path) -> Settings:
+        try:
+            doc = tomllib.loads(path.read_text())
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise ConfigError(f"cannot read config file {path}: {exc}") from exc
+        changes = _cache_section(doc.get("cache", {}), str(path))
+        if "prices" in doc:
+            changes["prices"] = _prices(doc["prices"], str(path))
+        return self._replace(changes)
+
+    def with_env(self, environ: Mapping[str, str]) -> Settings:
+        names = {
+            "INFERCACHE_STORE": "store",
+            "INFERCACHE_DATA_DIR": "data_dir",
+            "INFERCACHE_MAX_STORE_BYTES": "max_store_bytes",
+            "INFERCACHE_DEFAULT_TTL_S": "default_ttl_s",
+            "INFERCACHE_MAX_TTL_S": "max_ttl_s",
+            "INFERCACHE_CACHE_SAMPLED": "cache_sampled",
+            "INFERCACHE_DEFAULT_TEMPERATURE": "default_temperature",
+        }
+        raw = {field_name: environ[var] for var, field_name in names.items() if var in environ}
+        changes = _cache_section(raw, "environment", from_strings=True)
+        if "INFERCACHE_PRICES" in environ:
+            try:
+                doc = json.loads(environ["INFERCACHE_PRICES"])
+            except ValueError as exc:
+                raise ConfigError(f"INFERCACHE_PRICES is not JSON: {exc}") from exc
+            changes["prices"] = _prices(doc, "INFERCACHE_PRICES")
+        return self._replace(changes)
+
+    def _replace(self, changes: dict[str, Any]) -> Settings:
+        try:
+            return replace(self, **changes)
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(str(exc)) from exc
+
+
+_CACHE_FIELDS: dict[str, tuple[str, type]] = {
+    "store": ("store_url", str),
+    "data_dir": ("data_dir", Path),
+    "max_store_bytes": ("max_store_bytes", int),
+    "default_ttl_s": ("default_ttl_s", float),
+    "max_ttl_s": ("max_ttl_s", float),
+    "cache_sampled": ("cache_sampled", bool),
+    "default_temperature": ("default_temperature", float),
+}
+
+
+def _convert(value: object, kind: type, name: str, source: str, from_strings: bool) -> object:
+    if kind is bool and from_strings and isinstance(value, str):
+        if value.lower() in ("1", "true", "yes", "on"):
+            return True
+        if value.lower() in ("0", "false", "no", "off", ""):
+            return False
+        raise ConfigError(f"{source}: {name} must be a boolean, got {value!r}")
+    if kind is bool and not isinstance(value, bool):
+        raise ConfigError(f"{source}: {name} must be a boolean, got {value!r}")
+    if kind is Path:
+        return Path(str(value)).expanduser()
+    try:
+        return kind(value)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{source}: {name} must be {kind.__name__}, got {value!r}") from exc
+
+
+def _cache_section(
+    section: Mapping[str, Any], source: str, *, from_strings: bool = False
+) -> dict[str, Any]:
+    unknown = set(section) - set(_CACHE_FIELDS)
+    if unknown:
+        raise ConfigError(f"{source}: unknown [cache] setting(s) {sorted(unknown)}")
+    out: dict[str, Any] = {}
+    for name, value in section.items():
+        attr, kind = _CACHE_FIELDS[name]
+        out[attr] = _convert(value, kind, name, source, from_strings)
+    return out
+
+
+def _prices(doc: object, source: str) -> PriceTable:
+    if not isinstance(doc, dict):
+        raise ConfigError(f"{source}: prices must be a table of models")
+    price_fields = [f.name for f in fields(Price)]
+    by_model: dict[str, Price] = {}
+    for model, spec in doc.items():
+        if isinstance(spec, list) and 2 <= len(spec) <= 3:
+            spec = dict(zip(price_fields, spec, strict=False))
+        if not isinstance(spec, dict) or set(spec) - set(price_fields):
+            raise ConfigError(f"{source}: bad price for {model!r}: {spec!r}")
+        try:
+            by_model[model] = Price(**{k: float(v) for k, v in spec.items()})
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"{source}: bad price for {model!r}: {exc}") from exc
+    default = by_model.pop("*", Price())
+    return PriceTable(by_model=by_model, default=default)

@@ -1,0 +1,52 @@
+"""Cache stores behind one `Backend` Protocol, chosen by URL (see `open_store`)."""
+
+from __future__ import annotations
+
+import urllib.parse
+from pathlib import Path
+
+from infercache.clock import Clock
+from infercache.errors import ConfigError
+from infercache.stores.base import Backend, Entry, MetaStore, Store, StoreStats
+from infercache.stores.memory import MemoryStore
+from infercache.stores.sqlite import SQLiteStore
+
+__all__ = ["Backend", "Entry", "MetaStore", "Store", "StoreStats", "open_store"]
+
+
+def open_store(url: str, *, clock: Clock, max_bytes: int) -> Backend:
+    """Build the backend a URL names.
+
+    - `memory://` (optionally `memory://?max_bytes=N`): in this process only.
+    - `sqlite:///relative/path.db` or `sqlite:////absolute/path.db` (SQLAlchemy's convention):
+      persistent, several processes may share the file.
+    - `redis://host:port/db?prefix=P` (also `rediss://`, `unix://`): shared by every process
+      using the server; `prefix` namespaces the keys (default `infercache:`).
+    `max_bytes` bounds memory and SQLite (a URL's `max_bytes` wins); Redis is bounded by its
+    own `maxmemory`.
+    """
+    parsed = urllib.parse.urlsplit(url)
+    query = urllib.parse.parse_qs(parsed.query)
+    if "max_bytes" in query:
+        try:
+            max_bytes = int(query["max_bytes"][0])
+        except ValueError as exc:
+            raise ConfigError(f"bad max_bytes in store URL {url!r}") from exc
+    if max_bytes <= 0:
+        raise ConfigError(f"store max_bytes must be > 0, got {max_bytes} ({url!r})")
+    if parsed.scheme == "memory":
+        return MemoryStore(max_bytes=max_bytes, clock=clock, url=url)
+    if parsed.scheme == "sqlite":
+        if not url.startswith("sqlite:///") or len(url) <= len("sqlite:///"):
+            raise ConfigError(f"sqlite store URL must be sqlite:///PATH, got {url!r}")
+        path = urllib.parse.unquote(url[len("sqlite:///") :].split("?", 1)[0])
+        return SQLiteStore(Path(path), max_bytes=max_bytes, clock=clock)
+    if parsed.scheme in ("redis", "rediss", "unix"):
+        from infercache.stores.redis import RedisStore
+
+        prefix = query.get("prefix", ["infercache:"])[0]
+        base = urllib.parse.urlunsplit(parsed._replace(query=""))
+        return RedisStore(base, clock=clock, prefix=prefix)
+    raise ConfigError(
+        f"unknown store URL {url!r}: use memory://, sqlite:///PATH or redis://HOST:PORT/DB"
+    )

@@ -1,0 +1,119 @@
+"""The seam between the cache and its storage: two small Protocols and the entry they carry.
+
+`Store` holds entries by key; `MetaStore` holds the few shared counters and strings that make
+invalidation O(1) (model versions, tag generations; see versions.py). Every backend implements
+both, so processes sharing a backend share both. Backends translate their own exceptions into
+`StoreError` at their boundary; the cache turns a `StoreError` into a counted miss.
+
+Contract (tests/stores/test_contract.py runs it against every backend):
+- `get` returns the entry last `put` under the key, expired or not (the cache decides freshness
+  and counts `expired` misses), or None.
+- A backend bounded by bytes (memory, SQLite) never holds more than `max_bytes` after a `put`
+  returns: it drops expired entries first, then the least recently used. An entry larger than
+  the bound is not stored.
+- `incr_meta` is atomic across every process sharing the backend.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from infercache.errors import StoreError
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    response: bytes  # the response body as JSON bytes
+    model: str
+    model_version: str  # version token current when the request was looked up (versions.py)
+    tags: tuple[tuple[str, int], ...]  # (tag, its generation when the request was looked up)
+    created_at_s: float  # wall clock
+    expires_at_s: float
+    upstream_s: float  # how long the upstream took to produce the response
+    prompt_tokens: int
+    completion_tokens: int
+
+    @property
+    def size_bytes(self) -> int:
+        # The body dominates; the constant covers the fixed fields and bookkeeping.
+        return len(self.response) + 64 * (len(self.tags) + 1) + 128
+
+    def header(self) -> dict[str, object]:
+        """Every field but the body, as JSON-able values."""
+        return {
+            "model": self.model,
+            "model_version": self.model_version,
+            "tags": [list(t) for t in self.tags],
+            "created_at_s": self.created_at_s,
+            "expires_at_s": self.expires_at_s,
+            "upstream_s": self.upstream_s,
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+        }
+
+    def encode(self) -> bytes:
+        """One self-describing blob: a JSON header line, then the body."""
+        return json.dumps(self.header(), separators=(",", ":")).encode() + b"\n" + self.response
+
+    @classmethod
+    def decode(cls, blob: bytes) -> Entry:
+        try:
+            head, _, response = blob.partition(b"\n")
+            h = json.loads(head)
+            return cls(
+                response=response,
+                model=h["model"],
+                model_version=h["model_version"],
+                tags=tuple((str(t), int(g)) for t, g in h["tags"]),
+                created_at_s=float(h["created_at_s"]),
+                expires_at_s=float(h["expires_at_s"]),
+                upstream_s=float(h["upstream_s"]),
+                prompt_tokens=int(h["prompt_tokens"]),
+                completion_tokens=int(h["completion_tokens"]),
+            )
+        except (ValueError, KeyError, TypeError) as exc:
+            raise StoreError(f"undecodable cache entry: {exc}") from exc
+
+
+@dataclass(frozen=True, slots=True)
+class StoreStats:
+    entries: int
+    bytes: int
+    max_bytes: int | None  # None: bounded by the server (Redis maxmemory)
+
+
+class Store(Protocol):
+    def get(self, key: str) -> Entry | None: ...
+
+    def put(self, key: str, entry: Entry) -> None: ...
+
+    def delete(self, key: str) -> None: ...
+
+    def purge(self) -> int:
+        """Drop every entry (meta is kept); return how many were dropped."""
+        ...
+
+    def stats(self) -> StoreStats: ...
+
+
+class MetaStore(Protocol):
+    def read_meta(self, names: Sequence[str]) -> dict[str, str]:
+        """Values of the names that exist."""
+        ...
+
+    def write_meta(self, name: str, value: str) -> None: ...
+
+    def incr_meta(self, name: str) -> int:
+        """Atomically add 1 to an integer (absent = 0) and return the new value."""
+        ...
+
+
+class Backend(Store, MetaStore, Protocol):
+    """What the cache needs from one backend: entries and meta, sharing one lifetime."""
+
+    url: str
+
+    def close(self) -> None: ...

@@ -1,0 +1,287 @@
+"""SQLite store: the embedded default. Persistent, shared by several processes on one file.
+
+Layout: `entries` (one row per key, body as a BLOB), `meta` (name → value), and `usage`, a
+one-row table of total bytes and entries kept exact by triggers, so the size bound is checked in
+O(1) by any process in the same transaction as its write.
+
+- WAL journal, `synchronous=NORMAL`, a busy timeout: readers never block the writer, and several
+  processes can write one file; each write is its own `BEGIN IMMEDIATE` transaction.
+- Bound: after an insert pushes `usage.bytes` over `max_bytes`, the same transaction deletes
+  expired rows, then least-recently-used rows (about as many as the overflow needs, estimated
+  from the mean entry size), so no write ever stalls on a large eviction.
+- Recency without a write per hit: a hit records (key, time) in memory; the pending touches are
+  written with the next `put`, or once `touch_batch` of them have piled up.
+- Every sqlite3 error (locked past the timeout, read-only file, "file is not a database") is
+  translated into `StoreError` here; the connection is dropped so the next call retries.
+  Opening is lazy, so a broken file never stops the cache from being built.
+
+Thread-safety: one connection per thread (sqlite3 connections are not shared across threads).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import sqlite3
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+from infercache.clock import Clock
+from infercache.errors import StoreError
+from infercache.stores.base import Entry, StoreStats
+
+SCHEMA_VERSION = 1
+log = logging.getLogger(__name__)
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS entries (
+    key TEXT PRIMARY KEY,
+    response BLOB NOT NULL,
+    model TEXT NOT NULL,
+    model_version TEXT NOT NULL,
+    tags TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    expires_at REAL NOT NULL,
+    upstream_s REAL NOT NULL,
+    prompt_tokens INTEGER NOT NULL,
+    completion_tokens INTEGER NOT NULL,
+    size INTEGER NOT NULL,
+    last_access REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS entries_last_access ON entries(last_access);
+CREATE INDEX IF NOT EXISTS entries_expires_at ON entries(expires_at);
+CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS usage (
+    id INTEGER PRIMARY KEY CHECK (id = 1), bytes INTEGER NOT NULL, entries INTEGER NOT NULL
+);
+INSERT OR IGNORE INTO usage VALUES (1, 0, 0);
+CREATE TRIGGER IF NOT EXISTS entries_ins AFTER INSERT ON entries BEGIN
+    UPDATE usage SET bytes = bytes + NEW.size, entries = entries + 1 WHERE id = 1; END;
+CREATE TRIGGER IF NOT EXISTS entries_del AFTER DELETE ON entries BEGIN
+    UPDATE usage SET bytes = bytes - OLD.size, entries = entries - 1 WHERE id = 1; END;
+CREATE TRIGGER IF NOT EXISTS entries_upd AFTER UPDATE OF size ON entries BEGIN
+    UPDATE usage SET bytes = bytes - OLD.size + NEW.size WHERE id = 1; END;
+"""
+_SELECT = (
+    "SELECT response, model, model_version, tags, created_at, expires_at, upstream_s,"
+    " prompt_tokens, completion_tokens FROM entries WHERE key = ?"
+)
+_UPSERT = """
+INSERT INTO entries (key, response, model, model_version, tags, created_at, expires_at,
+                     upstream_s, prompt_tokens, completion_tokens, size, last_access)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+ON CONFLICT(key) DO UPDATE SET
+    response = excluded.response, model = excluded.model,
+    model_version = excluded.model_version, tags = excluded.tags,
+    created_at = excluded.created_at, expires_at = excluded.expires_at,
+    upstream_s = excluded.upstream_s, prompt_tokens = excluded.prompt_tokens,
+    completion_tokens = excluded.completion_tokens, size = excluded.size,
+    last_access = excluded.last_access
+"""
+
+
+class SQLiteStore:
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        max_bytes: int,
+        clock: Clock,
+        busy_timeout_s: float = 5.0,
+        touch_batch: int = 1024,
+    ) -> None:
+        if max_bytes <= 0:
+            raise ValueError(f"max_bytes must be > 0, got {max_bytes}")
+        self.path = Path(path)
+        self.url = f"sqlite:///{self.path}"
+        self.max_bytes = max_bytes
+        self._clock = clock
+        self._busy_timeout_s = busy_timeout_s
+        self._touch_batch = touch_batch
+        self._local = threading.local()
+        self._touch_lock = threading.Lock()
+        self._touches: dict[str, float] = {}
+
+    # -- connection handling: the one place sqlite3 errors become StoreError --
+
+    def _connect(self) -> sqlite3.Connection:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        conn = sqlite3.connect(
+            self.path, timeout=self._busy_timeout_s, isolation_level=None, check_same_thread=True
+        )
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=NORMAL")
+            if conn.execute("PRAGMA user_version").fetchone()[0] != SCHEMA_VERSION:
+                # Idempotent DDL in one transaction: processes racing to create it are safe.
+                conn.executescript(
+                    f"BEGIN IMMEDIATE; {_SCHEMA} PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;"
+                )
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    @contextmanager
+    def _conn(self) -> Iterator[sqlite3.Connection]:
+        try:
+            conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+            if conn is None:
+                conn = self._local.conn = self._connect()
+            yield conn
+        except (sqlite3.Error, OSError) as exc:
+            self._drop_connection()
+            raise StoreError(f"sqlite store {self.path}: {exc}") from exc
+
+    def _drop_connection(self) -> None:
+        conn = getattr(self._local, "conn", None)
+        self._local.conn = None
+        if conn is not None:
+            conn.close()
+
+    @contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        with self._conn() as conn:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield conn
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
+
+    # -- Store --
+
+    def get(self, key: str) -> Entry | None:
+        with self._conn() as conn:
+            row = conn.execute(_SELECT, (key,)).fetchone()
+        if row is None:
+            return None
+        try:
+            tags = tuple((str(t), int(g)) for t, g in json.loads(row[3]))
+        except (ValueError, TypeError) as exc:
+            raise StoreError(f"sqlite store {self.path}: bad tags for {key}: {exc}") from exc
+        with self._touch_lock:
+            self._touches[key] = self._clock.now_s()
+            flush = len(self._touches) >= self._touch_batch
+        if flush:
+            with self._write() as conn:
+                self._flush_touches(conn)
+        return Entry(
+            response=bytes(row[0]),
+            model=row[1],
+            model_version=row[2],
+            tags=tags,
+            created_at_s=row[4],
+            expires_at_s=row[5],
+            upstream_s=row[6],
+            prompt_tokens=row[7],
+            completion_tokens=row[8],
+        )
+
+    def put(self, key: str, entry: Entry) -> None:
+        size = entry.size_bytes
+        if size > self.max_bytes:
+            self.delete(key)
+            return
+        now_s = self._clock.now_s()
+        row = (
+            key,
+            entry.response,
+            entry.model,
+            entry.model_version,
+            json.dumps([list(t) for t in entry.tags]),
+            entry.created_at_s,
+            entry.expires_at_s,
+            entry.upstream_s,
+            entry.prompt_tokens,
+            entry.completion_tokens,
+            size,
+            now_s,
+        )
+        with self._write() as conn:
+            self._flush_touches(conn)
+            conn.execute(_UPSERT, row)
+            used = conn.execute("SELECT bytes FROM usage WHERE id = 1").fetchone()[0]
+            if used > self.max_bytes:
+                self._evict(conn, now_s, keep=key)
+
+    def delete(self, key: str) -> None:
+        with self._write() as conn:
+            conn.execute("DELETE FROM entries WHERE key = ?", (key,))
+
+    def purge(self) -> int:
+        with self._write() as conn:
+            n: int = conn.execute("SELECT entries FROM usage WHERE id = 1").fetchone()[0]
+            conn.execute("DELETE FROM entries")
+        with self._touch_lock:
+            self._touches.clear()
+        return n
+
+    def stats(self) -> StoreStats:
+        with self._conn() as conn:
+            used, entries = conn.execute("SELECT bytes, entries FROM usage WHERE id = 1").fetchone()
+        return StoreStats(entries=entries, bytes=used, max_bytes=self.max_bytes)
+
+    # -- MetaStore --
+
+    def read_meta(self, names: Sequence[str]) -> dict[str, str]:
+        if not names:
+            return {}
+        marks = ",".join("?" * len(names))
+        with self._conn() as conn:
+            rows = conn.execute(
+                f"SELECT name, value FROM meta WHERE name IN ({marks})", tuple(names)
+            ).fetchall()
+        return dict(rows)
+
+    def write_meta(self, name: str, value: str) -> None:
+        with self._write() as conn:
+            conn.execute(
+                "INSERT INTO meta VALUES (?, ?) ON CONFLICT(name) DO UPDATE SET value = ?",
+                (name, value, value),
+            )
+
+    def incr_meta(self, name: str) -> int:
+        with self._write() as conn:
+            row = conn.execute(
+                "INSERT INTO meta VALUES (?, '1') ON CONFLICT(name) DO UPDATE SET"
+                " value = CAST(value AS INTEGER) + 1 RETURNING value",
+                (name,),
+            ).fetchone()
+        return int(row[0])
+
+    def close(self) -> None:
+        try:
+            with self._write() as conn:
+                self._flush_touches(conn)
+        except StoreError as exc:
+            # Only recency hints are lost; entries are already committed.
+            log.warning("could not save recency on close: %s", exc)
+        self._drop_connection()
+
+    # -- internals --
+
+    def _flush_touches(self, conn: sqlite3.Connection) -> None:
+        with self._touch_lock:
+            touches, self._touches = self._touches, {}
+        if touches:
+            conn.executemany(
+                "UPDATE entries SET last_access = ? WHERE key = ?",
+                [(t, k) for k, t in touches.items()],
+            )
+
+    def _evict(self, conn: sqlite3.Connection, now_s: float, *, keep: str) -> None:
+        conn.execute("DELETE FROM entries WHERE expires_at <= ? AND key != ?", (now_s, keep))
+        while True:
+            used, entries = conn.execute("SELECT bytes, entries FROM usage WHERE id = 1").fetchone()
+            if used <= self.max_bytes or entries <= 1:
+                return
+            overflow_rows = math.ceil((used - self.max_bytes) / (used / entries))
+            conn.execute(
+                "DELETE FROM entries WHERE key IN (SELECT key FROM entries WHERE key != ?"
+                " ORDER BY last_access LIMIT ?)",
+                (keep, max(1, overflow_rows)),
+            )

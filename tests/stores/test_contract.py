@@ -1,0 +1,166 @@
+"""One contract suite, run against every store backend (memory, SQLite file, real Redis)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from infercache.clock import ManualClock
+from infercache.stores import Backend, Entry, open_store
+from tests.conftest import RedisServer
+
+MakeBackend = Callable[..., Backend]
+
+
+def entry(clock: ManualClock, body: bytes = b'{"x":1}', *, ttl_s: float = 60.0) -> Entry:
+    now = clock.now_s()
+    return Entry(
+        response=body,
+        model="m",
+        model_version="1:v1",
+        tags=(("kb", 2),),
+        created_at_s=now,
+        expires_at_s=now + ttl_s,
+        upstream_s=0.25,
+        prompt_tokens=10,
+        completion_tokens=5,
+    )
+
+
+@pytest.fixture(params=["memory", "sqlite", "redis"])
+def make_backend(
+    request: pytest.FixtureRequest, tmp_path: Path, clock: ManualClock
+) -> Iterator[MakeBackend]:
+    made: list[Backend] = []
+
+    def make(max_bytes: int = 1 << 20) -> Backend:
+        if request.param == "memory":
+            url = "memory://"
+        elif request.param == "sqlite":
+            url = f"sqlite:///{tmp_path / f'c{len(made)}.db'}"
+        else:
+            server: RedisServer = request.getfixturevalue("redis_server")
+            prefix = request.getfixturevalue("redis_prefix")
+            url = f"{server.url()}?prefix={prefix}"
+        backend = open_store(url, clock=clock, max_bytes=max_bytes)
+        made.append(backend)
+        return backend
+
+    make.kind = request.param  # type: ignore[attr-defined]
+    yield make
+    for b in made:
+        b.close()
+
+
+def test_get_returns_what_put_stored(make_backend: MakeBackend, clock: ManualClock) -> None:
+    store = make_backend()
+    e = entry(clock)
+    store.put("k", e)
+    assert store.get("k") == e
+    assert store.get("other") is None
+
+
+def test_put_overwrites_and_delete_removes(make_backend: MakeBackend, clock: ManualClock) -> None:
+    store = make_backend()
+    store.put("k", entry(clock, b"1"))
+    store.put("k", entry(clock, b"2"))
+    got = store.get("k")
+    assert got is not None
+    assert got.response == b"2"
+    assert store.stats().entries == 1
+    store.delete("k")
+    assert store.get("k") is None
+    store.delete("k")  # deleting what is absent is fine
+
+
+def test_purge_drops_entries_but_keeps_meta(make_backend: MakeBackend, clock: ManualClock) -> None:
+    store = make_backend()
+    for i in range(5):
+        store.put(f"k{i}", entry(clock))
+    store.write_meta("model:m", "3:v3")
+    assert store.purge() == 5
+    assert store.get("k0") is None
+    assert store.stats().entries == 0
+    assert store.read_meta(["model:m"]) == {"model:m": "3:v3"}
+
+
+def test_meta_reads_writes_and_increments(make_backend: MakeBackend) -> None:
+    store = make_backend()
+    assert store.read_meta(["a", "b"]) == {}
+    store.write_meta("a", "x")
+    assert store.read_meta(["a", "b"]) == {"a": "x"}
+    assert [store.incr_meta("n") for _ in range(3)] == [1, 2, 3]
+    assert store.read_meta(["n"]) == {"n": "3"}
+
+
+def test_expired_entry_is_returned_for_the_cache_to_judge(
+    make_backend: MakeBackend, clock: ManualClock
+) -> None:
+    store = make_backend()
+    store.put("k", entry(clock, ttl_s=10))
+    if make_backend.kind == "redis":  # type: ignore[attr-defined]
+        # Redis expires by itself after the remaining TTL: check it was handed over, in ms.
+        client = redis.Redis.from_url(store.url)
+        ttl_ms = client.pttl(next(iter(client.scan_iter(match="*e:k"))))
+        client.close()
+        assert 9_000 < ttl_ms <= 10_000
+        return
+    clock.advance(11)
+    got = store.get("k")
+    assert got is not None
+    assert got.expires_at_s < clock.now_s()
+
+
+def test_byte_bound_is_never_exceeded_and_lru_goes_first(
+    make_backend: MakeBackend, clock: ManualClock
+) -> None:
+    if make_backend.kind == "redis":  # type: ignore[attr-defined]
+        pytest.skip("Redis is bounded by the server's maxmemory, not by the client")
+    body = b"x" * 1000
+    size = entry(clock, body).size_bytes
+    store = make_backend(max_bytes=size * 5)
+    for i in range(5):
+        store.put(f"k{i}", entry(clock, body))
+        clock.advance(1)
+    store.get("k0")  # k0 is now the most recently used; k1 the least
+    clock.advance(1)
+    for i in range(5, 8):
+        store.put(f"k{i}", entry(clock, body))
+        clock.advance(1)
+        assert store.stats().bytes <= size * 5
+    present = {f"k{i}" for i in range(8) if store.get(f"k{i}") is not None}
+    assert present == {"k0", "k4", "k5", "k6", "k7"}
+
+
+def test_expired_entries_are_evicted_before_recent_ones(
+    make_backend: MakeBackend, clock: ManualClock
+) -> None:
+    if make_backend.kind == "redis":  # type: ignore[attr-defined]
+        pytest.skip("Redis drops expired keys itself")
+    body = b"y" * 1000
+    size = entry(clock, body).size_bytes
+    store = make_backend(max_bytes=size * 3)
+    store.put("old-but-long", entry(clock, body, ttl_s=1000))
+    store.put("short", entry(clock, body, ttl_s=5))
+    store.put("fresh", entry(clock, body, ttl_s=1000))
+    store.get("old-but-long")
+    clock.advance(10)  # "short" has expired; by recency it is not the oldest
+    store.put("new", entry(clock, body, ttl_s=1000))
+    assert store.get("short") is None
+    assert store.get("old-but-long") is not None
+    assert store.get("fresh") is not None
+
+
+def test_an_entry_larger_than_the_bound_is_not_stored(
+    make_backend: MakeBackend, clock: ManualClock
+) -> None:
+    if make_backend.kind == "redis":  # type: ignore[attr-defined]
+        pytest.skip("Redis is bounded by the server's maxmemory")
+    store = make_backend(max_bytes=2000)
+    store.put("small", entry(clock, b"s"))
+    store.put("huge", entry(clock, b"h" * 5000))
+    assert store.get("huge") is None
+    assert store.get("small") is not None
