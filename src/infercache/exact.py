@@ -19,8 +19,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from infercache.clock import Clock
 from infercache.errors import StoreError
@@ -34,8 +33,7 @@ from infercache.versions import Versions, VersionView
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True, slots=True)
-class Lookup:
+class Lookup(NamedTuple):  # a NamedTuple: built on every request, ~1 µs cheaper than frozen
     key: str
     view: VersionView | None  # None when the store could not be read
     entry: Entry | None  # the fresh entry on a hit

@@ -90,8 +90,14 @@ def normalised_body(
     return out
 
 
+# Built once: `json.dumps` with options constructs an encoder per call (~1.5 µs of a ~6 µs key).
+_CANONICAL = json.JSONEncoder(
+    sort_keys=True, separators=(",", ":"), ensure_ascii=False, check_circular=False
+)
+
+
 def canonical_json(obj: object) -> bytes:
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+    return _CANONICAL.encode(obj).encode()
 
 
 def exact_key(request: ChatRequest, ignorable: frozenset[str] = IGNORABLE_FIELDS) -> str:

@@ -165,8 +165,9 @@ _FIELD_CHECKS: dict[str, tuple[str, Any]] = {
 
 
 def _validate_body(body: Mapping[str, Any]) -> None:
-    for name, (expected, check) in _FIELD_CHECKS.items():
-        value = body.get(name)
+    for name in body.keys() & _FIELD_CHECKS.keys():
+        value = body[name]
+        expected, check = _FIELD_CHECKS[name]
         if value is not None and not check(value):
             raise _bad(name, f"'{name}' must be {expected}, got {value!r}")
     model = body.get("model")

@@ -18,15 +18,14 @@ with the old state and never served.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from infercache.stores.base import MetaStore
 
 UNVERSIONED = "0:"  # the token of a model whose version was never set
 
 
-@dataclass(frozen=True, slots=True)
-class VersionView:
+class VersionView(NamedTuple):
     """The state a lookup saw: the model's version token and each tag's generation."""
 
     model_version: str
@@ -35,8 +34,8 @@ class VersionView:
     def model_is_current(self, recorded: str) -> bool:
         return recorded == self.model_version
 
-    def tags_are_current(self, recorded: Sequence[tuple[str, int]]) -> bool:
-        return tuple(recorded) == self.tags
+    def tags_are_current(self, recorded: tuple[tuple[str, int], ...]) -> bool:
+        return recorded == self.tags
 
 
 def _model_name(model: str) -> str:
@@ -53,11 +52,14 @@ class Versions:
 
     def view(self, model: str, tags: Sequence[str]) -> VersionView:
         """One meta read for the model and all tags (`tags` sorted and unique)."""
-        names = [_model_name(model), *(_tag_name(t) for t in tags)]
-        values = self._meta.read_meta(names)
+        model_name = _model_name(model)
+        if not tags:
+            token = self._meta.read_meta((model_name,)).get(model_name, UNVERSIONED)
+            return VersionView(token, ())
+        values = self._meta.read_meta([model_name, *(_tag_name(t) for t in tags)])
         return VersionView(
-            model_version=values.get(names[0], UNVERSIONED),
-            tags=tuple((t, int(values.get(_tag_name(t), "0"))) for t in tags),
+            values.get(model_name, UNVERSIONED),
+            tuple((t, int(values.get(_tag_name(t), "0"))) for t in tags),
         )
 
     def model_version(self, model: str) -> str | None:
