@@ -1,15 +1,20 @@
 """`Cache`: the path of one request through the layers, top-down, in one place.
 
-    complete(request, upstream):
+    begin(body) → Completion (a layer answered) | Miss (fetch it):
       1. parse: validate the body, split off the `infercache` directives   (request.py)
-      2. policy: a sampled request without a seed → upstream, `uncacheable` (policy.py)
-      3. `no-cache` → skip the lookup, call upstream, refresh the entry, `bypass`
+      2. policy: a sampled request without a seed → Miss `uncacheable`       (policy.py)
+      3. `no-cache` → skip the lookup → Miss `bypass` (its answer refreshes the entry)
       4. exact lookup: key, version view, entry, freshness                 (exact.py)
          hit → the stored answer, `exact`, with its age
       5. `only-if-cached` and no hit → NotCachedError
-      6. miss → one upstream call per key in this process (single-flight); waiters get the
-         leader's answer. The answer is stored only if complete and not `no-store`.
+    then the caller fetches the Miss upstream — identical misses in flight in this process
+    share one call (single-flight) and the waiters count as hits — and calls
+    finish(miss, response): count it; store it only if complete and not `no-store`
+    abandon(miss): the upstream failed or the stream was cut; count it, store nothing.
     The engine's KV prefix reuse sits underneath, inside the upstream.
+
+`complete` (threads) and `acomplete` (asyncio) are begin → fetch → finish with coalescing; the
+gateway runs the same steps around its streaming upstream calls.
 
 The upstream is any function from a chat-completions body (directives stripped) to a response
 body: an HTTP client, an in-process engine, a test double. Its exceptions propagate unchanged and
@@ -56,12 +61,22 @@ class Completion:
     age_s: float | None = None  # how old the served entry is (hits only)
     key: str | None = None
     coalesced: bool = False  # served the answer of an identical request in flight
+    upstream_s: float | None = None  # how long the upstream took (answers fetched now)
 
 
 @dataclass(frozen=True, slots=True)
-class _Fetched:
-    response: Response
-    upstream_s: float
+class Miss:
+    """A request no cache layer answered: the caller fetches it upstream, then `finish`es it
+    (or `abandon`s it if the upstream failed or the stream was cut)."""
+
+    request: ChatRequest
+    layer: Layer  # MISS, BYPASS or UNCACHEABLE
+    lookup: Lookup | None  # None when the request is not cacheable
+
+    @property
+    def flight_key(self) -> str | None:
+        """Identical in-flight misses share one upstream call under this key (None: never)."""
+        return self.lookup.key if self.layer is Layer.MISS and self.lookup is not None else None
 
 
 class Cache:
@@ -97,54 +112,56 @@ class Cache:
             metrics=self._exact_metrics,
             ignorable_fields=settings.ignorable_fields,
         )
-        self._flights: SingleFlight[_Fetched] = SingleFlight()
-        self._aflights: AsyncSingleFlight[_Fetched] = AsyncSingleFlight()
+        self._flights: SingleFlight[Completion] = SingleFlight()
+        self._aflights: AsyncSingleFlight[Completion] = AsyncSingleFlight()
 
-    # -- the request path --
+    # -- the request path, for library callers --
 
     def complete(self, request: dict[str, Any], upstream: Upstream) -> Completion:
-        req, cacheable = self._admit(request)
-        if not cacheable:
-            return self._uncacheable(self._call_upstream(req, upstream))
-        lookup = self._lookup(req)
-        if lookup.entry is not None:
-            return self._serve_hit(lookup)
-        if req.directives.cache_control.only_if_cached:
-            self._exact_metrics.miss(lookup.miss_reason or MissReason.ABSENT)
-            raise NotCachedError("no fresh cached answer (only-if-cached)")
-        if req.directives.cache_control.no_cache:
-            fetched = self._fetch(req, lookup, upstream)
-            return Completion(fetched.response, Layer.BYPASS, key=lookup.key)
-        fetched, shared = self._flights.do(
-            lookup.key, lambda: self._fetch(req, lookup, upstream)
-        )
-        return self._after_miss(lookup, fetched, shared)
+        outcome = self.begin(request)
+        if isinstance(outcome, Completion):
+            return outcome
+        miss = outcome
+
+        def fetch() -> Completion:
+            started = self.clock.monotonic_s()
+            response = upstream(dict(miss.request.body))
+            return self.finish(miss, response, upstream_s=self.clock.monotonic_s() - started)
+
+        try:
+            done, shared = self._flights.do_or_run(miss.flight_key, fetch)
+        except Exception:
+            self.abandon(miss)
+            raise
+        return self.shared(miss, done) if shared else done
 
     async def acomplete(self, request: dict[str, Any], upstream: AsyncUpstream) -> Completion:
-        req, cacheable = self._admit(request)
-        if not cacheable:
-            return self._uncacheable(await self._acall_upstream(req, upstream))
-        lookup = self._lookup(req)
-        if lookup.entry is not None:
-            return self._serve_hit(lookup)
-        if req.directives.cache_control.only_if_cached:
-            self._exact_metrics.miss(lookup.miss_reason or MissReason.ABSENT)
-            raise NotCachedError("no fresh cached answer (only-if-cached)")
-        if req.directives.cache_control.no_cache:
-            fetched = await self._afetch(req, lookup, upstream)
-            return Completion(fetched.response, Layer.BYPASS, key=lookup.key)
+        outcome = self.begin(request)
+        if isinstance(outcome, Completion):
+            return outcome
+        miss = outcome
 
-        async def leader() -> _Fetched:
-            return await self._afetch(req, lookup, upstream)
+        async def fetch() -> Completion:
+            started = self.clock.monotonic_s()
+            response = await upstream(dict(miss.request.body))
+            return self.finish(miss, response, upstream_s=self.clock.monotonic_s() - started)
 
-        fetched, shared = await self._aflights.do(lookup.key, leader)
-        return self._after_miss(lookup, fetched, shared)
+        try:
+            done, shared = await self._aflights.do_or_run(miss.flight_key, fetch)
+        except Exception:
+            self.abandon(miss)
+            raise
+        return self.shared(miss, done) if shared else done
 
-    # -- steps shared by complete and acomplete --
+    # -- the steps, shared by complete, acomplete and the gateway's streaming path --
 
-    def _admit(self, request: dict[str, Any]) -> tuple[ChatRequest, bool]:
-        """Parse and validate; also say whether the policy lets the request be cached."""
-        req = parse_request(request)
+    def begin(self, body: dict[str, Any], *, tenant: str | None = None) -> Completion | Miss:
+        """Parse, apply the policy, look the request up in each layer, top-down.
+
+        Returns the answer when a layer has it, else the `Miss` to fetch. `tenant`, when given
+        (an authenticated caller), overrides any tenant claimed in the body.
+        """
+        req = parse_request(body, tenant=tenant)
         cc = req.directives.cache_control
         if cc.no_cache and cc.only_if_cached:
             raise InvalidRequestError(
@@ -153,25 +170,57 @@ class Cache:
             )
         why_not = self.policy.uncacheable_reason(req)
         if why_not is not None:
-            if cc.only_if_cached:
-                self._exact_metrics.miss(MissReason.UNCACHEABLE)
-                raise NotCachedError(f"request is not cacheable: {why_not}")
             self._exact_metrics.miss(MissReason.UNCACHEABLE)
-            return req, False
-        return req, True
-
-    def _uncacheable(self, fetched: _Fetched) -> Completion:
-        self._exact_metrics.prompt_tokens(usage_tokens(fetched.response)[0])
-        return Completion(fetched.response, Layer.UNCACHEABLE)
-
-    def _lookup(self, req: ChatRequest) -> Lookup:
-        no_cache = req.directives.cache_control.no_cache
-        lookup = self.exact.lookup(req, read_entry=not no_cache)
-        if no_cache:
+            if cc.only_if_cached:
+                raise NotCachedError(f"request is not cacheable: {why_not}")
+            return Miss(req, Layer.UNCACHEABLE, None)
+        if cc.no_cache:
             self._exact_metrics.miss(MissReason.BYPASSED)
-        return lookup
+            return Miss(req, Layer.BYPASS, self.exact.lookup(req, read_entry=False))
+        lookup = self.exact.lookup(req)
+        if lookup.entry is not None:
+            return self._exact_hit(lookup)
+        if cc.only_if_cached:
+            self._exact_metrics.miss(lookup.miss_reason or MissReason.ABSENT)
+            raise NotCachedError("no fresh cached answer (only-if-cached)")
+        return Miss(req, Layer.MISS, lookup)
 
-    def _serve_hit(self, lookup: Lookup) -> Completion:
+    def finish(self, miss: Miss, response: Response, *, upstream_s: float) -> Completion:
+        """The upstream answered `miss`: count it, store it if allowed, return it."""
+        self._exact_metrics.prompt_tokens(usage_tokens(response)[0])
+        if miss.layer is Layer.MISS:
+            assert miss.lookup is not None
+            self._exact_metrics.miss(miss.lookup.miss_reason or MissReason.ABSENT)
+        if miss.lookup is not None and not miss.request.directives.cache_control.no_store:
+            self.exact.store(miss.lookup, miss.request, response, upstream_s=upstream_s)
+        return Completion(
+            response,
+            miss.layer,
+            key=miss.lookup.key if miss.lookup else None,
+            upstream_s=upstream_s,
+        )
+
+    def abandon(self, miss: Miss) -> None:
+        """The upstream failed or the stream was cut: count the miss, store nothing."""
+        if miss.layer is Layer.MISS:
+            assert miss.lookup is not None
+            self._exact_metrics.miss(miss.lookup.miss_reason or MissReason.ABSENT)
+
+    def shared(self, miss: Miss, leader: Completion) -> Completion:
+        """`miss` waited on an identical request in flight and got its answer: a hit."""
+        prompt_tokens, completion_tokens = usage_tokens(leader.response)
+        self._exact_metrics.hit(
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            upstream_s=leader.upstream_s or 0.0,
+            money_usd=self.metrics.prices.cost_usd(
+                miss.request.model, prompt_tokens, completion_tokens
+            ),
+        )
+        self._exact_metrics.count("coalesced")
+        return Completion(leader.response, Layer.EXACT, age_s=0.0, key=leader.key, coalesced=True)
+
+    def _exact_hit(self, lookup: Lookup) -> Completion:
         entry = lookup.entry
         assert entry is not None
         self._exact_metrics.hit(
@@ -184,52 +233,6 @@ class Cache:
         )
         response: Response = json.loads(entry.response)
         return Completion(response, Layer.EXACT, age_s=self.exact.age_s(entry), key=lookup.key)
-
-    def _after_miss(self, lookup: Lookup, fetched: _Fetched, shared: bool) -> Completion:
-        if shared:
-            # A waiter: its identical twin's upstream call answered it.
-            prompt_tokens, completion_tokens = usage_tokens(fetched.response)
-            model = str(fetched.response.get("model", ""))
-            self._exact_metrics.hit(
-                prompt_tokens=prompt_tokens,
-                completion_tokens=completion_tokens,
-                upstream_s=fetched.upstream_s,
-                money_usd=self.metrics.prices.cost_usd(model, prompt_tokens, completion_tokens),
-            )
-            self._exact_metrics.count("coalesced")
-            return Completion(
-                fetched.response, Layer.EXACT, age_s=0.0, key=lookup.key, coalesced=True
-            )
-        self._exact_metrics.miss(lookup.miss_reason or MissReason.ABSENT)
-        return Completion(fetched.response, Layer.MISS, key=lookup.key)
-
-    def _fetch(self, req: ChatRequest, lookup: Lookup, upstream: Upstream) -> _Fetched:
-        fetched = self._call_upstream(req, upstream)
-        self._store(req, lookup, fetched)
-        return fetched
-
-    def _call_upstream(self, req: ChatRequest, upstream: Upstream) -> _Fetched:
-        started = self.clock.monotonic_s()
-        response = upstream(dict(req.body))
-        return _Fetched(response, self.clock.monotonic_s() - started)
-
-    async def _afetch(
-        self, req: ChatRequest, lookup: Lookup, upstream: AsyncUpstream
-    ) -> _Fetched:
-        fetched = await self._acall_upstream(req, upstream)
-        self._store(req, lookup, fetched)
-        return fetched
-
-    async def _acall_upstream(self, req: ChatRequest, upstream: AsyncUpstream) -> _Fetched:
-        started = self.clock.monotonic_s()
-        response = await upstream(dict(req.body))
-        return _Fetched(response, self.clock.monotonic_s() - started)
-
-    def _store(self, req: ChatRequest, lookup: Lookup, fetched: _Fetched) -> None:
-        prompt_tokens, _ = usage_tokens(fetched.response)
-        self._exact_metrics.prompt_tokens(prompt_tokens)
-        if not req.directives.cache_control.no_store:
-            self.exact.store(lookup, req, fetched.response, upstream_s=fetched.upstream_s)
 
     # -- administration --
 

@@ -63,6 +63,10 @@ class SingleFlight(Generic[T]):
             call.done.set()
         return call.result, False
 
+    def do_or_run(self, key: str | None, fn: Callable[[], T]) -> tuple[T, bool]:
+        """`do`, or just run `fn` when there is no key to coalesce on."""
+        return (fn(), False) if key is None else self.do(key, fn)
+
     def in_flight(self) -> int:
         with self._lock:
             return len(self._calls)
@@ -95,6 +99,9 @@ class AsyncSingleFlight(Generic[T]):
             # Mark the exception retrieved: every waiter may have been cancelled meanwhile, and
             # the error already reached whoever was still waiting.
             task.exception()
+
+    async def do_or_run(self, key: str | None, fn: Callable[[], Awaitable[T]]) -> tuple[T, bool]:
+        return (await fn(), False) if key is None else await self.do(key, fn)
 
     def in_flight(self) -> int:
         return len(self._tasks)
