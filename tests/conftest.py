@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import shutil
 import socket
@@ -122,35 +123,16 @@ class RedisServer:
         return f"redis://127.0.0.1:{self.port}/0"
 
 
-@pytest.fixture(scope="session")
-def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    """A real redis-server on loopback. `./run test` installs it; missing it is an error."""
+@contextlib.contextmanager
+def start_redis(workdir: Path) -> Iterator[RedisServer]:
+    """A real redis-server on a free loopback port, stopped on exit."""
     binary = shutil.which("redis-server")
     if binary is None:
         pytest.fail("redis-server is not installed: run the tests with ./run test")
     port = free_port()
-    workdir: Path = tmp_path_factory.mktemp("redis")
-    process = subprocess.Popen(
-        [
-            binary,
-            "--port",
-            str(port),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--dir",
-            str(workdir),
-            "--maxmemory",
-            "256mb",
-            "--maxmemory-policy",
-            "volatile-lru",
-        ],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+    args = ["--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+    args += ["--dir", str(workdir), "--maxmemory", "256mb", "--maxmemory-policy", "volatile-lru"]
+    process = subprocess.Popen([binary, *args], stdout=subprocess.PIPE, text=True)
     assert process.stdout is not None
     # Wait on the server's own readiness line: no polling, no sleeping.
     for line in process.stdout:
@@ -161,11 +143,20 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServ
     # Keep draining its log so a full pipe can never block the server.
     drain = threading.Thread(target=process.stdout.read, daemon=True)
     drain.start()
-    yield RedisServer(port, process)
-    process.terminate()
-    process.wait(10)
-    drain.join(10)
-    process.stdout.close()
+    try:
+        yield RedisServer(port, process)
+    finally:
+        process.terminate()
+        process.wait(10)
+        drain.join(10)
+        process.stdout.close()
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    """A real redis-server on loopback for the session. `./run test` installs it."""
+    with start_redis(tmp_path_factory.mktemp("redis")) as server:
+        yield server
 
 
 @pytest.fixture

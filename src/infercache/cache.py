@@ -62,6 +62,7 @@ class Completion:
     key: str | None = None
     coalesced: bool = False  # served the answer of an identical request in flight
     upstream_s: float | None = None  # how long the upstream took (answers fetched now)
+    similarity: float | None = None  # cosine similarity in [-1, 1] of a semantic hit
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,14 +186,29 @@ class Cache:
             raise NotCachedError("no fresh cached answer (only-if-cached)")
         return Miss(req, Layer.MISS, lookup)
 
-    def finish(self, miss: Miss, response: Response, *, upstream_s: float) -> Completion:
-        """The upstream answered `miss`: count it, store it if allowed, return it."""
+    def finish(
+        self,
+        miss: Miss,
+        response: Response,
+        *,
+        upstream_s: float,
+        produced_by: str | None = None,
+    ) -> Completion:
+        """The upstream answered `miss`: count it, store it if allowed, return it.
+        `produced_by`: the model version the upstream says produced it (see ExactCache.store).
+        """
         self._exact_metrics.prompt_tokens(usage_tokens(response)[0])
         if miss.layer is Layer.MISS:
             assert miss.lookup is not None
             self._exact_metrics.miss(miss.lookup.miss_reason or MissReason.ABSENT)
         if miss.lookup is not None and not miss.request.directives.cache_control.no_store:
-            self.exact.store(miss.lookup, miss.request, response, upstream_s=upstream_s)
+            self.exact.store(
+                miss.lookup,
+                miss.request,
+                response,
+                upstream_s=upstream_s,
+                produced_by=produced_by,
+            )
         return Completion(
             response,
             miss.layer,

@@ -22,7 +22,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     from infercache.cli_cache import register as register_cache
     from infercache.engine.cli import register as register_engine
+    from infercache.gateway.cli import register as register_gateway
 
+    register_gateway(sub)
     register_cache(sub)
     register_engine(sub)
     return parser

@@ -78,8 +78,13 @@ class ExactCache:
         reason = self._staleness(entry, view) if entry is not None else MissReason.ABSENT
         if entry is not None and reason is not None:
             self._delete(key)
+        elif entry is not None and self._too_old_for(entry, request.directives.max_age_s):
+            reason = MissReason.EXPIRED  # fresh for others (kept), too old for this caller
         self._metrics.overhead(self._clock.monotonic_s() - started)
         return Lookup(key, view, entry if reason is None else None, reason)
+
+    def _too_old_for(self, entry: Entry, max_age_s: float | None) -> bool:
+        return max_age_s is not None and self._clock.now_s() - entry.created_at_s > max_age_s
 
     def _staleness(self, entry: Entry, view: VersionView) -> MissReason | None:
         if self._clock.now_s() >= entry.expires_at_s:
@@ -97,8 +102,15 @@ class ExactCache:
         response: Mapping[str, Any],
         *,
         upstream_s: float,
+        produced_by: str | None = None,
     ) -> bool:
-        """Store `response` for `request` if it is complete; True if stored."""
+        """Store `response` for `request` if it is complete; True if stored.
+
+        `produced_by`: the model version that generated the answer, when the upstream says
+        (its system_fingerprint). The entry is then recorded under that version if it is the
+        current one, and not stored at all otherwise; without it, under the version the lookup
+        saw.
+        """
         if lookup.view is None:
             return False
         why_not = unstorable_reason(response)
@@ -107,12 +119,23 @@ class ExactCache:
             log.debug("not storing %s: %s", lookup.key, why_not)
             return False
         started = self._clock.monotonic_s()
+        model_version = lookup.view.model_version
+        if produced_by is not None:
+            try:
+                current = self.versions.view(request.model, ()).model_version
+            except StoreError as exc:
+                self._store_error("store", exc)
+                return False
+            if current.split(":", 1)[1] != produced_by:
+                self._metrics.count("not_stored")
+                return False
+            model_version = current
         now_s = self._clock.now_s()
         prompt_tokens, completion_tokens = usage_tokens(response)
         entry = Entry(
             response=json.dumps(response, separators=(",", ":")).encode(),
             model=request.model,
-            model_version=lookup.view.model_version,
+            model_version=model_version,
             tags=lookup.view.tags,
             created_at_s=now_s,
             expires_at_s=now_s + self._policy.ttl_s(request),

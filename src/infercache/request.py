@@ -9,6 +9,8 @@ validated here and stripped before anything is sent upstream:
       "context": ...,                   # ids/versions or text of retrieved documents; any JSON;
                                         # only its sha256 fingerprint enters the key
       "ttl_s": 600,                     # per-request TTL, capped by settings.max_ttl_s
+      "max_age_s": 60,                  # accept only entries at most this old (HTTP max-age);
+                                        # also the TTL of a new entry when ttl_s is absent
       "cache_control": "no-store"       # or a list: no-cache | no-store | only-if-cached
     }
 
@@ -70,6 +72,7 @@ class Directives:
     tags: tuple[str, ...] = ()
     context_fingerprint: str | None = None
     ttl_s: float | None = None
+    max_age_s: float | None = None
     cache_control: CacheControl = CacheControl()
 
 
@@ -100,12 +103,26 @@ def _bad(field: str, message: str) -> InvalidRequestError:
     return InvalidRequestError(message, param=field)
 
 
+def _positive(raw: dict[str, Any], name: str, *, allow_zero: bool = False) -> float | None:
+    value = raw.get(name)
+    if value is None:
+        return None
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or value < 0
+        or (value == 0 and not allow_zero)
+    ):
+        raise _bad(f"infercache.{name}", f"infercache.{name} must be a number > 0, got {value!r}")
+    return float(value)
+
+
 def _parse_directives(raw: object, tenant_override: str | None) -> Directives:
     if raw is None:
         return Directives(tenant=tenant_override or "")
     if not isinstance(raw, dict):
         raise _bad(DIRECTIVES_FIELD, f"'infercache' must be an object, got {raw!r}")
-    unknown = set(raw) - {"tenant", "tags", "context", "ttl_s", "cache_control"}
+    unknown = set(raw) - {"tenant", "tags", "context", "ttl_s", "max_age_s", "cache_control"}
     if unknown:
         raise _bad(DIRECTIVES_FIELD, f"unknown field(s) in 'infercache': {sorted(unknown)}")
     tenant = raw.get("tenant", "")
@@ -114,18 +131,16 @@ def _parse_directives(raw: object, tenant_override: str | None) -> Directives:
     tags = raw.get("tags", [])
     if not isinstance(tags, list) or not all(isinstance(t, str) and t for t in tags):
         raise _bad("infercache.tags", f"infercache.tags must be non-empty strings, got {tags!r}")
-    ttl_s = raw.get("ttl_s")
-    if ttl_s is not None and (
-        isinstance(ttl_s, bool) or not isinstance(ttl_s, int | float) or not ttl_s > 0
-    ):
-        raise _bad("infercache.ttl_s", f"infercache.ttl_s must be a number > 0, got {ttl_s!r}")
+    ttl_s = _positive(raw, "ttl_s")
+    max_age_s = _positive(raw, "max_age_s", allow_zero=True)
     context = raw.get("context")
     return Directives(
         # A tenant established by authentication always wins over one claimed in the body.
         tenant=tenant_override if tenant_override is not None else tenant,
         tags=tuple(sorted(set(tags))),
         context_fingerprint=None if context is None else context_fingerprint(context),
-        ttl_s=None if ttl_s is None else float(ttl_s),
+        ttl_s=ttl_s if ttl_s is not None else (max_age_s or None),
+        max_age_s=max_age_s,
         cache_control=CacheControl.parse(raw.get("cache_control")),
     )
 

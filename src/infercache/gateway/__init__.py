@@ -1,0 +1,1 @@
+"""The OpenAI-compatible caching gateway: exact (and semantic) layers over any upstream."""

@@ -1,0 +1,208 @@
+"""HTTP for the gateway (Starlette): routes, body limits, auth, and errors in the OpenAI shape.
+
+    POST /v1/chat/completions        the cached path (service.py); streaming and not
+    GET  /v1/models                  what the upstreams serve
+    GET  /metrics                    Prometheus text, per strategy
+    GET  /stats                      JSON: per strategy, the store, the upstreams
+    GET  /healthz                    liveness
+    POST /admin/invalidate           {"tags": [...]}                  (admin token)
+    POST /admin/model-version        {"model": M, "version": V}       (admin token)
+
+Every error leaves as `{"error": {...}}` with the right status: our own exceptions carry it,
+an unknown route is 404, a wrong method 405, and anything unexpected is a logged 500 with no
+traceback in the body. The body is read with a hard byte limit (413 past it) before parsing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from infercache.errors import (
+    InfercacheError,
+    InvalidRequestError,
+    PayloadTooLargeError,
+    UpstreamUnavailableError,
+)
+from infercache.gateway.auth import Auth, tenant_of_token
+from infercache.gateway.controls import apply_header_controls
+from infercache.gateway.service import Gateway, JSONReply
+
+log = logging.getLogger(__name__)
+
+
+def error_response(exc: InfercacheError) -> JSONResponse:
+    return JSONResponse(exc.to_openai(), status_code=exc.status_code)
+
+
+async def read_json(request: Request, max_body_bytes: int) -> Any:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > max_body_bytes:
+        raise PayloadTooLargeError(f"request body over the limit of {max_body_bytes} bytes")
+    parts: list[bytes] = []
+    size = 0
+    async for part in request.stream():
+        size += len(part)
+        if size > max_body_bytes:
+            raise PayloadTooLargeError(f"request body over the limit of {max_body_bytes} bytes")
+        parts.append(part)
+    try:
+        return json.loads(b"".join(parts))
+    except ValueError as exc:
+        raise InvalidRequestError(f"the body is not valid JSON: {exc}") from exc
+
+
+def create_app(
+    gateway: Gateway,
+    auth: Auth,
+    *,
+    max_body_bytes: int = 4 << 20,
+    version_poll_s: float | None = 30.0,
+) -> Starlette:
+    async def chat(request: Request) -> Response:
+        caller = auth.caller(request.headers.get("authorization"))
+        body = await read_json(request, max_body_bytes)
+        if not isinstance(body, dict):
+            raise InvalidRequestError("the request body must be a JSON object")
+        body = apply_header_controls(
+            body, request.headers, allow_tenant_header=caller.tenant is None
+        )
+        tenant = caller.tenant
+        if tenant is None:
+            claimed = (body.get("infercache") or {}).get("tenant")
+            if not claimed and caller.bearer:
+                tenant = tenant_of_token(caller.bearer)
+        reply = await gateway.chat(body, tenant=tenant, bearer=caller.bearer)
+        if isinstance(reply, JSONReply):
+            return JSONResponse(reply.body, status_code=reply.status, headers=reply.headers)
+        return StreamingResponse(
+            reply.events,
+            media_type="text/event-stream",
+            headers={**reply.headers, "cache-control": "no-cache"},
+        )
+
+    async def models(request: Request) -> Response:
+        auth.caller(request.headers.get("authorization"))
+        seen: dict[str, dict[str, Any]] = {}
+        for upstream in gateway.upstreams:
+            for m in await upstream.models():
+                seen.setdefault(str(m.get("id")), m)
+        return JSONResponse({"object": "list", "data": list(seen.values())})
+
+    async def metrics(request: Request) -> Response:
+        return Response(
+            gateway.cache.metrics.to_prometheus(),
+            media_type="text/plain; version=0.0.4; charset=utf-8",
+        )
+
+    async def stats(request: Request) -> Response:
+        return JSONResponse(gateway.stats())
+
+    async def healthz(request: Request) -> Response:
+        return JSONResponse({"status": "ok"})
+
+    async def admin_invalidate(request: Request) -> Response:
+        auth.require_admin(request.headers.get("authorization"))
+        body = await read_json(request, max_body_bytes)
+        tags = body.get("tags") if isinstance(body, dict) else None
+        if not isinstance(tags, list) or not tags or not all(isinstance(t, str) for t in tags):
+            raise InvalidRequestError("'tags' must be a non-empty list of strings", param="tags")
+        n = gateway.cache.invalidate(tags)
+        log.warning("admin invalidated tags %s", tags)
+        return JSONResponse({"invalidated_tags": n})
+
+    async def admin_model_version(request: Request) -> Response:
+        auth.require_admin(request.headers.get("authorization"))
+        body = await read_json(request, max_body_bytes)
+        if not isinstance(body, dict):
+            raise InvalidRequestError("the request body must be a JSON object")
+        model, version = body.get("model"), body.get("version")
+        if not isinstance(model, str) or not model:
+            raise InvalidRequestError("'model' must be a non-empty string", param="model")
+        if not isinstance(version, str) or not version:
+            raise InvalidRequestError("'version' must be a non-empty string", param="version")
+        changed = gateway.tracker.observe(model, version, "admin")
+        return JSONResponse({"model": model, "version": version, "changed": changed})
+
+    async def on_infercache_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, InfercacheError)
+        if exc.status_code >= 500:
+            log.warning("%s %s failed: %s", request.method, request.url.path, exc)
+        return error_response(exc)
+
+    async def on_http_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        kind = "not_found" if exc.status_code == 404 else "invalid_request_error"
+        body = {"error": {"message": exc.detail, "type": kind, "param": None, "code": None}}
+        return JSONResponse(body, status_code=exc.status_code)
+
+    async def on_unexpected(request: Request, exc: Exception) -> Response:
+        log.exception("unexpected error on %s %s", request.method, request.url.path)
+        body = {
+            "error": {
+                "message": "internal error in the infercache gateway",
+                "type": "server_error",
+                "param": None,
+                "code": None,
+            }
+        }
+        return JSONResponse(body, status_code=500)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        app.state.loop = asyncio.get_running_loop()  # for callers in other threads
+        poller = None
+        if version_poll_s is not None:
+            await poll_versions(gateway)
+            poller = asyncio.create_task(poll_forever(gateway, version_poll_s))
+        try:
+            yield
+        finally:
+            if poller is not None:
+                poller.cancel()
+            await gateway.aclose()
+
+    return Starlette(
+        routes=[
+            Route("/v1/chat/completions", chat, methods=["POST"]),
+            Route("/v1/models", models, methods=["GET"]),
+            Route("/metrics", metrics, methods=["GET"]),
+            Route("/stats", stats, methods=["GET"]),
+            Route("/healthz", healthz, methods=["GET"]),
+            Route("/admin/invalidate", admin_invalidate, methods=["POST"]),
+            Route("/admin/model-version", admin_model_version, methods=["POST"]),
+        ],
+        exception_handlers={
+            InfercacheError: on_infercache_error,
+            HTTPException: on_http_error,
+            Exception: on_unexpected,
+        },
+        lifespan=lifespan,
+    )
+
+
+async def poll_versions(gateway: Gateway) -> None:
+    """Ask every upstream what it serves; a new version retires the old entries."""
+    for upstream in gateway.upstreams:
+        try:
+            gateway.tracker.observe_models(await upstream.models())
+        except UpstreamUnavailableError as exc:
+            log.warning("could not poll %s for model versions: %s", upstream.name, exc)
+        except InfercacheError as exc:
+            log.info("%s does not list models: %s", upstream.name, exc)
+
+
+async def poll_forever(gateway: Gateway, every_s: float) -> None:
+    while True:
+        await asyncio.sleep(every_s)
+        await poll_versions(gateway)

@@ -1,0 +1,81 @@
+"""Assemble a gateway from settings: cache, upstreams (or the in-process engine), auth, app.
+
+The embedded default (no upstream URL) loads the built-in engine in this process, sharing the
+cache's `Metrics` so `/stats` shows the exact and prefix strategies side by side, and records
+the engine's weights digest as the model's version before the first request.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from starlette.applications import Starlette
+
+from infercache.cache import Cache
+from infercache.clock import Clock, SystemClock
+from infercache.engine.config import EngineConfig
+from infercache.gateway.app import create_app
+from infercache.gateway.auth import Auth
+from infercache.gateway.config import GatewayConfig
+from infercache.gateway.requestlog import RequestLog
+from infercache.gateway.service import Gateway
+from infercache.gateway.upstream import HTTPUpstream, Upstream
+from infercache.gateway.versions import ModelVersionTracker
+from infercache.settings import Settings
+
+
+@dataclass(frozen=True, slots=True)
+class Built:
+    app: Starlette
+    gateway: Gateway
+    cache: Cache
+
+
+def build(
+    settings: Settings,
+    config: GatewayConfig,
+    *,
+    engine_config: EngineConfig | None = None,
+    clock: Clock | None = None,
+    upstreams: list[Upstream] | None = None,
+) -> Built:
+    """`upstreams` overrides both the URLs and the engine (tests pass their own)."""
+    clock = clock or SystemClock()
+    cache = Cache(settings, clock=clock)
+    tracker = ModelVersionTracker(cache, use_fingerprints=config.use_fingerprints)
+    if upstreams is None:
+        upstreams = _upstreams(settings, config, cache, engine_config)
+    request_log = (
+        RequestLog(config.request_log, redact=config.redact) if config.request_log else None
+    )
+    gateway = Gateway(cache, upstreams, clock=clock, tracker=tracker, request_log=request_log)
+    app = create_app(
+        gateway,
+        Auth(config.api_keys, config.admin_token),
+        max_body_bytes=config.max_body_bytes,
+        version_poll_s=config.version_poll_s,
+    )
+    return Built(app, gateway, cache)
+
+
+def _upstreams(
+    settings: Settings,
+    config: GatewayConfig,
+    cache: Cache,
+    engine_config: EngineConfig | None,
+) -> list[Upstream]:
+    if config.upstreams:
+        return [
+            HTTPUpstream(url, api_key=config.upstream_api_key, timeout_s=config.upstream_timeout_s)
+            for url in config.upstreams
+        ]
+    from infercache.engine.engine import Engine
+    from infercache.gateway.engine_upstream import EngineUpstream
+
+    engine = Engine(
+        engine_config or EngineConfig(data_dir=settings.data_dir),
+        metrics=cache.metrics,
+        clock=cache.clock,
+    )
+    cache.set_model_version(engine.model_id, engine.model_version)
+    return [EngineUpstream(engine)]

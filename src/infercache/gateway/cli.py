@@ -1,0 +1,106 @@
+"""`infercache serve`: the OpenAI-compatible caching gateway (the README's main job)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from infercache.cli_cache import add_store_options, settings_from_args
+from infercache.errors import ConfigError, InfercacheError
+from infercache.gateway.config import GatewayConfig, normalise_upstream, parse_api_keys
+
+
+def _config(args: argparse.Namespace) -> GatewayConfig:
+    config = GatewayConfig()
+    if args.config is not None:
+        config = config.with_toml(args.config)
+    flags: dict[str, Any] = {}
+    if args.host is not None:
+        flags["host"] = args.host
+    if args.port is not None:
+        flags["port"] = args.port
+    if args.upstream:
+        flags["upstreams"] = [normalise_upstream(u) for u in args.upstream]
+    if args.api_key:
+        flags["api_keys"] = parse_api_keys(args.api_key)
+    if args.admin_token is not None:
+        flags["admin_token"] = args.admin_token
+    if args.request_log is not None:
+        flags["request_log"] = args.request_log
+    if args.redact:
+        flags["redact"] = True
+    if args.max_body_bytes is not None:
+        flags["max_body_bytes"] = args.max_body_bytes
+    return config.with_values(flags, source="command line").with_env(os.environ)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from infercache.engine.config import EngineConfig
+    from infercache.gateway.build import build
+
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        settings = settings_from_args(args)
+        config = _config(args)
+        engine_config = EngineConfig(
+            data_dir=settings.data_dir,
+            model_path=args.model,
+            prefix_cache=not args.no_prefix_cache,
+            **({"max_kv_bytes": args.max_kv_bytes} if args.max_kv_bytes is not None else {}),
+        )
+        built = build(settings, config, engine_config=engine_config)
+    except (ConfigError, InfercacheError) as exc:
+        print(f"infercache serve: {exc}", file=sys.stderr)
+        return 2
+    upstream = ", ".join(u.name for u in built.gateway.upstreams)
+    print(
+        f"infercache gateway on http://{config.host}:{config.port}/v1 "
+        f"(upstream: {upstream}; store: {built.cache.backend.url})",
+        flush=True,
+    )
+    uvicorn.run(built.app, host=config.host, port=config.port, log_level="warning")
+    return 0
+
+
+def register(sub: argparse._SubParsersAction[Any]) -> None:
+    p = sub.add_parser(
+        "serve",
+        help="run the OpenAI-compatible caching gateway",
+        description="Serve /v1/chat/completions through the cache. With no --upstream, the "
+        "built-in engine runs in this process (the embedded default).",
+    )
+    add_store_options(p)
+    p.add_argument("--host", help="interface to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=int, help="port (default 8080)")
+    p.add_argument(
+        "--upstream",
+        action="append",
+        metavar="URL",
+        help="an OpenAI-compatible base URL (repeat for replicas; prefix-aware routing)",
+    )
+    p.add_argument(
+        "--api-key",
+        action="append",
+        metavar="KEY=TENANT",
+        help="a client API key and its tenant (repeatable); with any, keys are required",
+    )
+    p.add_argument("--admin-token", help="bearer token for /admin/* (or INFERCACHE_ADMIN_TOKEN)")
+    p.add_argument(
+        "--request-log", type=Path, metavar="PATH", help="append one JSON line per request"
+    )
+    p.add_argument("--redact", action="store_true", help="log request digests, not bodies")
+    p.add_argument("--max-body-bytes", type=int, help="reject larger bodies with 413")
+    p.add_argument("--model", type=Path, help="built-in engine: a Llama-family checkpoint")
+    p.add_argument("--max-kv-bytes", type=int, help="built-in engine: KV prefix cache budget")
+    p.add_argument(
+        "--no-prefix-cache", action="store_true", help="built-in engine: disable KV reuse"
+    )
+    p.set_defaults(handler=_serve)

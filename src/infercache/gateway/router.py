@@ -1,0 +1,118 @@
+"""Cache-aware routing across several upstream replicas: send a request where its prefix is warm.
+
+Each replica keeps its own KV prefix cache, so a conversation's next turn, or a question under a
+shared system prompt, is fastest on the replica that served the prefix before. The router keeps,
+per replica, an approximate picture of what it has seen: a bounded LRU set of prefix-block
+hashes. A prompt (tenant + the serialised messages) is cut into `block_chars`-character blocks
+and hashed as a chain (block i's hash covers blocks 0..i, as in nano-vllm's block manager), so a
+replica "has" block i only if it saw that exact prefix.
+
+Route: for each replica, count the leading blocks of the prompt it has seen (its match). Take
+the replica with the longest match if it covers at least `min_match_blocks` and the replica is
+not overloaded (in-flight requests <= `balance_factor` × the least-loaded replica's + 1);
+otherwise the least-loaded replica (ties: the first). Then record the prompt's blocks for the
+chosen replica, evicting its least recently routed blocks past `max_blocks_per_replica`.
+
+Parameters: `block_chars` (256), `min_match_blocks` (1), `balance_factor` (2.0),
+`max_blocks_per_replica` (200_000). Pure: no I/O; hashing is sha256 over a chain, never `hash()`.
+Thread-safety: none; the gateway uses it from its event loop.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+R = TypeVar("R")
+
+
+@dataclass(frozen=True, slots=True)
+class RouterConfig:
+    block_chars: int = 256
+    min_match_blocks: int = 1
+    balance_factor: float = 2.0
+    max_blocks_per_replica: int = 200_000
+
+
+def prompt_text(tenant: str, body: Mapping[str, Any]) -> str:
+    """What a replica's prefix cache is keyed on, approximately: tenant and the messages."""
+    messages = json.dumps(body.get("messages", []), separators=(",", ":"), ensure_ascii=False)
+    return f"{tenant}\x00{body.get('model', '')}\x00{messages}"
+
+
+def block_hashes(text: str, block_chars: int) -> list[bytes]:
+    """Chained hashes of the full `block_chars` blocks of `text` (a partial tail is ignored)."""
+    out: list[bytes] = []
+    previous = b""
+    data = text.encode()
+    for start in range(0, len(data) - block_chars + 1, block_chars):
+        previous = hashlib.sha256(previous + data[start : start + block_chars]).digest()[:16]
+        out.append(previous)
+    return out
+
+
+class _Replica(Generic[R]):
+    def __init__(self, target: R) -> None:
+        self.target = target
+        self.blocks: OrderedDict[bytes, None] = OrderedDict()
+        self.in_flight = 0
+
+    def match(self, hashes: Sequence[bytes]) -> int:
+        n = 0
+        for h in hashes:
+            if h not in self.blocks:
+                break
+            n += 1
+        return n
+
+
+class PrefixRouter(Generic[R]):
+    def __init__(self, targets: Sequence[R], config: RouterConfig | None = None) -> None:
+        if not targets:
+            raise ValueError("a router needs at least one target")
+        self.config = config or RouterConfig()
+        self._replicas = [_Replica(t) for t in targets]
+
+    @property
+    def targets(self) -> list[R]:
+        return [r.target for r in self._replicas]
+
+    def route(self, tenant: str, body: Mapping[str, Any]) -> tuple[int, int]:
+        """(index of the chosen replica, matched prefix blocks); records the prompt there."""
+        cfg = self.config
+        hashes = block_hashes(prompt_text(tenant, body), cfg.block_chars)
+        least = min(range(len(self._replicas)), key=lambda i: self._replicas[i].in_flight)
+        least_load = self._replicas[least].in_flight
+        best, best_match = least, 0
+        for i, replica in enumerate(self._replicas):
+            m = replica.match(hashes)
+            if m > best_match:
+                best, best_match = i, m
+        chosen = best
+        overloaded = self._replicas[best].in_flight > cfg.balance_factor * least_load + 1
+        if best_match < cfg.min_match_blocks or overloaded:
+            chosen = least
+        matched = best_match if chosen == best else self._replicas[chosen].match(hashes)
+        self._record(self._replicas[chosen], hashes)
+        return chosen, matched
+
+    def in_flight(self) -> list[int]:
+        return [r.in_flight for r in self._replicas]
+
+    def started(self, index: int) -> None:
+        self._replicas[index].in_flight += 1
+
+    def finished(self, index: int) -> None:
+        self._replicas[index].in_flight -= 1
+
+    def _record(self, replica: _Replica[R], hashes: Sequence[bytes]) -> None:
+        blocks = replica.blocks
+        for h in hashes:
+            blocks[h] = None
+            blocks.move_to_end(h)
+        while len(blocks) > self.config.max_blocks_per_replica:
+            blocks.popitem(last=False)

@@ -1,0 +1,79 @@
+"""Gateway fixtures: a fake provider and a real gateway, both on loopback."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from infercache.gateway.build import Built, build
+from infercache.gateway.config import GatewayConfig
+from infercache.gateway.upstream import HTTPUpstream
+from infercache.settings import Settings
+from tests.gateway.servers import FakeUpstream, serve
+
+
+@dataclass
+class Running:
+    url: str
+    built: Built
+    fake: FakeUpstream
+
+    def client(self, key: str | None = None) -> httpx.Client:
+        headers = {"authorization": f"Bearer {key}"} if key else {}
+        return httpx.Client(base_url=self.url, headers=headers, timeout=30)
+
+    def exact(self) -> dict[str, Any]:
+        snapshot: dict[str, Any] = self.built.cache.stats()["strategies"]["exact"]
+        return snapshot
+
+
+@pytest.fixture
+def fake() -> Iterator[tuple[FakeUpstream, str]]:
+    upstream = FakeUpstream()
+    with serve(upstream.app) as url:
+        yield upstream, url
+
+
+MakeGateway = Callable[..., Running]
+
+
+@pytest.fixture
+def make_gateway(tmp_path: Path, fake: tuple[FakeUpstream, str]) -> Iterator[MakeGateway]:
+    upstream, upstream_url = fake
+    with ExitStack() as stack:
+
+        def make(store_url: str | None = None, **config: Any) -> Running:
+            settings = Settings(
+                data_dir=tmp_path,
+                store_url=store_url or f"sqlite:///{tmp_path / 'gateway.db'}",
+                default_ttl_s=600,
+            )
+            gateway_config = GatewayConfig(upstreams=(f"{upstream_url}/v1",), **config)
+            built = build(
+                settings,
+                gateway_config,
+                upstreams=[HTTPUpstream(f"{upstream_url}/v1")],
+            )
+            url = stack.enter_context(serve(built.app))
+            return Running(url, built, upstream)
+
+        yield make
+
+
+def body(content: str = "What is 2+2?", **fields: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "model": "test-model",
+        "messages": [
+            {"role": "system", "content": "You are a calculator."},
+            {"role": "user", "content": content},
+        ],
+        "temperature": 0,
+    }
+    out.update(fields)
+    return out

@@ -1,0 +1,157 @@
+"""Real HTTP servers on loopback for the gateway tests: uvicorn in a thread, and a small
+OpenAI-compatible upstream that stands in for a paid provider. The real engine behind a real
+gateway is tested end to end in test_e2e.py; this twin makes the breadth tests fast and lets
+them hold an answer back (`gate`), fail on demand, or change its reported model version."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import socket
+import threading
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+
+@contextlib.contextmanager
+def serve(app: Any) -> Iterator[str]:
+    """Run `app` on a loopback port in a thread; yield its base URL.
+
+    The socket is bound and listening before the thread starts, so a client may connect at
+    once: the kernel queues the connection until uvicorn accepts it. No polling, no sleeping.
+    """
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(128)
+    port = sock.getsockname()[1]
+    config = uvicorn.Config(app, log_level="warning", lifespan="on")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=lambda: asyncio.run(server.serve(sockets=[sock])))
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(30)
+        sock.close()
+
+
+class FakeUpstream:
+    """Answers `answer #N to <last message>`; counts calls; thread-safe enough for one loop."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.bodies: list[dict[str, Any]] = []
+        self.headers: list[dict[str, str]] = []
+        self.version = "fp-1"
+        self.models_version: str | None = None  # a `version` in /v1/models, like our engine
+        self.fail_status: int | None = None
+        self.gate: asyncio.Event | None = None  # hold answers until set (on the server loop)
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.stream_pieces = 3
+        self.cancelled_streams = 0
+        self.app = Starlette(
+            routes=[
+                Route("/v1/chat/completions", self.chat, methods=["POST"]),
+                Route("/v1/models", self.models, methods=["GET"]),
+            ],
+            lifespan=self._lifespan,
+        )
+
+    @contextlib.asynccontextmanager
+    async def _lifespan(self, app: Starlette) -> AsyncIterator[None]:
+        self.loop = asyncio.get_running_loop()
+        yield
+
+    def hold(self) -> None:
+        """Hold every answer until `release()`."""
+        assert self.loop is not None, "hold() needs the server running"
+        done = threading.Event()
+
+        def make() -> None:
+            self.gate = asyncio.Event()
+            done.set()
+
+        self.loop.call_soon_threadsafe(make)
+        assert done.wait(10)
+
+    def release(self) -> None:
+        assert self.loop is not None
+        assert self.gate is not None
+        self.loop.call_soon_threadsafe(self.gate.set)
+
+    def completion(self, body: dict[str, Any], n: int) -> dict[str, Any]:
+        last = body["messages"][-1]["content"]
+        return {
+            "id": f"chatcmpl-{n}",
+            "object": "chat.completion",
+            "created": 1_700_000_000,
+            "model": body["model"],
+            "system_fingerprint": self.version,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": f"answer #{n} to {last}"},
+                    "finish_reason": "stop",
+                }
+            ],
+            "usage": {
+                "prompt_tokens": 30,
+                "completion_tokens": 6,
+                "total_tokens": 36,
+                "prompt_tokens_details": {"cached_tokens": 16 if n > 1 else 0},
+            },
+        }
+
+    async def chat(self, request: Request) -> Response:
+        body = json.loads(await request.body())
+        self.calls += 1
+        n = self.calls
+        self.bodies.append(body)
+        self.headers.append(dict(request.headers))
+        if self.fail_status is not None:
+            error = {"error": {"message": "slow down", "type": "rate_limit", "code": "429"}}
+            return JSONResponse(error, status_code=self.fail_status)
+        if not body.get("stream"):
+            if self.gate is not None:
+                await self.gate.wait()
+            return JSONResponse(self.completion(body, n))
+        return StreamingResponse(self.chunks(body, n), media_type="text/event-stream")
+
+    async def chunks(self, body: dict[str, Any], n: int) -> AsyncIterator[bytes]:
+        full = self.completion(body, n)
+        text = full["choices"][0]["message"]["content"]
+        base = {k: full[k] for k in ("id", "created", "model", "system_fingerprint")}
+        base["object"] = "chat.completion.chunk"
+
+        def event(choices: list[dict[str, Any]], **extra: Any) -> bytes:
+            return f"data: {json.dumps({**base, 'choices': choices, **extra})}\n\n".encode()
+
+        try:
+            yield event([{"index": 0, "delta": {"role": "assistant"}, "finish_reason": None}])
+            if self.gate is not None:
+                await self.gate.wait()
+            step = max(1, len(text) // self.stream_pieces)
+            for i in range(0, len(text), step):
+                delta = {"content": text[i : i + step]}
+                yield event([{"index": 0, "delta": delta, "finish_reason": None}])
+            yield event([{"index": 0, "delta": {}, "finish_reason": "stop"}])
+            if (body.get("stream_options") or {}).get("include_usage"):
+                yield event([], usage=full["usage"])
+            yield b"data: [DONE]\n\n"
+        except asyncio.CancelledError:
+            self.cancelled_streams += 1
+            raise
+
+    async def models(self, request: Request) -> Response:
+        model = {"id": "test-model", "object": "model"}
+        if self.models_version is not None:
+            model["version"] = self.models_version
+        return JSONResponse({"object": "list", "data": [model]})
