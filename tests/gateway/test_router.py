@@ -1,0 +1,70 @@
+"""Prefix-aware routing: a request goes where its prefix is warm, unless that replica is busy."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from infercache.gateway.router import PrefixRouter, RouterConfig, block_hashes
+
+SYSTEM = "You are the support assistant of ACME. " * 40  # ~1.6k chars: several blocks
+
+
+def req(system: str, question: str) -> dict[str, Any]:
+    return {
+        "model": "m",
+        "messages": [
+            {"role": "system", "content": system},
+            {"role": "user", "content": question},
+        ],
+    }
+
+
+def test_block_hashes_are_a_chain_over_full_blocks() -> None:
+    a = block_hashes("x" * 1000, 256)
+    b = block_hashes("x" * 512 + "y" * 488, 256)
+    assert len(a) == 3  # the 232-char tail is not a full block
+    assert a[:2] == b[:2]
+    assert a[2] != b[2]
+    assert block_hashes("y" + "x" * 999, 256)[1] != a[1]  # a change early changes every block
+
+
+def test_a_shared_prefix_goes_back_to_the_replica_that_saw_it() -> None:
+    router = PrefixRouter(["r0", "r1", "r2"])
+    first, matched = router.route("t", req(SYSTEM, "q1"))
+    assert matched == 0
+    for q in ("q2", "q3", "q4"):
+        index, matched = router.route("t", req(SYSTEM, q))
+        assert index == first
+        assert matched >= 4
+
+
+def test_unrelated_prompts_spread_by_load() -> None:
+    router = PrefixRouter(["r0", "r1"])
+    a, _ = router.route("t", req("alpha " * 300, "q"))
+    router.started(a)
+    b, _ = router.route("t", req("beta " * 300, "q"))
+    assert b != a
+
+
+def test_tenants_do_not_share_warmth() -> None:
+    router = PrefixRouter(["r0", "r1"])
+    router.route("tenant-a", req(SYSTEM, "q"))
+    _, matched = router.route("tenant-b", req(SYSTEM, "q"))
+    assert matched == 0
+
+
+def test_an_overloaded_warm_replica_is_skipped() -> None:
+    router = PrefixRouter(["r0", "r1"], RouterConfig(balance_factor=1.0))
+    warm, _ = router.route("t", req(SYSTEM, "q0"))
+    for _ in range(5):
+        router.started(warm)
+    index, _ = router.route("t", req(SYSTEM, "q1"))
+    assert index != warm
+    assert router.in_flight()[warm] == 5
+
+
+def test_memory_per_replica_is_bounded() -> None:
+    router = PrefixRouter(["r0"], RouterConfig(max_blocks_per_replica=10))
+    for i in range(20):
+        router.route("t", req(f"system {i} " * 100, "q"))
+    assert len(router._replicas[0].blocks) == 10
