@@ -61,12 +61,21 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"infercache serve: {exc}", file=sys.stderr)
         return 2
     upstream = ", ".join(u.name for u in built.gateway.upstreams)
-    print(
-        f"infercache gateway on http://{config.host}:{config.port}/v1 "
-        f"(upstream: {upstream}; store: {built.cache.backend.url})",
-        flush=True,
+    ready_line = (
+        f"infercache gateway ready on http://{config.host}:{config.port}/v1 "
+        f"(upstream: {upstream}; store: {built.cache.backend.url})"
     )
-    uvicorn.run(built.app, host=config.host, port=config.port, log_level="warning")
+
+    class Server(uvicorn.Server):
+        async def startup(self, sockets: list[Any] | None = None) -> None:
+            await super().startup(sockets=sockets)
+            if self.started:  # listening: say so only now, so scripts can wait on this line
+                print(ready_line, flush=True)
+
+    uvicorn_config = uvicorn.Config(
+        built.app, host=config.host, port=config.port, log_level="warning"
+    )
+    Server(uvicorn_config).run()
     return 0
 
 
