@@ -6,10 +6,14 @@
       3. `no-cache` → skip the lookup → Miss `bypass` (its answer refreshes the entry)
       4. exact lookup: key, version view, entry, freshness                 (exact.py)
          hit → the stored answer, `exact`, with its age
-      5. `only-if-cached` and no hit → NotCachedError
+      5. semantic lookup, when enabled: a near-duplicate in the same exact scope whose answer
+         is fresh and passes threshold and guards                        (semantic/layer.py)
+         hit → its answer, `semantic`, with age and similarity; maybe verified in background
+      6. `only-if-cached` and no hit → NotCachedError
     then the caller fetches the Miss upstream — identical misses in flight in this process
     share one call (single-flight) and the waiters count as hits — and calls
-    finish(miss, response): count it; store it only if complete and not `no-store`
+    finish(miss, response): count it; store it only if complete and not `no-store` (and index
+    it for the semantic layer)
     abandon(miss): the upstream failed or the stream was cut; count it, store nothing.
     The engine's KV prefix reuse sits underneath, inside the upstream.
 
@@ -26,20 +30,33 @@ nothing is stored. A store failure is never the caller's problem: a counted miss
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable, Iterable
+import logging
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
 from infercache.clock import Clock, SystemClock
-from infercache.errors import InvalidRequestError, NotCachedError
+from infercache.errors import InvalidRequestError, NotCachedError, StoreError
 from infercache.exact import ExactCache, Lookup
 from infercache.metrics import Metrics, MissReason
 from infercache.policy import usage_tokens
 from infercache.request import ChatRequest, parse_request
+from infercache.semantic.embedder import Embedder
+from infercache.semantic.guards import Guard
+from infercache.semantic.layer import (
+    IndexFactory,
+    Probe,
+    SemanticConfig,
+    SemanticHit,
+    SemanticLayer,
+)
+from infercache.semantic.verify import Verifier
 from infercache.settings import Settings
 from infercache.singleflight import AsyncSingleFlight, SingleFlight
 from infercache.stores import Backend, open_store
+
+log = logging.getLogger(__name__)
 
 Response = dict[str, Any]
 Upstream = Callable[[dict[str, Any]], Response]
@@ -73,6 +90,7 @@ class Miss:
     request: ChatRequest
     layer: Layer  # MISS, BYPASS or UNCACHEABLE
     lookup: Lookup | None  # None when the request is not cacheable
+    probe: Probe | None = None  # the semantic lookup's embedding, reused to index the answer
 
     @property
     def flight_key(self) -> str | None:
@@ -115,11 +133,42 @@ class Cache:
         )
         self._flights: SingleFlight[Completion] = SingleFlight()
         self._aflights: AsyncSingleFlight[Completion] = AsyncSingleFlight()
+        self.semantic: SemanticLayer | None = None
+
+    def enable_semantic(
+        self,
+        embedder: Embedder,
+        *,
+        config: SemanticConfig,
+        guards: Sequence[Guard],
+        index_factory: IndexFactory | None = None,
+        verifier: Verifier | None = None,
+    ) -> SemanticLayer:
+        """Turn the semantic layer on (off by default: it carries a risk the exact layer does
+        not), rebuilding its indexes from the store."""
+        layer = SemanticLayer(
+            self.backend,
+            self.exact,
+            embedder,
+            config=config,
+            guards=guards,
+            metrics=self.metrics.strategy("semantic"),
+            prices=self.metrics.prices,
+            clock=self.clock,
+            index_factory=index_factory,
+            verifier=verifier,
+        )
+        try:
+            layer.rebuild()
+        except StoreError as exc:
+            log.warning("semantic index starts empty, the store is unreadable: %s", exc)
+        self.semantic = layer
+        return layer
 
     # -- the request path, for library callers --
 
     def complete(self, request: dict[str, Any], upstream: Upstream) -> Completion:
-        outcome = self.begin(request)
+        outcome = self.begin(request, verify=upstream)
         if isinstance(outcome, Completion):
             return outcome
         miss = outcome
@@ -156,11 +205,19 @@ class Cache:
 
     # -- the steps, shared by complete, acomplete and the gateway's streaming path --
 
-    def begin(self, body: dict[str, Any], *, tenant: str | None = None) -> Completion | Miss:
+    def begin(
+        self,
+        body: dict[str, Any],
+        *,
+        tenant: str | None = None,
+        verify: Upstream | None = None,
+    ) -> Completion | Miss:
         """Parse, apply the policy, look the request up in each layer, top-down.
 
         Returns the answer when a layer has it, else the `Miss` to fetch. `tenant`, when given
-        (an authenticated caller), overrides any tenant claimed in the body.
+        (an authenticated caller), overrides any tenant claimed in the body. `verify`: how to
+        fetch a fresh answer when live verification samples a semantic hit (run in the
+        background, never on this call's path).
         """
         req = parse_request(body, tenant=tenant)
         cc = req.directives.cache_control
@@ -181,10 +238,16 @@ class Cache:
         lookup = self.exact.lookup(req)
         if lookup.entry is not None:
             return self._exact_hit(lookup)
+        probe = None
+        if self.semantic is not None and lookup.view is not None:
+            hit, probe = self.semantic.lookup(req, lookup.view)
+            if hit is not None:
+                self._exact_metrics.miss(lookup.miss_reason or MissReason.ABSENT)
+                return self._semantic_hit(req, lookup, hit, verify)
         if cc.only_if_cached:
             self._exact_metrics.miss(lookup.miss_reason or MissReason.ABSENT)
             raise NotCachedError("no fresh cached answer (only-if-cached)")
-        return Miss(req, Layer.MISS, lookup)
+        return Miss(req, Layer.MISS, lookup, probe)
 
     def finish(
         self,
@@ -201,14 +264,13 @@ class Cache:
         if miss.layer is Layer.MISS:
             assert miss.lookup is not None
             self._exact_metrics.miss(miss.lookup.miss_reason or MissReason.ABSENT)
-        if miss.lookup is not None and not miss.request.directives.cache_control.no_store:
-            self.exact.store(
-                miss.lookup,
-                miss.request,
-                response,
-                upstream_s=upstream_s,
-                produced_by=produced_by,
+        lookup = miss.lookup
+        if lookup is not None and not miss.request.directives.cache_control.no_store:
+            stored_under = self.exact.store(
+                lookup, miss.request, response, upstream_s=upstream_s, produced_by=produced_by
             )
+            if stored_under is not None and self.semantic is not None:
+                self.semantic.store(miss.request, stored_under, lookup.key, miss.probe)
         return Completion(
             response,
             miss.layer,
@@ -235,6 +297,23 @@ class Cache:
         )
         self._exact_metrics.count("coalesced")
         return Completion(leader.response, Layer.EXACT, age_s=0.0, key=leader.key, coalesced=True)
+
+    def _semantic_hit(
+        self, req: ChatRequest, lookup: Lookup, hit: SemanticHit, verify: Upstream | None
+    ) -> Completion:
+        assert self.semantic is not None
+        response: Response = json.loads(hit.entry.response)
+        if verify is not None:
+            self.semantic.verify(req.body, response, hit.similarity, verify)
+        if self.semantic.config.store_hits_as_exact:
+            self.exact.store(lookup, req, response, upstream_s=hit.entry.upstream_s)
+        return Completion(
+            response,
+            Layer.SEMANTIC,
+            age_s=self.exact.age_s(hit.entry),
+            key=hit.key,
+            similarity=hit.similarity,
+        )
 
     def _exact_hit(self, lookup: Lookup) -> Completion:
         entry = lookup.entry

@@ -59,10 +59,10 @@ class ExactCache:
         self._policy = policy
         self._clock = clock
         self._metrics = metrics
-        self._ignorable = ignorable_fields
+        self.ignorable_fields = ignorable_fields
 
     def key(self, request: ChatRequest) -> str:
-        return exact_key(request, self._ignorable)
+        return exact_key(request, self.ignorable_fields)
 
     def lookup(self, request: ChatRequest, *, read_entry: bool = True) -> Lookup:
         """Find a fresh entry. With `read_entry=False` only the view is read (a refresh)."""
@@ -82,6 +82,16 @@ class ExactCache:
             reason = MissReason.EXPIRED  # fresh for others (kept), too old for this caller
         self._metrics.overhead(self._clock.monotonic_s() - started)
         return Lookup(key, view, entry if reason is None else None, reason)
+
+    def fresh_entry(self, key: str, view: VersionView, max_age_s: float | None) -> Entry | None:
+        """The entry under `key` if it would be a hit for a request that saw `view` (the
+        semantic layer's check of a candidate). Raises StoreError."""
+        entry = self.backend.get(key)
+        if entry is None or self._staleness(entry, view) is not None:
+            return None
+        if self._too_old_for(entry, max_age_s):
+            return None
+        return entry
 
     def _too_old_for(self, entry: Entry, max_age_s: float | None) -> bool:
         return max_age_s is not None and self._clock.now_s() - entry.created_at_s > max_age_s
@@ -103,8 +113,9 @@ class ExactCache:
         *,
         upstream_s: float,
         produced_by: str | None = None,
-    ) -> bool:
-        """Store `response` for `request` if it is complete; True if stored.
+    ) -> VersionView | None:
+        """Store `response` for `request` if it is complete; the view it was stored under
+        (None: not stored).
 
         `produced_by`: the model version that generated the answer, when the upstream says
         (its system_fingerprint). The entry is then recorded under that version if it is the
@@ -112,12 +123,12 @@ class ExactCache:
         saw.
         """
         if lookup.view is None:
-            return False
+            return None
         why_not = unstorable_reason(response)
         if why_not is not None:
             self._metrics.count("not_stored")
             log.debug("not storing %s: %s", lookup.key, why_not)
-            return False
+            return None
         started = self._clock.monotonic_s()
         model_version = lookup.view.model_version
         if produced_by is not None:
@@ -125,10 +136,10 @@ class ExactCache:
                 current = self.versions.view(request.model, ()).model_version
             except StoreError as exc:
                 self._store_error("store", exc)
-                return False
+                return None
             if current.split(":", 1)[1] != produced_by:
                 self._metrics.count("not_stored")
-                return False
+                return None
             model_version = current
         now_s = self._clock.now_s()
         prompt_tokens, completion_tokens = usage_tokens(response)
@@ -147,11 +158,11 @@ class ExactCache:
             self.backend.put(lookup.key, entry)
         except StoreError as exc:
             self._store_error("store", exc)
-            return False
+            return None
         finally:
             self._metrics.overhead(self._clock.monotonic_s() - started)
         self._metrics.count("stored")
-        return True
+        return VersionView(model_version, lookup.view.tags)
 
     def age_s(self, entry: Entry) -> float:
         return max(0.0, self._clock.now_s() - entry.created_at_s)

@@ -18,6 +18,17 @@ naming it.
     input_usd_per_mtok = 0.15
     output_usd_per_mtok = 0.6
     cached_input_usd_per_mtok = 0.075
+
+    [semantic]                           # written by `infercache tune --write-config`, then:
+    enabled = true                       # INFERCACHE_SEMANTIC=1 (or `serve --semantic`)
+    threshold = 0.83                     # cosine similarity in [-1, 1]; required, never defaulted
+    embedder = "minilm"                  # minilm | static | openai (embedder_url, embedder_model)
+    guards = ["numbers", "dates", ...]   # see semantic/guards.py
+    target_false_hit = 0.01              # what live verification holds the threshold to
+    verify_sample_rate = 0.02            # share of semantic hits re-asked upstream
+    judge = "embedding"                  # equality | embedding | llm
+    k = 4                                # neighbours examined per lookup
+    store_hits_as_exact = false          # also store a hit under the new wording's exact key
 """
 
 from __future__ import annotations
@@ -44,6 +55,42 @@ def default_data_dir(environ: Mapping[str, str]) -> Path:
 
 
 @dataclass(frozen=True, slots=True)
+class SemanticSettings:
+    enabled: bool = False
+    threshold: float | None = None  # cosine similarity in [-1, 1]; from `infercache tune`
+    embedder: str = "minilm"
+    embedder_name: str | None = None  # the exact model `tune` calibrated with (checked)
+    embedder_url: str | None = None
+    embedder_model: str | None = None
+    embedder_dim: int | None = None
+    guards: tuple[str, ...] | None = None  # None: the default guards
+    target_false_hit: float = 0.01
+    verify_sample_rate: float = 0.0
+    judge: str = "embedding"
+    k: int = 4
+    store_hits_as_exact: bool = False
+
+    def __post_init__(self) -> None:
+        if self.threshold is not None and not -1.0 <= self.threshold <= 1.0:
+            raise ConfigError(f"semantic threshold must be in [-1, 1], got {self.threshold}")
+        if self.enabled and self.threshold is None:
+            raise ConfigError(
+                "the semantic layer needs a calibrated threshold: run `infercache tune PAIRS "
+                "--write-config FILE` and pass --config FILE (there is no safe default)"
+            )
+        if self.embedder not in ("minilm", "static", "openai"):
+            raise ConfigError(
+                f"semantic embedder must be minilm, static or openai: {self.embedder}"
+            )
+        if self.judge not in ("equality", "embedding", "llm"):
+            raise ConfigError(f"semantic judge must be equality, embedding or llm: {self.judge}")
+        if not 0 <= self.verify_sample_rate <= 1:
+            raise ConfigError(f"verify_sample_rate must be in [0, 1]: {self.verify_sample_rate}")
+        if not 0 < self.target_false_hit < 1:
+            raise ConfigError(f"target_false_hit must be in (0, 1): {self.target_false_hit}")
+
+
+@dataclass(frozen=True, slots=True)
 class Settings:
     data_dir: Path
     store_url: str | None = None  # None: sqlite in data_dir
@@ -54,6 +101,7 @@ class Settings:
     default_temperature: float = 1.0
     ignorable_fields: frozenset[str] = IGNORABLE_FIELDS
     prices: PriceTable = field(default_factory=PriceTable)
+    semantic: SemanticSettings = field(default_factory=SemanticSettings)
 
     def __post_init__(self) -> None:
         if not self.default_ttl_s > 0:
@@ -100,7 +148,22 @@ class Settings:
         changes = _cache_section(doc.get("cache", {}), str(path))
         if "prices" in doc:
             changes["prices"] = _prices(doc["prices"], str(path))
+        if "semantic" in doc:
+            changes["semantic"] = self.semantic_with(doc["semantic"], str(path))
         return self._replace(changes)
+
+    def semantic_with(self, values: Mapping[str, Any], source: str) -> SemanticSettings:
+        known = {f.name for f in fields(SemanticSettings)}
+        unknown = set(values) - known
+        if unknown:
+            raise ConfigError(f"{source}: unknown [semantic] setting(s) {sorted(unknown)}")
+        changes = dict(values)
+        if changes.get("guards") is not None:
+            changes["guards"] = tuple(changes["guards"])
+        try:
+            return replace(self.semantic, **changes)
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"{source}: {exc}") from exc
 
     def with_env(self, environ: Mapping[str, str]) -> Settings:
         names = {
@@ -120,6 +183,9 @@ class Settings:
             except ValueError as exc:
                 raise ConfigError(f"INFERCACHE_PRICES is not JSON: {exc}") from exc
             changes["prices"] = _prices(doc, "INFERCACHE_PRICES")
+        if "INFERCACHE_SEMANTIC" in environ:
+            enabled = _convert(environ["INFERCACHE_SEMANTIC"], bool, "semantic", "env", True)
+            changes["semantic"] = self.semantic_with({"enabled": enabled}, "environment")
         return self._replace(changes)
 
     def _replace(self, changes: dict[str, Any]) -> Settings:

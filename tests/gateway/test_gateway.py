@@ -401,3 +401,26 @@ def test_a_redacted_request_log_holds_digests_not_bodies(
     text = log_path.read_text()
     assert "secret question" not in text
     assert json.loads(text)["request_digest"].startswith("sha256:")
+
+
+def test_semantic_hits_are_labelled_with_their_similarity(make_gateway: MakeGateway) -> None:
+    from infercache.semantic.embedder import HashingEmbedder
+    from infercache.semantic.guards import default_guards
+    from infercache.semantic.layer import SemanticConfig
+
+    running = make_gateway()
+    running.built.cache.enable_semantic(
+        HashingEmbedder(dim=512), config=SemanticConfig(threshold=0.7), guards=default_guards()
+    )
+    first = post(running, body("How do I reset my password?"))
+    again = post(running, body("How can I reset my password?"))
+    assert first.headers["x-infercache"] == "miss"
+    assert again.headers["x-infercache"] == "semantic-hit"
+    assert 0.7 <= float(again.headers["x-infercache-similarity"]) < 1
+    assert again.json()["choices"] == first.json()["choices"]
+    streamed = post(running, body("How can I reset my password?", stream=True))
+    assert streamed.headers["x-infercache"] == "semantic-hit"
+    assert sse_events(streamed.content)[-1] == "[DONE]"
+    number_flip = post(running, body("How do I reset my password 2?"))
+    assert number_flip.headers["x-infercache"] == "miss"
+    assert running.fake.calls == 2

@@ -164,3 +164,14 @@ def test_an_entry_larger_than_the_bound_is_not_stored(
     store.put("huge", entry(clock, b"h" * 5000))
     assert store.get("huge") is None
     assert store.get("small") is not None
+
+
+def test_scan_finds_exactly_the_entries_under_a_prefix(
+    make_backend: MakeBackend, clock: ManualClock
+) -> None:
+    store = make_backend()
+    for key in ("sem:a", "sem:b", "sem:c", "ic1:a", "se"):
+        store.put(key, entry(clock, key.encode()))
+    found = {k: e.response for k, e in store.scan("sem:")}
+    assert found == {"sem:a": b"sem:a", "sem:b": b"sem:b", "sem:c": b"sem:c"}
+    assert list(store.scan("nothing:")) == []

@@ -161,6 +161,7 @@ def create_app(
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         app.state.loop = asyncio.get_running_loop()  # for callers in other threads
+        gateway.attach_loop(app.state.loop)
         poller = None
         if version_poll_s is not None:
             await poll_versions(gateway)

@@ -49,6 +49,12 @@ def build(
         RequestLog(config.request_log, redact=config.redact) if config.request_log else None
     )
     gateway = Gateway(cache, upstreams, clock=clock, tracker=tracker, request_log=request_log)
+    if settings.semantic.enabled:
+        from infercache.semantic.setup import enable_from_settings
+
+        enable_from_settings(
+            cache, settings.semantic, judge_fetch=gateway.background_fetch("", None)
+        )
     app = create_app(
         gateway,
         Auth(config.api_keys, config.admin_token),

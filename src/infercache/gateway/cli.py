@@ -49,6 +49,8 @@ def _serve(args: argparse.Namespace) -> int:
     )
     try:
         settings = settings_from_args(args)
+        if args.semantic:
+            settings = settings.with_env({"INFERCACHE_SEMANTIC": "1"})
         config = _config(args)
         engine_config = EngineConfig(
             data_dir=settings.data_dir,
@@ -107,6 +109,11 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     )
     p.add_argument("--redact", action="store_true", help="log request digests, not bodies")
     p.add_argument("--max-body-bytes", type=int, help="reject larger bodies with 413")
+    p.add_argument(
+        "--semantic",
+        action="store_true",
+        help="enable the semantic layer (needs a tuned threshold in --config; off by default)",
+    )
     p.add_argument("--model", type=Path, help="built-in engine: a Llama-family checkpoint")
     p.add_argument("--max-kv-bytes", type=int, help="built-in engine: KV prefix cache budget")
     p.add_argument(

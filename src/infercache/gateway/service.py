@@ -16,9 +16,10 @@ Replies are plain values (`JSONReply`, `StreamReply`) so app.py only does HTTP.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -126,6 +127,26 @@ class Gateway:
         self._log = request_log
         self._flights: dict[str, _Shared] = {}
         self._prefix = cache.metrics.strategy("prefix")
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def attach_loop(self, loop: asyncio.AbstractEventLoop) -> None:
+        """The loop the gateway serves on; background threads reach the upstreams through it."""
+        self._loop = loop
+
+    def background_fetch(
+        self, tenant: str, bearer: str | None
+    ) -> Callable[[dict[str, Any]], dict[str, Any]]:
+        """A blocking upstream call for background threads (live verification of semantic
+        hits, the LLM judge): it runs on the gateway's loop and never on a request's path."""
+
+        def fetch(body: dict[str, Any]) -> dict[str, Any]:
+            if self._loop is None:
+                raise RuntimeError("the gateway is not serving yet")
+            replica, _ = self.router.route(tenant, body)
+            call = self.upstreams[replica].complete(body, tenant=tenant, api_key=bearer)
+            return asyncio.run_coroutine_threadsafe(call, self._loop).result(600)
+
+        return fetch
 
     # -- the request path --
 
@@ -156,7 +177,9 @@ class Gateway:
     ) -> JSONReply | StreamReply:
         stream = body.get("stream") is True
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-        outcome = self.cache.begin(body, tenant=tenant)
+        outcome = self.cache.begin(
+            body, tenant=tenant, verify=self.background_fetch(trace.tenant, bearer)
+        )
         if isinstance(outcome, Completion):
             trace.record["layer"] = LAYER_HEADER[outcome.layer]
             trace.record["response"] = outcome.response

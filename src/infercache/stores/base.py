@@ -17,7 +17,7 @@ Contract (tests/stores/test_contract.py runs it against every backend):
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -97,6 +97,10 @@ class Store(Protocol):
         ...
 
     def stats(self) -> StoreStats: ...
+
+    def scan(self, prefix: str) -> Iterator[tuple[str, Entry]]:
+        """Every entry whose key starts with `prefix` (to rebuild in-process indexes)."""
+        ...
 
 
 class MetaStore(Protocol):

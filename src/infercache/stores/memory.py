@@ -14,7 +14,7 @@ from __future__ import annotations
 import heapq
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 from infercache.clock import Clock
 from infercache.stores.base import Entry, StoreStats
@@ -67,6 +67,11 @@ class MemoryStore:
     def stats(self) -> StoreStats:
         with self._lock:
             return StoreStats(len(self._entries), self._bytes_used, self.max_bytes)
+
+    def scan(self, prefix: str) -> Iterator[tuple[str, Entry]]:
+        with self._lock:
+            found = [(k, e) for k, e in self._entries.items() if k.startswith(prefix)]
+        return iter(found)
 
     def read_meta(self, names: Sequence[str]) -> dict[str, str]:
         with self._lock:

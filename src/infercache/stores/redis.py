@@ -14,7 +14,7 @@ Thread-safe: redis-py's connection pool is.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import redis
 
@@ -95,6 +95,18 @@ class RedisStore:
         except redis.RedisError as exc:
             raise StoreError(f"redis store: {exc}") from exc
         return StoreStats(entries=entries, bytes=used, max_bytes=None)
+
+    def scan(self, prefix: str) -> Iterator[tuple[str, Entry]]:
+        head = len(self._entry_key(""))
+        try:
+            keys = list(self._client.scan_iter(match=f"{self._entry_key(prefix)}*", count=1000))
+            for i in range(0, len(keys), 500):
+                batch = keys[i : i + 500]
+                for k, blob in zip(batch, self._client.mget(batch), strict=True):
+                    if isinstance(blob, bytes):
+                        yield k.decode()[head:], Entry.decode(blob)
+        except redis.RedisError as exc:
+            raise StoreError(f"redis store: {exc}") from exc
 
     def read_meta(self, names: Sequence[str]) -> dict[str, str]:
         if not names:

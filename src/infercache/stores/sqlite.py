@@ -28,6 +28,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from infercache.clock import Clock
 from infercache.errors import StoreError
@@ -159,16 +160,20 @@ class SQLiteStore:
             row = conn.execute(_SELECT, (key,)).fetchone()
         if row is None:
             return None
-        try:
-            tags = tuple((str(t), int(g)) for t, g in json.loads(row[3]))
-        except (ValueError, TypeError) as exc:
-            raise StoreError(f"sqlite store {self.path}: bad tags for {key}: {exc}") from exc
+        entry = self._entry(key, row)
         with self._touch_lock:
             self._touches[key] = self._clock.now_s()
             flush = len(self._touches) >= self._touch_batch
         if flush:
             with self._write() as conn:
                 self._flush_touches(conn)
+        return entry
+
+    def _entry(self, key: str, row: Sequence[Any]) -> Entry:
+        try:
+            tags = tuple((str(t), int(g)) for t, g in json.loads(row[3]))
+        except (ValueError, TypeError) as exc:
+            raise StoreError(f"sqlite store {self.path}: bad tags for {key}: {exc}") from exc
         return Entry(
             response=bytes(row[0]),
             model=row[1],
@@ -224,6 +229,16 @@ class SQLiteStore:
         with self._conn() as conn:
             used, entries = conn.execute("SELECT bytes, entries FROM usage WHERE id = 1").fetchone()
         return StoreStats(entries=entries, bytes=used, max_bytes=self.max_bytes)
+
+    def scan(self, prefix: str) -> Iterator[tuple[str, Entry]]:
+        # Keys are ASCII: every key with the prefix sorts in [prefix, prefix + U+FFFF).
+        query = _SELECT.replace("WHERE key = ?", "WHERE key >= ? AND key < ?").replace(
+            "SELECT response", "SELECT key, response"
+        )
+        with self._conn() as conn:
+            rows = conn.execute(query, (prefix, prefix + "\uffff")).fetchall()
+        for row in rows:
+            yield row[0], self._entry(row[0], row[1:])
 
     # -- MetaStore --
 

@@ -1,0 +1,247 @@
+"""Live verification of semantic hits: is the threshold still right for today's traffic?
+
+A configurable share (`sample_rate`) of semantic hits is also sent upstream in the background;
+the client already has its cached answer and never waits. A `Judge` compares the cached answer
+with the fresh one. The `FalseHitMonitor` keeps the running count (n verified, k judged
+different) and its Wilson score interval at 95% (two-sided, z = 1.96):
+
+    centre = (p̂ + z²/2n) / (1 + z²/n),   half = z·√(p̂(1−p̂)/n + z²/4n²) / (1 + z²/n)
+
+When the interval's LOWER bound exceeds `target_false_hit`, the false-hit rate is above target
+with 95% confidence, and the threshold tightens by itself: to just above the similarity of the
+closest wrong hit seen in this window, and at least by `step` (capped at `max_threshold`). The
+window then restarts, since the new threshold changes the population being measured. Every
+tightening is logged and counted; the estimate and its bounds are gauges.
+
+Judges (all pluggable, one method): `NormalisedEqualityJudge` (case, whitespace and punctuation
+folded), `EmbeddingJudge` (cosine similarity of the two answers ≥ a bound, in [-1, 1]),
+`LLMJudge` (asks a model through the upstream whether two answers say the same).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import re
+import threading
+from collections.abc import Callable, Mapping
+from concurrent.futures import Executor
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from infercache.semantic.embedder import Embedder
+
+log = logging.getLogger(__name__)
+
+Z_95 = 1.959963984540054
+
+
+def wilson_interval(failures: int, trials: int, z: float = Z_95) -> tuple[float, float]:
+    """(lower, upper) Wilson score bounds on a rate of `failures` in `trials` (0 trials: 0, 1)."""
+    if trials <= 0:
+        return 0.0, 1.0
+    p = failures / trials
+    denom = 1 + z * z / trials
+    centre = (p + z * z / (2 * trials)) / denom
+    half = z * math.sqrt(p * (1 - p) / trials + z * z / (4 * trials * trials)) / denom
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def answer_text(response: Mapping[str, Any]) -> str:
+    choices = response.get("choices") or []
+    if not choices or not isinstance(choices[0], Mapping):
+        return ""
+    message = choices[0].get("message") or {}
+    content = message.get("content")
+    return content if isinstance(content, str) else ""
+
+
+class Judge(Protocol):
+    name: str
+
+    def same(
+        self, request: Mapping[str, Any], cached: Mapping[str, Any], fresh: Mapping[str, Any]
+    ) -> bool:
+        """True when the cached answer is as good an answer to `request` as the fresh one."""
+        ...
+
+
+_FOLD = re.compile(r"[\W_]+", re.UNICODE)
+
+
+class NormalisedEqualityJudge:
+    name = "normalised-equality"
+
+    def same(
+        self, request: Mapping[str, Any], cached: Mapping[str, Any], fresh: Mapping[str, Any]
+    ) -> bool:
+        def fold(text: str) -> str:
+            return _FOLD.sub(" ", text.casefold()).strip()
+
+        return fold(answer_text(cached)) == fold(answer_text(fresh))
+
+
+class EmbeddingJudge:
+    """Same when the answers' embeddings have cosine similarity ≥ `min_similarity`."""
+
+    name = "embedding"
+
+    def __init__(self, embedder: Embedder, min_similarity: float = 0.85) -> None:
+        self._embedder = embedder
+        self._min = min_similarity
+
+    def same(
+        self, request: Mapping[str, Any], cached: Mapping[str, Any], fresh: Mapping[str, Any]
+    ) -> bool:
+        vectors = self._embedder.embed([answer_text(cached), answer_text(fresh)])
+        return float(np.dot(vectors[0], vectors[1])) >= self._min
+
+
+class LLMJudge:
+    """Asks a model (through `complete`, an upstream call) for a yes/no verdict."""
+
+    name = "llm"
+    PROMPT = (
+        "Question:\n{question}\n\nAnswer A:\n{a}\n\nAnswer B:\n{b}\n\n"
+        "Do A and B give the same information in answer to the question? Reply yes or no."
+    )
+
+    def __init__(
+        self, complete: Callable[[dict[str, Any]], dict[str, Any]], model: str | None = None
+    ) -> None:
+        """`model`: the judging model; None asks the model the request itself was for."""
+        self._complete = complete
+        self._model = model
+
+    def same(
+        self, request: Mapping[str, Any], cached: Mapping[str, Any], fresh: Mapping[str, Any]
+    ) -> bool:
+        messages = request.get("messages") or [{}]
+        question = str(messages[-1].get("content", ""))
+        prompt = self.PROMPT.format(question=question, a=answer_text(cached), b=answer_text(fresh))
+        verdict = self._complete(
+            {
+                "model": self._model or request.get("model"),
+                "messages": [{"role": "user", "content": prompt}],
+                "temperature": 0,
+                "max_tokens": 3,
+            }
+        )
+        return answer_text(verdict).strip().lower().startswith("yes")
+
+
+@dataclass(frozen=True, slots=True)
+class Tightened:
+    old_threshold: float
+    new_threshold: float
+    false_hits: int
+    verified: int
+
+
+class FalseHitMonitor:
+    """Running false-hit estimate; decides when the threshold must tighten. Thread-safe."""
+
+    def __init__(
+        self,
+        *,
+        target_false_hit: float,
+        min_verified: int = 20,
+        step: float = 0.01,
+        max_threshold: float = 0.999,
+    ) -> None:
+        if not 0 < target_false_hit < 1:
+            raise ValueError(f"target_false_hit must be in (0, 1), got {target_false_hit}")
+        self.target_false_hit = target_false_hit
+        self._min_verified = min_verified
+        self._step = step
+        self._max = max_threshold
+        self._lock = threading.Lock()
+        self.verified = 0
+        self.false_hits = 0
+        self._closest_wrong: float | None = None
+
+    def interval(self) -> tuple[float, float]:
+        with self._lock:
+            return wilson_interval(self.false_hits, self.verified)
+
+    def estimate(self) -> float:
+        with self._lock:
+            return self.false_hits / self.verified if self.verified else 0.0
+
+    def record(self, similarity: float, wrong: bool, threshold: float) -> Tightened | None:
+        """Add one verdict; a `Tightened` when the threshold must rise to its new value."""
+        with self._lock:
+            self.verified += 1
+            if wrong:
+                self.false_hits += 1
+                if self._closest_wrong is None or similarity > self._closest_wrong:
+                    self._closest_wrong = similarity
+            lower, _ = wilson_interval(self.false_hits, self.verified)
+            if self.verified < self._min_verified or lower <= self.target_false_hit:
+                return None
+            above_wrong = (self._closest_wrong or threshold) + 1e-4
+            new = min(self._max, max(threshold + self._step, above_wrong))
+            event = Tightened(threshold, new, self.false_hits, self.verified)
+            self.verified = self.false_hits = 0
+            self._closest_wrong = None
+            return event
+
+
+class Verifier:
+    """Samples semantic hits and checks them in the background on `executor`."""
+
+    def __init__(
+        self,
+        judge: Judge,
+        monitor: FalseHitMonitor,
+        *,
+        sample_rate: float,
+        rng: random.Random,
+        executor: Executor,
+    ) -> None:
+        if not 0 <= sample_rate <= 1:
+            raise ValueError(f"sample_rate must be in [0, 1], got {sample_rate}")
+        self.judge = judge
+        self.monitor = monitor
+        self._rate = sample_rate
+        self._rng = rng
+        self._rng_lock = threading.Lock()
+        self._executor = executor
+        self._on_verdict: Callable[[float, bool], None] | None = None
+
+    def attach(self, on_verdict: Callable[[float, bool], None]) -> None:
+        """Who hears each verdict (the semantic layer, which owns the threshold)."""
+        self._on_verdict = on_verdict
+
+    def maybe_verify(
+        self,
+        request: Mapping[str, Any],
+        cached: Mapping[str, Any],
+        similarity: float,
+        fetch: Callable[[dict[str, Any]], dict[str, Any]],
+    ) -> bool:
+        """Schedule a check of this hit with probability `sample_rate`; True if scheduled."""
+        with self._rng_lock:
+            chosen = self._rng.random() < self._rate
+        if chosen:
+            self._executor.submit(self._verify, dict(request), cached, similarity, fetch)
+        return chosen
+
+    def _verify(
+        self,
+        request: dict[str, Any],
+        cached: Mapping[str, Any],
+        similarity: float,
+        fetch: Callable[[dict[str, Any]], dict[str, Any]],
+    ) -> None:
+        try:
+            fresh = fetch(request)
+            same = self.judge.same(request, cached, fresh)
+        except Exception as exc:  # noqa: BLE001 - a background check must never take down serving
+            log.warning("semantic verification failed (not counted): %r", exc)
+            return
+        if self._on_verdict is not None:
+            self._on_verdict(similarity, not same)
