@@ -76,8 +76,10 @@ class PriceTable:
     def prefix_savings_usd(self, model: str, reused_tokens: int) -> float:
         """What reusing `reused_tokens` of prompt saves against billing them as fresh input."""
         p = self.price(model)
-        cached = p.input_usd_per_mtok if p.cached_input_usd_per_mtok is None else (
-            p.cached_input_usd_per_mtok
+        cached = (
+            p.input_usd_per_mtok
+            if p.cached_input_usd_per_mtok is None
+            else (p.cached_input_usd_per_mtok)
         )
         return reused_tokens * (p.input_usd_per_mtok - cached) / 1e6
 
