@@ -64,7 +64,14 @@ def test_an_overloaded_warm_replica_is_skipped() -> None:
 
 
 def test_memory_per_replica_is_bounded() -> None:
-    router = PrefixRouter(["r0"], RouterConfig(max_blocks_per_replica=10))
+    router = PrefixRouter(["r0", "r1"], RouterConfig(max_blocks_per_replica=10))
     for i in range(20):
         router.route("t", req(f"system {i} " * 100, "q"))
-    assert len(router._replicas[0].blocks) == 10
+    assert all(len(r.blocks) <= 10 for r in router._replicas)
+    assert sum(len(r.blocks) for r in router._replicas) > 10
+
+
+def test_a_single_replica_is_chosen_without_hashing() -> None:
+    router = PrefixRouter(["only"])
+    assert router.route("t", req(SYSTEM, "q")) == (0, 0)
+    assert len(router._replicas[0].blocks) == 0

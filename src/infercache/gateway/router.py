@@ -83,6 +83,8 @@ class PrefixRouter(Generic[R]):
 
     def route(self, tenant: str, body: Mapping[str, Any]) -> tuple[int, int]:
         """(index of the chosen replica, matched prefix blocks); records the prompt there."""
+        if len(self._replicas) == 1:
+            return 0, 0  # nothing to choose: skip hashing the prompt
         cfg = self.config
         hashes = block_hashes(prompt_text(tenant, body), cfg.block_chars)
         least = min(range(len(self._replicas)), key=lambda i: self._replicas[i].in_flight)

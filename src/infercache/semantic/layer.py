@@ -38,7 +38,7 @@ import numpy as np
 import numpy.typing as npt
 
 from infercache.clock import Clock
-from infercache.errors import StoreError
+from infercache.errors import InfercacheError, StoreError
 from infercache.exact import ExactCache
 from infercache.metrics import MissReason, PriceTable, StrategyMetrics
 from infercache.request import ChatRequest
@@ -197,7 +197,13 @@ class SemanticLayer:
             self.metrics.count("not_applicable")
             return None, None
         started = self._clock.monotonic_s()
-        vector = self.embedder.embed([query.text])[0]
+        try:
+            vector = self.embedder.embed([query.text])[0]
+        except InfercacheError as exc:  # e.g. a remote embedder down: a counted miss
+            self.metrics.count("embedder_errors")
+            self.metrics.miss(MissReason.STORE_ERROR)
+            log.warning("semantic lookup skipped, the embedder failed: %s", exc)
+            return None, None
         probe = Probe(query, vector)
         with self._lock:
             index = self._indexes.get(query.scope)
@@ -265,7 +271,12 @@ class SemanticLayer:
         if probe is not None and probe.query.text == query.text:
             probe = Probe(query, probe.vector)
         else:
-            probe = Probe(query, self.embedder.embed([query.text])[0])
+            try:
+                probe = Probe(query, self.embedder.embed([query.text])[0])
+            except InfercacheError as exc:
+                self.metrics.count("embedder_errors")
+                log.warning("semantic record not stored, the embedder failed: %s", exc)
+                return
         try:
             entry = self.backend.get(key)
             if entry is None:
