@@ -20,13 +20,17 @@ def build_parser() -> argparse.ArgumentParser:
         description="A layered cache for LLM inference: exact, semantic and KV-prefix reuse.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    from infercache.analyze.cli import register as register_analyze
     from infercache.cli_cache import register as register_cache
     from infercache.engine.cli import register as register_engine
     from infercache.gateway.cli import register as register_gateway
+    from infercache.semantic.cli import register as register_semantic
 
     register_gateway(sub)
     register_cache(sub)
     register_engine(sub)
+    register_semantic(sub)
+    register_analyze(sub)
     return parser
 
 

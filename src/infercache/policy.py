@@ -2,7 +2,9 @@
 
 - Cacheable request: a sampled request (temperature > 0, or no temperature, which the OpenAI API
   treats as 1) without a `seed` is not cached unless `cache_sampled` is set: replaying one sample
-  to every caller silently removes the variety they asked for.
+  to every caller silently removes the variety they asked for. Nor is a request offering a tool
+  marked `"x-side-effects": true` (on the tool or its `function`): the model's answer to it may
+  be an action to take, and replaying "send the email" twice is not a saving.
 - TTL: every entry has one. `default_ttl_s` is required in settings; a per-request `ttl_s` (or
   `Cache-Control: max-age`) overrides it but is capped by `max_ttl_s`. There is no "forever".
 - Storable response: a complete answer only. Never an error body, empty `choices`, a choice whose
@@ -35,6 +37,8 @@ class CachePolicy:
 
     def uncacheable_reason(self, request: ChatRequest) -> str | None:
         """None if the request may be cached, else why not."""
+        if has_side_effect_tools(request.body):
+            return "offers a tool marked x-side-effects"
         if self.cache_sampled:
             return None
         temperature = request.body.get("temperature")
@@ -47,6 +51,24 @@ class CachePolicy:
     def ttl_s(self, request: ChatRequest) -> float:
         asked = request.directives.ttl_s
         return min(asked if asked is not None else self.default_ttl_s, self.max_ttl_s)
+
+
+SIDE_EFFECTS_MARKER = "x-side-effects"
+
+
+def has_side_effect_tools(body: Mapping[str, Any]) -> bool:
+    tools = body.get("tools")
+    if not isinstance(tools, list):
+        return False
+    for tool in tools:
+        if not isinstance(tool, Mapping):
+            continue
+        function = tool.get("function")
+        if tool.get(SIDE_EFFECTS_MARKER) is True or (
+            isinstance(function, Mapping) and function.get(SIDE_EFFECTS_MARKER) is True
+        ):
+            return True
+    return False
 
 
 def unstorable_reason(response: Mapping[str, Any]) -> str | None:

@@ -44,8 +44,9 @@ from infercache.metrics import MissReason, PriceTable, StrategyMetrics
 from infercache.request import ChatRequest
 from infercache.semantic.decision import Reason, accept
 from infercache.semantic.embedder import Embedder
+from infercache.semantic.growing_index import GrowingIndex
 from infercache.semantic.guards import Guard
-from infercache.semantic.index import FlatIndex, VectorIndex
+from infercache.semantic.index import VectorIndex
 from infercache.semantic.scope import Query, query_of
 from infercache.semantic.verify import FalseHitMonitor, Tightened, Verifier
 from infercache.stores.base import Backend, Entry
@@ -117,7 +118,7 @@ class SemanticLayer:
         self.metrics = metrics
         self._prices = prices
         self._clock = clock
-        self._new_index = index_factory or (lambda dim: FlatIndex(dim, initial_capacity=16))
+        self._new_index: IndexFactory = index_factory or GrowingIndex
         self.verifier = verifier
         if verifier is not None:
             verifier.attach(self.on_verdict)

@@ -55,6 +55,8 @@ def build_embedder(s: SemanticSettings, environ: Mapping[str, str] | None = None
     else:
         from infercache.semantic.embedder import MiniLMEmbedder
 
+        # threads left alone: torch's thread count is process-wide and the in-process engine
+        # owns it (setting it here would slow every generation down).
         embedder = MiniLMEmbedder()
     if s.embedder_name is not None and s.embedder_name != embedder.name:
         raise ConfigError(
