@@ -1,0 +1,204 @@
+"""A log record prepared once for every consumer (census, breakers, replays): an `Event`.
+
+Per record kind (logs.py):
+- a request (`body`, `record`): parsed and validated by `request.parse_request` (a body the
+  cache would refuse is a malformed line), keyed by `keys.exact_key` exactly as the cache keys
+  it, tokenised through the chat template (tokenizer.py), scoped by `semantic.scope.query_of`
+  when near-duplicates are measured, and checked against the cache policy.
+- `redacted`: the exact identity is (tenant, request digest); there is no prompt. The digest
+  is over the whole canonical body, so two requests the exact key would merge (differing only
+  in `stream` or `user`, say) count as different here: exact repeats are a lower bound.
+- `blocks`: the exact identity is (input_length, hash_ids); the units are the block hashes.
+
+Not cacheable (`not_cacheable`): a sampled request without a seed (policy.py, with the
+configured `cache_sampled` and `default_temperature`), `no-store`/`no-cache` in its
+directives, or tools marked as having side effects: a tool object, or its `function`, carrying
+`"x-side-effects": true` (the cache's own policy, `policy.has_side_effect_tools`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+from infercache.analyze.frames import Turn, turns_of
+from infercache.analyze.logs import Kind, LineErrors, LogRecord
+from infercache.analyze.tokenizer import PromptTokenizer
+from infercache.errors import InvalidRequestError
+from infercache.keys import IGNORABLE_FIELDS, KEY_PREFIX, canonical_json, exact_key
+from infercache.policy import CachePolicy, has_side_effect_tools, usage_tokens
+from infercache.request import ChatRequest, parse_request
+from infercache.semantic.scope import Query, query_of
+from infercache.versions import UNVERSIONED, VersionView
+
+UPSTREAM_LAYERS = frozenset({"miss", "bypass", "uncacheable"})  # logged lines that went upstream
+
+
+class Event(NamedTuple):  # a NamedTuple: one per request, several µs cheaper than frozen
+    where: str  # file:line
+    kind: Kind
+    timestamp_s: float | None
+    tenant: str
+    model: str
+    exact_id: bytes  # 16 bytes: equal ids = exact repeat
+    units: tuple[int, ...] | None  # token ids, or block hashes; None when unknown (redacted)
+    unit_tokens: int  # tokens per unit: 1, or the block size
+    prompt_tokens: int | None
+    completion_tokens: int | None
+    not_cacheable: str | None  # why the exact cache would not serve it
+    body: dict[str, Any] | None = None  # the request as sent, for the replay
+    tenant_override: str | None = None  # the logged (authenticated) tenant
+    response: dict[str, Any] | None = None
+    upstream_s: float | None = None  # measured upstream seconds, when the log has them
+    query: Query | None = None  # semantic scope and text
+    first_message: tuple[str, str] | None = None  # (role, text), for prefix breakers
+    layer: str | None = None  # what the gateway did live
+    turns: tuple[Turn, ...] | None = None  # (role, text) to tokenise, while `units` is None
+
+
+def _digest16(*parts: object) -> bytes:
+    return hashlib.sha256(canonical_json(list(parts))).digest()[:16]
+
+
+def tokenized(event: Event, tokenizer: Callable[[], PromptTokenizer]) -> Event:
+    """`event` with its prompt's token ids, when it still carries `turns` to tokenise."""
+    if event.turns is None:
+        return event
+    units = tokenizer().encode_turns(event.turns)
+    return event._replace(units=units, prompt_tokens=len(units), turns=None)
+
+
+class Preparer:
+    """Record → Event. The tokenizer is built on the first request that needs one (a block
+    trace never loads it). Records it cannot use are added to `errors` and dropped.
+    With `tokenize=False` a request's event carries its `turns` instead of `units`, for
+    `tokenize` to finish elsewhere (parallel.py tokenises in the process that classifies)."""
+
+    def __init__(
+        self,
+        tokenizer: Callable[[], PromptTokenizer],
+        policy: CachePolicy,
+        errors: LineErrors,
+        *,
+        block_tokens: int,
+        with_queries: bool,
+        ignorable_fields: frozenset[str] = IGNORABLE_FIELDS,
+        tokenize: bool = True,
+    ) -> None:
+        self._make_tokenizer = tokenizer
+        self._tokenizer: PromptTokenizer | None = None
+        self._policy = policy
+        self._errors = errors
+        self._block_tokens = block_tokens
+        self._with_queries = with_queries
+        self._ignorable = ignorable_fields
+        self._tokenize = tokenize
+
+    @property
+    def tokenizer(self) -> PromptTokenizer:
+        if self._tokenizer is None:
+            self._tokenizer = self._make_tokenizer()
+        return self._tokenizer
+
+    def prepare(self, record: LogRecord) -> Event | None:
+        if record.kind is Kind.BLOCKS:
+            return self._blocks(record)
+        if record.kind is Kind.REDACTED:
+            return self._redacted(record)
+        try:
+            return self._request(record)
+        except InvalidRequestError as exc:
+            self._errors.add(record.source, record.line, f"invalid request: {exc.message}")
+            return None
+
+    def _blocks(self, record: LogRecord) -> Event:
+        assert record.hash_ids is not None
+        assert record.prompt_tokens is not None
+        return Event(
+            record.where,
+            record.kind,
+            record.timestamp_s,
+            tenant=record.tenant or "",
+            model=record.model or "",
+            exact_id=_digest16("blocks", record.prompt_tokens, record.hash_ids),
+            units=record.hash_ids,
+            unit_tokens=self._block_tokens,
+            prompt_tokens=record.prompt_tokens,
+            completion_tokens=record.completion_tokens,
+            not_cacheable=None,
+        )
+
+    def _redacted(self, record: LogRecord) -> Event:
+        tenant = record.tenant or ""
+        return Event(
+            record.where,
+            record.kind,
+            record.timestamp_s,
+            tenant=tenant,
+            model=record.model or "",
+            exact_id=_digest16("redacted", tenant, record.digest),
+            units=None,
+            unit_tokens=1,
+            prompt_tokens=record.prompt_tokens,
+            completion_tokens=record.completion_tokens,
+            not_cacheable=None,
+            tenant_override=record.tenant,
+            upstream_s=self._measured_upstream_s(record),
+            layer=record.layer,
+        )
+
+    def _request(self, record: LogRecord) -> Event:
+        assert record.request is not None
+        request = parse_request(record.request, tenant=record.tenant)
+        key = exact_key(request, self._ignorable)
+        turns = tuple(turns_of(request.body["messages"]))
+        units = self.tokenizer.encode_turns(turns) if self._tokenize else None
+        completion = (
+            usage_tokens(record.response)[1] if record.response else record.completion_tokens
+        )
+        return Event(
+            record.where,
+            record.kind,
+            record.timestamp_s,
+            tenant=request.directives.tenant,
+            model=request.model,
+            exact_id=bytes.fromhex(key[len(KEY_PREFIX) :][:32]),
+            units=units,
+            unit_tokens=1,
+            prompt_tokens=None if units is None else len(units),
+            completion_tokens=completion,
+            not_cacheable=self._not_cacheable(request),
+            body=record.request,
+            tenant_override=record.tenant,
+            response=record.response,
+            upstream_s=self._measured_upstream_s(record),
+            query=self._query(request) if self._with_queries else None,
+            first_message=turns[0],
+            layer=record.layer,
+            turns=None if units is not None else turns,
+        )
+
+    def tokenize(self, event: Event) -> Event:
+        """An event prepared with `tokenize=False`, with its prompt's token ids."""
+        return tokenized(event, lambda: self.tokenizer)
+
+    def _not_cacheable(self, request: ChatRequest) -> str | None:
+        if has_side_effect_tools(request.body):
+            return "tools with side effects"
+        if self._policy.uncacheable_reason(request) is not None:
+            return "sampled without a seed"
+        cc = request.directives.cache_control
+        if cc.no_store or cc.no_cache:
+            return "no-store or no-cache asked"
+        return None
+
+    def _query(self, request: ChatRequest) -> Query | None:
+        view = VersionView(UNVERSIONED, tuple((t, 0) for t in request.directives.tags))
+        return query_of(request, view, self._ignorable)
+
+    @staticmethod
+    def _measured_upstream_s(record: LogRecord) -> float | None:
+        if record.latency_s is not None and record.layer in UPSTREAM_LAYERS:
+            return record.latency_s
+        return None

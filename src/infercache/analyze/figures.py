@@ -1,0 +1,111 @@
+"""The replay's numbers in the report's shape: per strategy, and layered.
+
+Per strategy (`exact`, `semantic`, `prefix`): the strategy's own `Metrics` snapshot (hits,
+lookups, misses by reason, what its hits saved), plus shares of what the replayed traffic would
+cost with no cache at all: `request_share` (hits / requests), `prompt_token_share`,
+`completion_token_share`, `upstream_share`, `money_share`; and for the answer caches the age
+distribution of what they served (staleness exposure). `exact` and `semantic` come from the
+layered replay (exact is on top, so that is also exact alone; semantic is what it adds below
+exact); `prefix` from the replay with KV reuse alone. `layered` sums the layered replay.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from infercache.analyze.census import Bins
+from infercache.analyze.replay import ReplayResult
+
+ANSWER_LAYERS = ("exact", "semantic")
+
+
+def _share(part: float, whole: float) -> float:
+    return part / whole if whole else 0.0
+
+
+def _percentile(bins: Bins, q: float) -> float | None:
+    """Upper bound of the bucket holding the q-quantile (None when empty)."""
+    total = sum(bins.counts)
+    if not total:
+        return None
+    running = 0
+    for bound, count in zip([*bins.bounds, float("inf")], bins.counts, strict=True):
+        running += count
+        if running >= q * total:
+            return bound
+    return None
+
+
+def ages(result: ReplayResult, layer: str) -> dict[str, Any]:
+    bins = result.ages[layer]
+    return {
+        **bins.to_dict(),
+        "p50_s_at_most": _percentile(bins, 0.5),
+        "p90_s_at_most": _percentile(bins, 0.9),
+        "max_s": result.max_age_s[layer] if sum(bins.counts) else None,
+    }
+
+
+def strategy(result: ReplayResult, name: str) -> dict[str, Any]:
+    snap = result.strategies.get(name)
+    t = result.totals
+    if snap is None or not snap["lookups"]:
+        return {"available": False}
+    money = snap["money_saved_usd"]
+    out = {
+        "available": True,
+        "lookups": snap["lookups"],
+        "hits": snap["hits"],
+        "hit_rate": snap["hit_rate"],
+        "request_share": _share(snap["hits"], t.requests),
+        "misses": snap["misses"],
+        "prompt_tokens_saved": snap["prompt_tokens_saved"],
+        "prompt_token_share": _share(snap["prompt_tokens_saved"], t.prompt_tokens),
+        "completion_tokens_saved": snap["completion_tokens_saved"],
+        "completion_token_share": _share(snap["completion_tokens_saved"], t.completion_tokens),
+        "upstream_s_saved": snap["upstream_s_saved"],
+        "upstream_share": _share(snap["upstream_s_saved"], t.upstream_s),
+        "money_saved_usd": money,
+        "money_share": _share(money, t.cost_usd),
+        "counters": snap["counters"],
+        "gauges": snap["gauges"],
+    }
+    if name == "prefix":
+        out["token_hit_rate"] = snap["token_hit_rate"]  # reused / prompt tokens reaching it
+    if name in ANSWER_LAYERS:
+        out["age_s"] = ages(result, name)
+    return out
+
+
+def layered(result: ReplayResult) -> dict[str, Any]:
+    t = result.totals
+    parts = {name: strategy(result, name) for name in (*ANSWER_LAYERS, "prefix")}
+    live = [p for p in parts.values() if p["available"]]
+
+    def total(key: str) -> float:
+        return float(sum(p[key] for p in live))
+
+    answered = sum(result.served.values())
+    return {
+        "requests": t.requests,
+        "answered_by": {**{k: result.served.get(k, 0) for k in ANSWER_LAYERS}},
+        "hit_rate": _share(answered, t.requests),
+        "prefix_under_caches": parts["prefix"],
+        "prompt_tokens_saved": total("prompt_tokens_saved"),
+        "prompt_token_share": _share(total("prompt_tokens_saved"), t.prompt_tokens),
+        "completion_tokens_saved": total("completion_tokens_saved"),
+        "completion_token_share": _share(total("completion_tokens_saved"), t.completion_tokens),
+        "upstream_s_saved": total("upstream_s_saved"),
+        "upstream_share": _share(total("upstream_s_saved"), t.upstream_s),
+        "money_saved_usd": total("money_saved_usd"),
+        "money_share": _share(total("money_saved_usd"), t.cost_usd),
+        "totals_without_cache": {
+            "prompt_tokens": t.prompt_tokens,
+            "completion_tokens": t.completion_tokens,
+            "upstream_s": t.upstream_s,
+            "cost_usd": t.cost_usd,
+            "upstream_s_estimated_for": t.estimated_upstream,
+            "completion_tokens_unknown_for": t.completion_unknown,
+        },
+        "skipped": dict(result.skipped),
+    }

@@ -1,0 +1,159 @@
+"""One self-contained HTML page of a report dict (report.py), to forward to a team.
+
+Everything is inline: CSS, the plots as base64 PNG `<img>`s (plots.py), and a few lines of
+script that, once the page has loaded, set `data-ready="true"` on `<body>` when every image
+decoded (`naturalWidth > 0`) and `data-plots-decoded` to how many did: a headless browser's
+`--dump-dom` shows whether the page rendered with every plot. No external request is made.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+from typing import Any
+
+from infercache.analyze.plots import PLOTS
+from infercache.analyze.text_report import CLASS_NAMES, pct
+
+STYLE = """
+body{font:15px/1.45 system-ui,sans-serif;margin:2rem auto;max-width:1000px;color:#212529;
+padding:0 1rem}h1{font-size:1.5rem}h2{font-size:1.15rem;margin-top:2rem;border-bottom:1px solid
+#dee2e6}table{border-collapse:collapse;margin:.5rem 0}td,th{padding:.2rem .7rem;text-align:right;
+border-bottom:1px solid #f1f3f5}td:first-child,th:first-child{text-align:left}.rec{background:
+#f8f9fa;border-left:4px solid #2b8a3e;padding:.6rem 1rem}.on{color:#2b8a3e;font-weight:600}
+.off{color:#c92a2a;font-weight:600}figure{margin:1rem 0}img{max-width:100%}.note{color:#868e96}
+code{background:#f1f3f5;padding:0 .2rem}
+"""
+
+READY_SCRIPT = """
+window.addEventListener('load', function () {
+  var imgs = Array.prototype.slice.call(document.images);
+  var decoded = imgs.filter(function (i) { return i.complete && i.naturalWidth > 0; });
+  document.body.setAttribute('data-plots-decoded', String(decoded.length));
+  document.body.setAttribute('data-ready',
+    imgs.length > 0 && decoded.length === imgs.length ? 'true' : 'false');
+});
+"""
+
+
+def _e(value: object) -> str:
+    return html.escape(str(value))
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    head = "".join(f"<th>{_e(h)}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td>{_e(c)}</td>" for c in row) + "</tr>" for row in rows)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _recommendation(rec: dict[str, Any]) -> str:
+    items = "".join(
+        f"<li><span class={'on' if r['enable'] else 'off'}>"
+        f"{'on' if r['enable'] else 'off'}</span> <b>{_e(r['strategy'])}</b>: {_e(r['text'])}</li>"
+        for r in rec["reasons"]
+    )
+    advice = "".join(f"<li>{_e(a)}</li>" for a in rec["advice"])
+    alarms = "".join(f"<li>{_e(a['meaning'])}</li>" for a in rec["alarms"])
+    return (
+        f"<div class=rec><p><b>Turn on: {_e(rec['layering'])}</b></p><ul>{items}</ul>"
+        + (f"<p>Advice</p><ul>{advice}</ul>" if advice else "")
+        + (f"<p>If hit rates fall later</p><ul>{alarms}</ul>" if alarms else "")
+        + "</div>"
+    )
+
+
+def _census(report: dict[str, Any]) -> str:
+    within = report["reuse_distance_s"]["within_ttl"]
+    rows = [
+        [name, f"{report['census_counts'][k]:,}", pct(report["census"][k]), pct(within.get(k))]
+        if k != "near_duplicate" or report["semantic"]["measured"]
+        else [name, "not measured", "", ""]
+        for k, name in CLASS_NAMES.items()
+    ]
+    return _table(["class", "requests", "share", "within TTL"], rows) + (
+        f"<p>Prefix token share: <b>{pct(report['prefix_token_share'])}</b> of "
+        f"{report['prompt_tokens']:,} prompt tokens. Not cacheable: "
+        f"{pct(report['not_cacheable']['share'])}.</p>"
+    )
+
+
+def _simulation(report: dict[str, Any]) -> str:
+    sim = report["simulation"]
+    rows = []
+    for name in ("exact", "semantic", "prefix", "layered"):
+        f = sim.get(name) or {}
+        if name != "layered" and not f.get("available"):
+            rows.append([name, "not available", "", "", "", ""])
+            continue
+        hit = f["token_hit_rate"] if name == "prefix" else f["hit_rate"]
+        rows.append(
+            [
+                name + (" (tokens)" if name == "prefix" else ""),
+                pct(hit),
+                pct(f["prompt_token_share"]),
+                pct(f["completion_token_share"]),
+                f"{f['upstream_s_saved']:,.0f} s ({pct(f['upstream_share'])})",
+                f"${f['money_saved_usd']:,.2f}",
+            ]
+        )
+    header = ["strategy", "hit rate", "prompt tokens saved", "completion tokens saved",
+              "upstream time saved", "money saved"]  # fmt: skip
+    return _table(header, rows) if sim else "<p>No replay.</p>"
+
+
+def _breakers(report: dict[str, Any]) -> str:
+    if not report["prefix_breakers"]:
+        return "<p>None found.</p>"
+    rows = [
+        [
+            f"{b['tenant'] or '-'} / {b['model']}",
+            f"{b['kind']} in the {b['role']} message",
+            f"char {b['break_char']} (token ~{b['break_tokens']})",
+            f"{b['tail_tokens']:,}",
+            f"{b['tokens_lost']:,} ({pct(b['token_share_lost'])})",
+            b["context"],
+        ]
+        for b in report["prefix_breakers"][:10]
+    ]
+    header = ["where", "what varies", "shared part breaks at", "identical tokens after",
+              "tokens lost", "context"]  # fmt: skip
+    return _table(header, rows)
+
+
+def _groups(groups: dict[str, Any], kind: str) -> str:
+    ranked = sorted(groups.items(), key=lambda item: -item[1]["requests"])[:20]
+    rows = [
+        [name or "(none)", f"{g['requests']:,}"]
+        + [pct(g["census"][k]) for k in CLASS_NAMES]
+        + [pct(g["prefix_token_share"])]
+        for name, g in ranked
+    ]
+    return _table([kind, "requests", *CLASS_NAMES.values(), "prefix tokens"], rows)
+
+
+def render_html(report: dict[str, Any]) -> str:
+    figures = "".join(
+        f"<figure><img id=plot-{key} alt='{_e(title)}' src='data:image/png;base64,"
+        f"{base64.b64encode(draw(report)).decode()}'><figcaption>{_e(title)}</figcaption>"
+        "</figure>"
+        for key, title, draw in PLOTS
+    )
+    inputs = report["inputs"]
+    notes = "".join(f"<li class=note>{_e(n)}</li>" for n in report["notes"])
+    return (
+        "<!DOCTYPE html><html lang=en><head><meta charset=utf-8>"
+        "<meta name=viewport content='width=device-width,initial-scale=1'>"
+        f"<title>infercache traffic analysis</title><style>{STYLE}</style></head><body>"
+        f"<h1>Traffic analysis: {report['requests']:,} requests</h1>"
+        f"<p class=note>{_e(', '.join(inputs['files']))}; {inputs['malformed']['count']} "
+        f"malformed line(s); tokenizer {_e(report['settings']['tokenizer'])}</p>"
+        f"<h2>Recommendation</h2>{_recommendation(report['recommendation'])}"
+        f"<h2>Census</h2>{_census(report)}"
+        f"<h2>Plots</h2>{figures}"
+        f"<h2>Replay</h2>{_simulation(report)}"
+        f"<h2>Prefix breakers</h2>{_breakers(report)}"
+        f"<h2>By tenant</h2>{_groups(report['breakdown']['tenant'], 'tenant')}"
+        f"<h2>By model</h2>{_groups(report['breakdown']['model'], 'model')}"
+        f"<h2>Notes</h2><ul>{notes}</ul>"
+        f"<script>{READY_SCRIPT}</script></body></html>"
+    )
