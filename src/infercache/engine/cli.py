@@ -1,10 +1,90 @@
-"""`infercache engine ...` commands (placeholder until the engine lands)."""
+"""`infercache engine serve`: the built-in engine behind an OpenAI-compatible HTTP API.
+
+torch, transformers and uvicorn are imported inside the handler, never at CLI start-up.
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
+import signal
+from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:
-    sub.add_parser("engine", help="the built-in inference engine")
+    engine = sub.add_parser("engine", help="the built-in inference engine")
+    engine.set_defaults(handler=lambda _args: _help(engine))
+    commands = engine.add_subparsers(dest="engine_command", metavar="COMMAND")
+    serve = commands.add_parser(
+        "serve", help="serve the OpenAI chat API with radix-tree KV prefix reuse"
+    )
+    serve.add_argument("--host", default="127.0.0.1", help="interface (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=8400, help="TCP port (default 8400)")
+    serve.add_argument(
+        "--model",
+        type=Path,
+        default=None,
+        help="an HF safetensors folder or a .gguf file (default: packaged SmolLM2-135M-Instruct)",
+    )
+    serve.add_argument("--model-id", default=None, help="the id clients send as `model`")
+    serve.add_argument(
+        "--max-kv-bytes", type=int, default=None, help="prefix-cache KV budget in bytes"
+    )
+    serve.add_argument(
+        "--no-prefix-cache", action="store_true", help="recompute every prompt (no KV reuse)"
+    )
+    serve.add_argument(
+        "--share-prefix-across-tenants",
+        action="store_true",
+        help="let tenants reuse each other's KV (leaks prefixes through timing)",
+    )
+    serve.add_argument("--threads", type=int, default=None, help="torch threads (default: all)")
+    serve.add_argument("--max-context-tokens", type=int, default=None)
+    serve.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    serve.add_argument("--data-dir", type=Path, default=None, help="converted-model cache root")
+    serve.add_argument("--log-level", default="info", help="uvicorn log level")
+    serve.set_defaults(handler=_serve)
+
+
+def _help(parser: argparse.ArgumentParser) -> int:
+    parser.print_help()
+    return 2
+
+
+def _exit(_signum: int, _frame: object) -> None:
+    raise SystemExit(0)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    # Never reach for a model hub, whatever transformers would otherwise try.
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import uvicorn
+
+    from infercache.engine.config import EngineConfig
+    from infercache.engine.engine import Engine
+    from infercache.engine.server import create_app
+
+    config = EngineConfig.from_env(os.environ)
+    overrides: dict[str, Any] = {
+        "model_path": args.model,
+        "served_model_id": args.model_id,
+        "prefix_cache": not args.no_prefix_cache,
+        "share_prefix_across_tenants": args.share_prefix_across_tenants,
+        "threads": args.threads,
+        "max_context_tokens": args.max_context_tokens,
+        "dtype": args.dtype,
+    }
+    if args.max_kv_bytes is not None:
+        overrides["max_kv_bytes"] = args.max_kv_bytes
+    if args.data_dir is not None:
+        overrides["data_dir"] = args.data_dir
+    config = replace(config, **overrides)
+    # uvicorn shuts down gracefully on SIGTERM/SIGINT, then re-raises the signal to the handler
+    # it found: make that an ordinary exit, so the engine below is closed and the status is 0.
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, _exit)
+    with Engine(config) as engine:
+        uvicorn.run(create_app(engine), host=args.host, port=args.port, log_level=args.log_level)
+    return 0

@@ -1,0 +1,69 @@
+"""The engine's frozen settings, read once and passed down.
+
+Parameters (units in the names):
+- `data_dir`: where converted checkpoints and digests live (`models/`, `digests/` below it).
+  Default: `$INFERCACHE_DATA_DIR`, else `~/.cache/infercache`.
+- `model_path`: an HF safetensors folder with `config.json`, or a `.gguf` file; `None` serves the
+  packaged SmolLM2-135M-Instruct.
+- `served_model_id`: the id clients send as `model`; `None` derives it from the checkpoint.
+- `max_kv_bytes`: the prefix cache's KV budget. The KV pool is sized to it; it is never exceeded.
+- `max_context_tokens`: prompt + completion limit; `None` uses the model's position limit.
+- `default_max_tokens`: completion limit when a request gives none (capped by the context).
+- `threads`: torch intra-op threads for the engine's worker; `None` uses every core.
+- `prefix_cache`: `False` recomputes every prompt (reported as `bypassed` misses).
+- `share_prefix_across_tenants`: `True` lets one tenant reuse another's KV. Off by default: it
+  would leak, through time to first token, whether another tenant sent the same prefix.
+- `dtype`: weights, activations and KV (`float32` is the reference; `bfloat16` halves KV bytes).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from infercache.errors import ConfigError
+
+DType = Literal["float32", "bfloat16"]
+DEFAULT_MAX_KV_BYTES = 512 * 2**20
+
+
+def default_data_dir(environ: Mapping[str, str]) -> Path:
+    configured = environ.get("INFERCACHE_DATA_DIR")
+    if configured:
+        return Path(configured).expanduser()
+    home = environ.get("HOME")
+    base = Path(home) if home else Path.home()
+    return base / ".cache" / "infercache"
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    data_dir: Path
+    model_path: Path | None = None
+    served_model_id: str | None = None
+    max_kv_bytes: int = DEFAULT_MAX_KV_BYTES
+    max_context_tokens: int | None = None
+    default_max_tokens: int = 256
+    threads: int | None = None
+    prefix_cache: bool = True
+    share_prefix_across_tenants: bool = False
+    dtype: DType = "float32"
+
+    def __post_init__(self) -> None:
+        if self.max_kv_bytes < 0:
+            raise ConfigError(f"max_kv_bytes must be >= 0, got {self.max_kv_bytes}")
+        if self.max_context_tokens is not None and self.max_context_tokens < 2:
+            raise ConfigError(f"max_context_tokens must be >= 2, got {self.max_context_tokens}")
+        if self.default_max_tokens < 1:
+            raise ConfigError(f"default_max_tokens must be >= 1, got {self.default_max_tokens}")
+        if self.threads is not None and self.threads < 1:
+            raise ConfigError(f"threads must be >= 1, got {self.threads}")
+        if self.dtype not in ("float32", "bfloat16"):
+            raise ConfigError(f"dtype must be float32 or bfloat16, got {self.dtype!r}")
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str]) -> EngineConfig:
+        """Defaults, with `data_dir` taken from the environment."""
+        return cls(data_dir=default_data_dir(environ))

@@ -1,0 +1,108 @@
+"""Acceptance 5: the official `openai` client against `infercache engine serve` (the real CLI
+in a subprocess, on a free loopback port, with the packaged model)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import openai
+import pytest
+
+MODEL = "SmolLM2-135M-Instruct"
+DOCUMENT = (
+    "Prefix caching keeps the attention keys and values of a prompt so a later prompt that "
+    "starts the same way skips recomputing them. "
+) * 12
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@pytest.fixture(scope="module")
+def served(smol_data_dir: Path, smol_resolved: object) -> Iterator[str]:
+    """`infercache engine serve` in a subprocess; ready once uvicorn logs its startup line
+    (a blocking read on the real condition: no polling, no sleeping)."""
+    port = free_port()
+    env = {**os.environ, "INFERCACHE_DATA_DIR": str(smol_data_dir), "HF_HUB_OFFLINE": "1"}
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "infercache.cli",
+            "engine",
+            "serve",
+            "--port",
+            str(port),
+            "--max-kv-bytes",
+            str(64 * 2**20),
+            "--max-context-tokens",
+            "2048",
+        ],
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+        env=env,
+    )
+    assert process.stderr is not None
+    log: list[str] = []
+    for line in process.stderr:
+        log.append(line)
+        if "Uvicorn running on" in line:
+            break
+    else:
+        pytest.fail(f"the server exited with {process.wait()}:\n{''.join(log)}")
+    drain = threading.Thread(target=process.stderr.read, daemon=True)
+    drain.start()
+    with socket.create_connection(("127.0.0.1", port), timeout=10):
+        pass
+    yield f"http://127.0.0.1:{port}/v1"
+    process.terminate()
+    assert process.wait(30) == 0
+    drain.join(10)
+    process.stderr.close()
+
+
+@pytest.mark.slow
+def test_openai_client_gets_answers_and_cached_tokens_from_the_cli_server(served: str) -> None:
+    client = openai.OpenAI(base_url=served, api_key="unused", max_retries=0)
+    models = client.models.list()
+    assert [m.id for m in models.data] == [MODEL]
+
+    def messages(question: str) -> list[dict[str, str]]:
+        return [{"role": "system", "content": DOCUMENT}, {"role": "user", "content": question}]
+
+    first = client.chat.completions.create(
+        model=MODEL,
+        messages=messages("What is prefix caching?"),
+        max_tokens=8,
+        temperature=0,  # type: ignore[arg-type]
+    )
+    assert first.choices[0].message.content
+    assert first.system_fingerprint is not None
+    assert first.system_fingerprint.startswith("fp_")
+    stream = client.chat.completions.create(
+        model=MODEL,
+        messages=messages("Why does it help?"),  # type: ignore[arg-type]
+        max_tokens=8,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text
+    usage = chunks[-1].usage
+    assert usage is not None
+    assert usage.prompt_tokens_details is not None
+    assert usage.prompt_tokens_details.cached_tokens > len(DOCUMENT) // 8
+    assert {c.system_fingerprint for c in chunks} == {first.system_fingerprint}

@@ -1,0 +1,284 @@
+"""The engine's in-process API (what the gateway calls) on tiny random checkpoints."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from infercache.engine.engine import Engine
+from infercache.errors import (
+    ContextTooLongError,
+    InfercacheError,
+    InvalidRequestError,
+    ModelNotFoundError,
+)
+from infercache.metrics import Metrics
+
+from .conftest import TinyFactory
+
+MakeEngine = Callable[..., Engine]
+SYSTEM = "You are a helpful assistant. Answer the question briefly and politely. " * 4
+
+
+def body(engine: Engine, question: str = "hello world", **fields: Any) -> dict[str, Any]:
+    return {
+        "model": engine.model_id,
+        "messages": [
+            {"role": "system", "content": SYSTEM},
+            {"role": "user", "content": question},
+        ],
+        "temperature": 0,
+        "max_tokens": 6,
+        **fields,
+    }
+
+
+def cached(response: dict[str, Any]) -> int:
+    tokens: int = response["usage"]["prompt_tokens_details"]["cached_tokens"]
+    return tokens
+
+
+def test_chat_answers_with_model_id_and_version_fingerprint(
+    make_engine: MakeEngine, tiny_dir: Path
+) -> None:
+    engine = make_engine(tiny_dir)
+    out = engine.chat(body(engine))
+    assert out["object"] == "chat.completion"
+    assert out["model"] == engine.model_id == tiny_dir.name
+    assert out["system_fingerprint"] == engine.model_version
+    assert out["choices"][0]["finish_reason"] == "length"
+    assert out["usage"]["completion_tokens"] == 6
+    assert engine.models() == [
+        {
+            "id": engine.model_id,
+            "object": "model",
+            "created": engine.models()[0]["created"],
+            "owned_by": "infercache",
+            "version": engine.model_version,
+        }
+    ]
+
+
+def test_second_request_sharing_the_system_prompt_reports_cached_tokens(
+    make_engine: MakeEngine, tiny_dir: Path
+) -> None:
+    engine = make_engine(tiny_dir)
+    first = engine.chat(body(engine, "question one"))
+    second = engine.chat(body(engine, "question two"))
+    assert cached(first) == 0
+    assert cached(second) > len(SYSTEM) // 8
+    prefix = engine.metrics.snapshot()["strategies"]["prefix"]
+    assert (prefix["lookups"], prefix["hits"], prefix["misses"]) == (2, 1, {"absent": 1})
+    assert prefix["prompt_tokens_seen"] == (
+        first["usage"]["prompt_tokens"] + second["usage"]["prompt_tokens"]
+    )
+    assert prefix["prompt_tokens_saved"] == cached(second)
+    assert prefix["gauges"]["kv_tokens"] > 0
+    assert prefix["gauges"]["kv_bytes"] > 0
+
+
+def test_tenants_never_reuse_each_others_prefix(make_engine: MakeEngine, tiny_dir: Path) -> None:
+    engine = make_engine(tiny_dir)
+    engine.chat(body(engine), tenant="a")
+    assert cached(engine.chat(body(engine), tenant="b")) == 0
+    assert cached(engine.chat(body(engine, user="c"))) == 0  # `user` names the tenant too
+    assert cached(engine.chat(body(engine), tenant="a")) > 0
+
+
+def test_sharing_across_tenants_is_opt_in(make_engine: MakeEngine, tiny_dir: Path) -> None:
+    engine = make_engine(tiny_dir, share_prefix_across_tenants=True)
+    engine.chat(body(engine), tenant="a")
+    assert cached(engine.chat(body(engine), tenant="b")) > 0
+
+
+def test_disabled_prefix_cache_reuses_nothing_and_counts_bypasses(
+    make_engine: MakeEngine, tiny_dir: Path
+) -> None:
+    engine = make_engine(tiny_dir, prefix_cache=False)
+    engine.chat(body(engine))
+    assert cached(engine.chat(body(engine))) == 0
+    prefix = engine.metrics.snapshot()["strategies"]["prefix"]
+    assert prefix["misses"] == {"bypassed": 2}
+
+
+def test_outputs_are_the_same_with_and_without_reuse(
+    make_engine: MakeEngine, tiny_dir: Path
+) -> None:
+    warm, cold = make_engine(tiny_dir), make_engine(tiny_dir, prefix_cache=False)
+    for q in ["alpha", "beta", "gamma"]:
+        a, b = warm.chat(body(warm, q, max_tokens=10)), cold.chat(body(cold, q, max_tokens=10))
+        assert a["choices"][0]["message"] == b["choices"][0]["message"]
+
+
+def test_stream_yields_role_content_finish_and_usage_chunks(
+    make_engine: MakeEngine, tiny_dir: Path
+) -> None:
+    engine = make_engine(tiny_dir)
+    plain = engine.chat(body(engine, max_tokens=12))
+    chunks = list(
+        engine.chat_stream(
+            body(engine, max_tokens=12, stream=True, stream_options={"include_usage": True})
+        )
+    )
+    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"])
+    assert text == plain["choices"][0]["message"]["content"]
+    assert chunks[-2]["choices"][0]["finish_reason"] == "length"
+    assert chunks[-1]["usage"]["completion_tokens"] == 12
+    assert cached(chunks[-1]) > 0
+    assert {c["id"] for c in chunks} == {chunks[0]["id"]}
+    assert {c["system_fingerprint"] for c in chunks} == {engine.model_version}
+
+
+def test_async_api_matches_the_sync_one(make_engine: MakeEngine, tiny_dir: Path) -> None:
+    engine = make_engine(tiny_dir)
+    sync = engine.chat(body(engine))
+
+    async def run() -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        out = await engine.achat(body(engine))
+        chunks = [c async for c in engine.achat_stream(body(engine, stream=True))]
+        return out, chunks
+
+    out, chunks = asyncio.run(run())
+    text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks)
+    assert out["choices"] == sync["choices"]
+    assert text == sync["choices"][0]["message"]["content"]
+
+
+def test_bad_input_raises_before_anything_is_queued(
+    make_engine: MakeEngine, tiny_dir: Path
+) -> None:
+    engine = make_engine(tiny_dir, max_context_tokens=64)
+    with pytest.raises(ModelNotFoundError) as info:
+        engine.chat_stream({**body(engine), "model": "gpt-9"})
+    assert info.value.status_code == 404
+    with pytest.raises(ContextTooLongError) as too_long:
+        engine.chat(body(engine, max_tokens=60))
+    assert too_long.value.to_openai()["error"]["code"] == "context_length_exceeded"
+    with pytest.raises(InvalidRequestError):
+        engine.achat_stream({**body(engine), "n": 3})
+    assert engine.stats()["requests_in_flight"] == 0
+
+
+def test_default_max_tokens_is_capped_by_the_context(
+    make_engine: MakeEngine, tiny_dir: Path
+) -> None:
+    engine = make_engine(tiny_dir, max_context_tokens=120, default_max_tokens=500)
+    req = body(engine)
+    del req["max_tokens"]
+    out = engine.chat(req)
+    usage = out["usage"]
+    assert usage["prompt_tokens"] + usage["completion_tokens"] <= 120
+
+
+def test_seeded_sampling_is_reproducible(make_engine: MakeEngine, tiny_dir: Path) -> None:
+    engine = make_engine(tiny_dir)
+
+    def text(seed: int) -> str:
+        out = engine.chat(body(engine, temperature=1.0, seed=seed, max_tokens=16))
+        content: str = out["choices"][0]["message"]["content"]
+        return content
+
+    assert text(1) == text(1)
+    assert len({text(s) for s in range(2, 6)}) > 1
+
+
+def test_concurrent_callers_are_served_one_at_a_time_with_the_same_answers(
+    make_engine: MakeEngine, tiny_dir: Path
+) -> None:
+    engine = make_engine(tiny_dir)
+    questions = [f"question {i}" for i in range(8)]
+    expected = {q: engine.chat(body(engine, q))["choices"][0]["message"] for q in questions}
+
+    def ask(q: str) -> tuple[str, Any]:
+        return q, engine.chat(body(engine, q))["choices"][0]["message"]
+
+    with ThreadPoolExecutor(max_workers=16) as callers:  # exceptions re-raise from map()
+        answers = list(callers.map(ask, questions * 2))
+    assert all(message == expected[q] for q, message in answers)
+    assert engine.stats()["requests_in_flight"] == 0
+
+
+def test_closing_a_stream_early_cancels_the_generation(
+    make_engine: MakeEngine, tiny_dir: Path
+) -> None:
+    engine = make_engine(tiny_dir)
+    stream = engine.chat_stream(body(engine, max_tokens=400, stream=True))
+    next(stream)
+    stream.close()
+    after = engine.chat(body(engine, "next"))  # runs once the cancelled one has stopped
+    assert after["choices"][0]["finish_reason"] == "length"
+    assert engine.stats()["requests_in_flight"] == 0
+    assert engine.metrics.snapshot()["strategies"]["prefix"]["prompt_tokens_seen"] > 0
+
+
+def test_model_swap_flushes_kv_and_changes_the_version(
+    make_engine: MakeEngine, tiny_dir: Path, make_tiny_llama: TinyFactory
+) -> None:
+    engine = make_engine(tiny_dir, served_model_id="tiny")
+    engine.chat(body(engine))
+    assert cached(engine.chat(body(engine))) > 0
+    old_version = engine.model_version
+    engine.swap_model(make_tiny_llama(seed=7), served_model_id="tiny")
+    assert engine.model_version != old_version
+    after = engine.chat(body(engine))
+    assert cached(after) == 0
+    assert after["system_fingerprint"] == engine.model_version
+    assert engine.metrics.snapshot()["strategies"]["prefix"]["gauges"]["kv_tokens"] > 0
+
+
+def test_a_request_for_the_old_model_id_is_refused_after_a_swap(
+    make_engine: MakeEngine, tiny_dir: Path, make_tiny_llama: TinyFactory
+) -> None:
+    engine = make_engine(tiny_dir)
+    old = body(engine)
+    engine.swap_model(make_tiny_llama(seed=7))
+    with pytest.raises(ModelNotFoundError):
+        engine.chat(old)
+
+
+def test_shared_metrics_receive_the_prefix_strategy(tiny_dir: Path, data_dir: Path) -> None:
+    from infercache.engine.config import EngineConfig
+
+    metrics = Metrics()
+    with Engine(EngineConfig(data_dir=data_dir, model_path=tiny_dir), metrics=metrics) as engine:
+        engine.chat(body(engine))
+    assert metrics.snapshot()["strategies"]["prefix"]["lookups"] == 1
+    assert b'infercache_lookups_total{strategy="prefix"} 1.0' in metrics.to_prometheus()
+
+
+def test_a_closed_engine_refuses_requests(make_engine: MakeEngine, tiny_dir: Path) -> None:
+    engine = make_engine(tiny_dir)
+    engine.close()
+    with pytest.raises(InfercacheError, match="shut down"):
+        engine.chat(body(engine))
+
+
+def test_bfloat16_engine_answers_with_half_the_kv_bytes_per_token(
+    make_engine: MakeEngine, tiny_dir: Path
+) -> None:
+    def kv_bytes_per_token(engine: Engine) -> float:
+        engine.chat(body(engine))
+        gauges = engine.metrics.snapshot()["strategies"]["prefix"]["gauges"]
+        return float(gauges["kv_bytes"] / gauges["kv_tokens"])
+
+    fp32, bf16 = make_engine(tiny_dir), make_engine(tiny_dir, dtype="bfloat16")
+    assert kv_bytes_per_token(bf16) == kv_bytes_per_token(fp32) / 2
+    assert bf16.chat(body(bf16))["usage"]["completion_tokens"] == 6
+
+
+def test_a_request_queued_before_a_swap_is_prepared_again_for_the_new_model(
+    make_engine: MakeEngine, tiny_dir: Path, make_tiny_llama: TinyFactory
+) -> None:
+    engine = make_engine(tiny_dir, served_model_id="tiny")
+    queued = engine._prepare(body(engine), None)  # prepared, not yet run: the race window
+    engine.swap_model(make_tiny_llama(seed=7), served_model_id="tiny")
+    outcome = engine._submit(queued, None, threading.Event()).result()
+    assert outcome.meta.system_fingerprint == engine.model_version
+    assert outcome.result.stats.cached_tokens == 0

@@ -1,0 +1,190 @@
+"""The HTTP server: in-process for breadth, and a real uvicorn on loopback with the official
+`openai` client in front."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+import uvicorn
+from starlette.testclient import TestClient
+
+from infercache.engine.config import EngineConfig
+from infercache.engine.engine import Engine
+from infercache.engine.server import create_app
+
+SYSTEM = "You are a helpful assistant. Answer the question briefly and politely. " * 4
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
+    config = EngineConfig(
+        data_dir=tmp_path_factory.mktemp("data"), model_path=tiny_dir, max_context_tokens=256
+    )
+    with Engine(config) as e:
+        yield e
+
+
+@pytest.fixture(scope="module")
+def client(engine: Engine) -> Iterator[TestClient]:
+    with TestClient(create_app(engine)) as c:
+        yield c
+
+
+def body(engine: Engine, question: str = "hello", **fields: Any) -> dict[str, Any]:
+    return {
+        "model": engine.model_id,
+        "messages": [
+            {"role": "system", "content": SYSTEM},
+            {"role": "user", "content": question},
+        ],
+        "temperature": 0,
+        "max_tokens": 5,
+        **fields,
+    }
+
+
+def assert_openai_error(response: Any, status: int, code: str | None = None) -> dict[str, Any]:
+    assert response.status_code == status
+    error: dict[str, Any] = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["code"] == code
+    return error
+
+
+def test_chat_completion_over_http(client: TestClient, engine: Engine) -> None:
+    r = client.post("/v1/chat/completions", json=body(engine))
+    assert r.status_code == 200
+    out = r.json()
+    assert out["system_fingerprint"] == engine.model_version
+    assert out["usage"]["completion_tokens"] == 5
+
+
+def test_streaming_over_http_is_server_sent_events_ending_with_done(
+    client: TestClient, engine: Engine
+) -> None:
+    with client.stream(
+        "POST",
+        "/v1/chat/completions",
+        json=body(engine, stream=True, stream_options={"include_usage": True}),
+    ) as r:
+        assert r.status_code == 200
+        assert r.headers["content-type"].startswith("text/event-stream")
+        events = [line for line in r.iter_lines() if line]
+    assert events[-1] == "data: [DONE]"
+    chunks = [json.loads(e.removeprefix("data: ")) for e in events[:-1]]
+    assert chunks[-1]["usage"]["completion_tokens"] == 5
+    assert chunks[-2]["choices"][0]["finish_reason"] == "length"
+
+
+def test_tenant_header_isolates_prefixes(client: TestClient, engine: Engine) -> None:
+    def cached(tenant: str) -> int:
+        r = client.post(
+            "/v1/chat/completions",
+            json=body(engine, "tenant test"),
+            headers={"x-infercache-tenant": tenant},
+        )
+        tokens: int = r.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+        return tokens
+
+    assert cached("t1") == 0
+    assert cached("t1") > 0
+    assert cached("t2") == 0
+
+
+def test_malformed_json_is_a_400(client: TestClient) -> None:
+    r = client.post("/v1/chat/completions", content=b"{not json")
+    assert_openai_error(r, 400)
+
+
+@pytest.mark.parametrize(
+    ("fields", "status", "code", "param"),
+    [
+        ({"n": 2}, 400, None, "n"),
+        ({"max_tokens": "ten"}, 400, None, "max_tokens"),
+        ({"messages": [{"role": "user"}]}, 400, None, "messages[0].content"),
+        ({"model": "gpt-9"}, 404, "model_not_found", "model"),
+        ({"max_tokens": 250}, 400, "context_length_exceeded", "messages"),
+        ({"stream": True, "model": "gpt-9"}, 404, "model_not_found", "model"),
+    ],
+)
+def test_bad_requests_get_openai_shaped_errors(
+    client: TestClient, engine: Engine, fields: dict[str, Any], status: int, code: str, param: str
+) -> None:
+    r = client.post("/v1/chat/completions", json=body(engine, **fields))
+    assert assert_openai_error(r, status, code)["param"] == param
+
+
+def test_a_json_array_body_is_a_400(client: TestClient) -> None:
+    assert_openai_error(client.post("/v1/chat/completions", json=[1]), 400)
+
+
+def test_unknown_routes_and_methods_are_openai_shaped(client: TestClient) -> None:
+    assert_openai_error(client.get("/v1/nothing"), 404, "not_found")
+    assert_openai_error(client.get("/v1/chat/completions"), 405)
+
+
+def test_models_lists_the_id_and_version(client: TestClient, engine: Engine) -> None:
+    data = client.get("/v1/models").json()
+    assert data["object"] == "list"
+    assert [(m["id"], m["version"], m["owned_by"]) for m in data["data"]] == [
+        (engine.model_id, engine.model_version, "infercache")
+    ]
+
+
+def test_metrics_and_stats_expose_the_prefix_strategy(client: TestClient, engine: Engine) -> None:
+    client.post("/v1/chat/completions", json=body(engine))
+    text = client.get("/metrics").text
+    assert 'infercache_lookups_total{strategy="prefix"}' in text
+    assert 'infercache_strategy_gauge{name="kv_bytes",strategy="prefix"}' in text
+    stats = client.get("/stats").json()
+    assert stats["model"]["version"] == engine.model_version
+    assert stats["prefix"]["lookups"] >= 1
+
+
+@pytest.fixture(scope="module")
+def loopback_url(engine: Engine) -> Iterator[str]:
+    """A real uvicorn server on a loopback socket bound before it starts (so no waiting)."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen()
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(create_app(engine), log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{port}/v1"
+    server.should_exit = True
+    thread.join(30)
+    sock.close()
+
+
+def test_openai_client_over_a_real_loopback_server(loopback_url: str, engine: Engine) -> None:
+    client = openai.OpenAI(base_url=loopback_url, api_key="unused", max_retries=0)
+    messages: Any = body(engine, "openai client")["messages"]
+    first = client.chat.completions.create(
+        model=engine.model_id, messages=messages, max_tokens=5, temperature=0
+    )
+    stream = client.chat.completions.create(
+        model=engine.model_id,
+        messages=messages,
+        max_tokens=5,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == first.choices[0].message.content
+    usage = chunks[-1].usage
+    assert usage is not None
+    assert usage.prompt_tokens_details is not None
+    assert usage.prompt_tokens_details.cached_tokens > 0
+    assert first.system_fingerprint == engine.model_version
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model="nope", messages=messages)
