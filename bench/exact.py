@@ -3,8 +3,9 @@
     .venv/bin/python bench/exact.py [--sizes 10000 1000000] [--samples 20000]
 
 Every figure is measured in this process, beside the floors it is built from (canonical JSON +
-sha256 of a request, a dict probe, a raw sqlite3 primary-key lookup in a table of the same
-size), so the ratios mean something on whatever machine runs it.
+sha256 of a request with the standard library and with orjson, which the keys use; a dict
+probe; a raw sqlite3 primary-key lookup in a table of the same size), so the ratios mean
+something on whatever machine runs it.
 
 - `lookup`: `ExactCache.lookup(parsed request)`: key derivation, the version/tag meta read,
   the entry read and the freshness checks. What a hit costs before the body is used.
@@ -105,14 +106,18 @@ def preload(cache: Cache, n: int) -> None:
 def floors(n: int, indices: list[int], db_dir: Path) -> dict[str, tuple[float, float]]:
     out: dict[str, tuple[float, float]] = {}
     req = body(7)
-    out["canonical JSON + sha256"] = measure(
+    stdlib = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    out["stdlib canonical JSON + sha256"] = measure(
+        lambda i: hashlib.sha256(stdlib.encode(req).encode()).hexdigest(), indices
+    )
+    out["orjson canonical JSON + sha256"] = measure(
         lambda i: hashlib.sha256(canonical_json(req)).hexdigest(), indices
     )
     table = {hashlib.sha256(str(i).encode()).hexdigest(): i for i in range(n)}
     probe_keys = [hashlib.sha256(str(i).encode()).hexdigest() for i in range(n)]
     out["dict probe"] = measure(lambda i: table.get(probe_keys[i]), indices)
     table.clear()
-    conn = sqlite3.connect(db_dir / "floor.db", isolation_level=None)
+    conn = sqlite3.connect(db_dir / f"floor-{n}.db", isolation_level=None)
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute("CREATE TABLE t (key TEXT PRIMARY KEY, value BLOB)")
     blob = json.dumps(RESPONSE).encode()

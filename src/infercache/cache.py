@@ -29,12 +29,13 @@ nothing is stored. A store failure is never the caller's problem: a counted miss
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
+
+import orjson
 
 from infercache.clock import Clock, SystemClock
 from infercache.errors import InvalidRequestError, NotCachedError, StoreError
@@ -302,7 +303,7 @@ class Cache:
         self, req: ChatRequest, lookup: Lookup, hit: SemanticHit, verify: Upstream | None
     ) -> Completion:
         assert self.semantic is not None
-        response: Response = json.loads(hit.entry.response)
+        response: Response = orjson.loads(hit.entry.response)
         if verify is not None:
             self.semantic.verify(req.body, response, hit.similarity, verify)
         if self.semantic.config.store_hits_as_exact:
@@ -326,7 +327,7 @@ class Cache:
                 entry.model, entry.prompt_tokens, entry.completion_tokens
             ),
         )
-        response: Response = json.loads(entry.response)
+        response: Response = orjson.loads(entry.response)
         return Completion(response, Layer.EXACT, age_s=self.exact.age_s(entry), key=lookup.key)
 
     # -- administration --

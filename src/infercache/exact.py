@@ -16,10 +16,11 @@ Neither reaches the caller. This class records store errors and lookup overhead;
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Mapping
 from typing import Any, NamedTuple
+
+import orjson
 
 from infercache.clock import Clock
 from infercache.errors import StoreError
@@ -28,7 +29,7 @@ from infercache.metrics import MissReason, StrategyMetrics
 from infercache.policy import CachePolicy, unstorable_reason, usage_tokens
 from infercache.request import ChatRequest
 from infercache.stores.base import Backend, Entry
-from infercache.versions import Versions, VersionView
+from infercache.versions import Versions, VersionView, meta_names, view_from
 
 log = logging.getLogger(__name__)
 
@@ -68,9 +69,13 @@ class ExactCache:
         """Find a fresh entry. With `read_entry=False` only the view is read (a refresh)."""
         started = self._clock.monotonic_s()
         key = self.key(request)
+        tags = request.directives.tags
         try:
-            view = self.versions.view(request.model, request.directives.tags)
-            entry = self.backend.get(key) if read_entry else None
+            if read_entry:
+                entry, meta = self.backend.get_with_meta(key, meta_names(request.model, tags))
+                view = view_from(meta, request.model, tags)
+            else:
+                entry, view = None, self.versions.view(request.model, tags)
         except StoreError as exc:
             self._store_error("lookup", exc)
             self._metrics.overhead(self._clock.monotonic_s() - started)
@@ -144,7 +149,7 @@ class ExactCache:
         now_s = self._clock.now_s()
         prompt_tokens, completion_tokens = usage_tokens(response)
         entry = Entry(
-            response=json.dumps(response, separators=(",", ":")).encode(),
+            response=orjson.dumps(response),
             model=request.model,
             model_version=model_version,
             tags=lookup.view.tags,

@@ -5,8 +5,10 @@
         "request": <output-affecting fields of the body, normalised>
     }))
 
-Canonical JSON: sorted keys, compact separators, UTF-8. Never Python's `hash()` (salted per
-process); the `ic1:` prefix is the key-schema version, bumped whenever this function changes.
+Canonical JSON: sorted keys, compact separators, UTF-8, by orjson (~0.6 µs for a chat request
+against ~5–8 µs for the standard library; bench/exact.py prints both). Never Python's `hash()`
+(salted per process); the `ic1:` prefix is the key-schema version, bumped whenever this
+function changes.
 
 Which body fields enter the key:
 - Every field that can change the answer: model, messages (system prompt and whole history),
@@ -33,6 +35,8 @@ import hashlib
 import json
 from collections.abc import Mapping
 from typing import Any
+
+import orjson
 
 from infercache.request import ChatRequest
 
@@ -90,14 +94,19 @@ def normalised_body(
     return out
 
 
-# Built once: `json.dumps` with options constructs an encoder per call (~1.5 µs of a ~6 µs key).
-_CANONICAL = json.JSONEncoder(
+_ORJSON_OPTIONS = orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS
+# For what orjson refuses (integers beyond 64 bits, custom types): the standard library.
+_FALLBACK = json.JSONEncoder(
     sort_keys=True, separators=(",", ":"), ensure_ascii=False, check_circular=False
 )
 
 
 def canonical_json(obj: object) -> bytes:
-    return _CANONICAL.encode(obj).encode()
+    """Deterministic JSON bytes of `obj`: equal inputs give equal bytes, in every process."""
+    try:
+        return orjson.dumps(obj, option=_ORJSON_OPTIONS)
+    except (TypeError, orjson.JSONEncodeError):
+        return _FALLBACK.encode(obj).encode()
 
 
 def exact_key(request: ChatRequest, ignorable: frozenset[str] = IGNORABLE_FIELDS) -> str:

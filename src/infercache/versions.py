@@ -17,7 +17,7 @@ with the old state and never served.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import NamedTuple
 
 from infercache.stores.base import MetaStore
@@ -46,21 +46,26 @@ def _tag_name(tag: str) -> str:
     return f"tag:{tag}"
 
 
+def meta_names(model: str, tags: Sequence[str]) -> list[str]:
+    """The meta names a view of `model` and `tags` reads (for a combined store read)."""
+    return [_model_name(model), *(_tag_name(t) for t in tags)]
+
+
+def view_from(values: Mapping[str, str], model: str, tags: Sequence[str]) -> VersionView:
+    """The view those meta values describe."""
+    return VersionView(
+        values.get(_model_name(model), UNVERSIONED),
+        tuple((t, int(values.get(_tag_name(t), "0"))) for t in tags),
+    )
+
+
 class Versions:
     def __init__(self, meta: MetaStore) -> None:
         self._meta = meta
 
     def view(self, model: str, tags: Sequence[str]) -> VersionView:
         """One meta read for the model and all tags (`tags` sorted and unique)."""
-        model_name = _model_name(model)
-        if not tags:
-            token = self._meta.read_meta((model_name,)).get(model_name, UNVERSIONED)
-            return VersionView(token, ())
-        values = self._meta.read_meta([model_name, *(_tag_name(t) for t in tags)])
-        return VersionView(
-            values.get(model_name, UNVERSIONED),
-            tuple((t, int(values.get(_tag_name(t), "0"))) for t in tags),
-        )
+        return view_from(self._meta.read_meta(meta_names(model, tags)), model, tags)
 
     def model_version(self, model: str) -> str | None:
         """The version string last set for `model`, or None."""

@@ -122,14 +122,15 @@ def test_byte_bound_is_never_exceeded_and_lru_goes_first(
     body = b"x" * 1000
     size = entry(clock, body).size_bytes
     store = make_backend(max_bytes=size * 5)
+    step_s = 100  # recency is kept at a granularity of up to a minute (SQLite)
     for i in range(5):
-        store.put(f"k{i}", entry(clock, body))
-        clock.advance(1)
+        store.put(f"k{i}", entry(clock, body, ttl_s=1e6))
+        clock.advance(step_s)
     store.get("k0")  # k0 is now the most recently used; k1 the least
-    clock.advance(1)
+    clock.advance(step_s)
     for i in range(5, 8):
-        store.put(f"k{i}", entry(clock, body))
-        clock.advance(1)
+        store.put(f"k{i}", entry(clock, body, ttl_s=1e6))
+        clock.advance(step_s)
         assert store.stats().bytes <= size * 5
     present = {f"k{i}" for i in range(8) if store.get(f"k{i}") is not None}
     assert present == {"k0", "k4", "k5", "k6", "k7"}
@@ -175,3 +176,19 @@ def test_scan_finds_exactly_the_entries_under_a_prefix(
     found = {k: e.response for k, e in store.scan("sem:")}
     assert found == {"sem:a": b"sem:a", "sem:b": b"sem:b", "sem:c": b"sem:c"}
     assert list(store.scan("nothing:")) == []
+
+
+def test_get_with_meta_reads_both_in_one_call(
+    make_backend: MakeBackend, clock: ManualClock
+) -> None:
+    store = make_backend()
+    store.write_meta("model:m", "2:v2")
+    store.incr_meta("tag:kb")
+    assert store.get_with_meta("absent", ["model:m", "tag:kb", "tag:none"]) == (
+        None,
+        {"model:m": "2:v2", "tag:kb": "1"},
+    )
+    e = entry(clock)
+    store.put("k", e)
+    assert store.get_with_meta("k", []) == (e, {})
+    assert store.get_with_meta("k", ["model:m"]) == (e, {"model:m": "2:v2"})

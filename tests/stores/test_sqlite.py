@@ -117,11 +117,28 @@ def test_recency_from_hits_is_saved_without_a_write_per_hit(
     size = entry(clock, body).size_bytes
     store = SQLiteStore(tmp_path / "lru.db", max_bytes=size * 3, clock=clock)
     for name in ("a", "b", "c"):
-        store.put(name, entry(clock, body))
-        clock.advance(1)
+        store.put(name, entry(clock, body, ttl_s=1e6))
+        clock.advance(100)
     store.get("a")  # only remembered in memory until the next write
-    clock.advance(1)
-    store.put("d", entry(clock, body))
+    clock.advance(100)
+    store.put("d", entry(clock, body, ttl_s=1e6))
     assert store.get("b") is None
     assert {k for k in "acd" if store.get(k) is not None} == {"a", "c", "d"}
+    store.close()
+
+
+def test_a_hit_within_the_granule_rewrites_nothing(tmp_path: Path, clock: ManualClock) -> None:
+    body = b"z" * 1000
+    size = entry(clock, body).size_bytes
+    store = SQLiteStore(
+        tmp_path / "granule.db", max_bytes=size * 2, clock=clock, touch_granularity_s=60
+    )
+    store.put("a", entry(clock, body, ttl_s=1e6))
+    clock.advance(10)
+    store.put("b", entry(clock, body, ttl_s=1e6))
+    clock.advance(10)
+    store.get("a")  # 20 s after its last touch: within the granule, not recorded
+    store.put("c", entry(clock, body, ttl_s=1e6))
+    assert store.get("a") is None  # so "a" was still the least recently used
+    assert store.get("b") is not None
     store.close()

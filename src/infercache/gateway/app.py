@@ -22,6 +22,7 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
+import orjson
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -84,7 +85,12 @@ def create_app(
                 tenant = tenant_of_token(caller.bearer)
         reply = await gateway.chat(body, tenant=tenant, bearer=caller.bearer)
         if isinstance(reply, JSONReply):
-            return JSONResponse(reply.body, status_code=reply.status, headers=reply.headers)
+            return Response(
+                orjson.dumps(reply.body),
+                status_code=reply.status,
+                headers=reply.headers,
+                media_type="application/json",
+            )
         return StreamingResponse(
             reply.events,
             media_type="text/event-stream",

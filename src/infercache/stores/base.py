@@ -120,4 +120,8 @@ class Backend(Store, MetaStore, Protocol):
 
     url: str
 
+    def get_with_meta(self, key: str, names: Sequence[str]) -> tuple[Entry | None, dict[str, str]]:
+        """`get(key)` and `read_meta(names)` in one round trip: the exact layer's hot path."""
+        ...
+
     def close(self) -> None: ...

@@ -41,6 +41,13 @@ class MemoryStore:
                 self._entries.move_to_end(key)
             return entry
 
+    def get_with_meta(self, key: str, names: Sequence[str]) -> tuple[Entry | None, dict[str, str]]:
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is not None:
+                self._entries.move_to_end(key)
+            return entry, {n: self._meta[n] for n in names if n in self._meta}
+
     def put(self, key: str, entry: Entry) -> None:
         size = entry.size_bytes
         with self._lock:

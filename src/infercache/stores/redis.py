@@ -55,6 +55,21 @@ class RedisStore:
         assert isinstance(blob, bytes)
         return Entry.decode(blob)
 
+    def get_with_meta(self, key: str, names: Sequence[str]) -> tuple[Entry | None, dict[str, str]]:
+        try:
+            pipe = self._client.pipeline(transaction=False)
+            pipe.get(self._entry_key(key))
+            pipe.mget([self._meta_key(n) for n in names])
+            blob, values = pipe.execute()
+        except redis.RedisError as exc:
+            raise StoreError(f"redis store: {exc}") from exc
+        meta = {
+            n: v.decode() if isinstance(v, bytes) else str(v)
+            for n, v in zip(names, values, strict=True)
+            if v is not None
+        }
+        return (Entry.decode(blob) if isinstance(blob, bytes) else None), meta
+
     def put(self, key: str, entry: Entry) -> None:
         ttl_ms = int((entry.expires_at_s - self._clock.now_s()) * 1000)
         try:

@@ -9,8 +9,10 @@ O(1) by any process in the same transaction as its write.
 - Bound: after an insert pushes `usage.bytes` over `max_bytes`, the same transaction deletes
   expired rows, then least-recently-used rows (about as many as the overflow needs, estimated
   from the mean entry size), so no write ever stalls on a large eviction.
-- Recency without a write per hit: a hit records (key, time) in memory; the pending touches are
-  written with the next `put`, or once `touch_batch` of them have piled up.
+- Recency without a write per hit: LRU at a granularity of `touch_granularity_s`. A hit on an
+  entry last touched longer ago than that records (key, time) in memory; the pending touches
+  are written with the next `put`, or once `touch_batch` of them have piled up. Rewriting a row
+  costs ~20 µs, so a hot entry is rewritten at most once a granule, not on every hit.
 - Every sqlite3 error (locked past the timeout, read-only file, "file is not a database") is
   translated into `StoreError` here; the connection is dropped so the next call retries.
   Opening is lazy, so a broken file never stops the cache from being built.
@@ -29,6 +31,8 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+import orjson
 
 from infercache.clock import Clock
 from infercache.errors import StoreError
@@ -65,9 +69,9 @@ CREATE TRIGGER IF NOT EXISTS entries_del AFTER DELETE ON entries BEGIN
 CREATE TRIGGER IF NOT EXISTS entries_upd AFTER UPDATE OF size ON entries BEGIN
     UPDATE usage SET bytes = bytes - OLD.size + NEW.size WHERE id = 1; END;
 """
-_SELECT = (
-    "SELECT response, model, model_version, tags, created_at, expires_at, upstream_s,"
-    " prompt_tokens, completion_tokens FROM entries WHERE key = ?"
+_COLUMNS = (
+    "response, model, model_version, tags, created_at, expires_at, upstream_s,"
+    " prompt_tokens, completion_tokens, last_access"
 )
 _UPSERT = """
 INSERT INTO entries (key, response, model, model_version, tags, created_at, expires_at,
@@ -92,6 +96,7 @@ class SQLiteStore:
         clock: Clock,
         busy_timeout_s: float = 5.0,
         touch_batch: int = 1024,
+        touch_granularity_s: float = 60.0,
     ) -> None:
         if max_bytes <= 0:
             raise ValueError(f"max_bytes must be > 0, got {max_bytes}")
@@ -101,6 +106,7 @@ class SQLiteStore:
         self._clock = clock
         self._busy_timeout_s = busy_timeout_s
         self._touch_batch = touch_batch
+        self._touch_granularity_s = touch_granularity_s
         self._local = threading.local()
         self._touch_lock = threading.Lock()
         self._touches: dict[str, float] = {}
@@ -156,22 +162,37 @@ class SQLiteStore:
     # -- Store --
 
     def get(self, key: str) -> Entry | None:
+        return self.get_with_meta(key, ())[0]
+
+    def get_with_meta(self, key: str, names: Sequence[str]) -> tuple[Entry | None, dict[str, str]]:
+        # One statement, one row always: the meta values as a JSON object beside the entry's
+        # columns (NULLs when the key is absent).
+        marks = ",".join("?" * len(names)) or "NULL"
+        query = (
+            "SELECT (SELECT json_group_object(name, value) FROM meta"
+            f" WHERE name IN ({marks})), {_COLUMNS} FROM (SELECT 1)"
+            " LEFT JOIN entries ON key = ?"
+        )
         with self._conn() as conn:
-            row = conn.execute(_SELECT, (key,)).fetchone()
-        if row is None:
-            return None
-        entry = self._entry(key, row)
+            row = conn.execute(query, (*names, key)).fetchone()
+        meta: dict[str, str] = orjson.loads(row[0]) if row[0] else {}
+        if row[1] is None:
+            return None, meta
+        entry = self._entry(key, row[1:])
+        now_s = self._clock.now_s()
+        if now_s - row[-1] < self._touch_granularity_s:
+            return entry, meta
         with self._touch_lock:
-            self._touches[key] = self._clock.now_s()
+            self._touches[key] = now_s
             flush = len(self._touches) >= self._touch_batch
         if flush:
             with self._write() as conn:
                 self._flush_touches(conn)
-        return entry
+        return entry, meta
 
     def _entry(self, key: str, row: Sequence[Any]) -> Entry:
         try:
-            tags = tuple((str(t), int(g)) for t, g in json.loads(row[3]))
+            tags = () if row[3] == "[]" else tuple((str(t), int(g)) for t, g in json.loads(row[3]))
         except (ValueError, TypeError) as exc:
             raise StoreError(f"sqlite store {self.path}: bad tags for {key}: {exc}") from exc
         return Entry(
@@ -232,9 +253,7 @@ class SQLiteStore:
 
     def scan(self, prefix: str) -> Iterator[tuple[str, Entry]]:
         # Keys are ASCII: every key with the prefix sorts in [prefix, prefix + U+FFFF).
-        query = _SELECT.replace("WHERE key = ?", "WHERE key >= ? AND key < ?").replace(
-            "SELECT response", "SELECT key, response"
-        )
+        query = f"SELECT key, {_COLUMNS} FROM entries WHERE key >= ? AND key < ?"
         with self._conn() as conn:
             rows = conn.execute(query, (prefix, prefix + "\uffff")).fetchall()
         for row in rows:
