@@ -1,24 +1,28 @@
 """Gateway throughput and latency on loopback: exact hits, and what a miss adds.
 
-    .venv/bin/python bench/gateway.py [--requests 20000] [--concurrency 32] [--store URL]
+    .venv/bin/python bench/gateway.py [--seconds 10] [--concurrency 32] [--store URL]
 
 Three processes share the machine: a trivial OpenAI-compatible upstream that answers at once
 (so a miss measures the gateway, not a model), the gateway (`infercache serve --upstream ...`,
-exactly as a user runs it), and this load generator (async httpx, keep-alive connections).
+exactly as a user runs it), and the load generator: `wrk` (Debian's package) when installed,
+since a Python client costs more per request than the gateway does; async httpx otherwise.
 
-- exact hits: the same few requests, already cached, from `--concurrency` connections;
-  throughput over the whole run, latency p50/p99 per request.
-- miss overhead: sequential requests with unique prompts, each a real miss (lookup, upstream
-  call, store), against the gateway and then directly against the upstream; the added
-  latency is the difference of the medians.
-Client and servers share the same 2 cores, so hit throughput is a floor, not a ceiling.
+- exact hits: one cached request, from 1 connection (latency p50/p99) and from
+  `--concurrency` connections (throughput); every response is checked to be an `exact-hit`.
+- miss overhead: from 1 connection, requests with unique prompts, each a real miss (lookup,
+  upstream call, store), against the gateway and then directly against the upstream; the
+  added latency is the difference of the medians.
+Client and servers share the same 2 cores, so throughput is a floor, not a ceiling.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
+import re
+import shutil
 import socket
 import statistics
 import subprocess
@@ -142,9 +146,88 @@ async def sequential(url: str, n: int, offset: int, expect: str | None) -> list[
     return latencies
 
 
+HIT_LUA = """
+wrk.method = "POST"
+wrk.body = [[BODY]]
+wrk.headers["Content-Type"] = "application/json"
+local threads = {}
+function setup(thread) table.insert(threads, thread) end
+function init(args) hits = 0; others = 0 end
+function response(status, headers, body)
+  if headers["x-infercache"] == "exact-hit" then hits = hits + 1 else others = others + 1 end
+end
+function done(summary, latency, requests)
+  local h, o = 0, 0
+  for _, t in ipairs(threads) do h = h + t:get("hits"); o = o + t:get("others") end
+  io.write(string.format("layers %d %d\\n", h, o))
+end
+"""
+
+MISS_LUA = """
+local n = 0
+request = function()
+  n = n + 1
+  local body = '{"model":"bench-model","temperature":0,"messages":[{"role":"user","content":'
+    .. '"RUN question ' .. n .. ' of this run: what is the capital of France?"}]}'
+  return wrk.format("POST", nil, {["Content-Type"] = "application/json"}, body)
+end
+"""
+
+
+def wrk(url: str, script: str, connections: int, seconds: int) -> dict[str, float]:
+    """Run wrk; return requests/s, p50 and p99 in ms, and the hit/other counts if printed."""
+    with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as f:
+        f.write(script)
+    threads = min(2, connections)
+    out = subprocess.run(
+        ["wrk", f"-t{threads}", f"-c{connections}", f"-d{seconds}s", "--latency", "-s", f.name,
+         url],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    os.unlink(f.name)
+    units = {"us": 1e-3, "ms": 1.0, "s": 1e3}
+
+    def latency(label: str) -> float:
+        match = re.search(rf"^\s*{label}\s+([\d.]+)(us|ms|s)\s*$", out, re.M)
+        assert match, out
+        return float(match.group(1)) * units[match.group(2)]
+
+    result = {
+        "rps": float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1)),  # type: ignore[union-attr]
+        "p50_ms": latency("50%"),
+        "p99_ms": latency("99%"),
+    }
+    layers = re.search(r"layers (\d+) (\d+)", out)
+    if layers:
+        result["hits"], result["others"] = float(layers.group(1)), float(layers.group(2))
+    if "Non-2xx" in out:
+        raise SystemExit(f"wrk saw errors:\n{out}")
+    return result
+
+
+def run_wrk(gw: str, up: str, concurrency: int, seconds: int) -> None:
+    hit_script = HIT_LUA.replace("BODY", json.dumps(body(0)))
+    httpx.post(f"{gw}/chat/completions", json=body(0), timeout=30)  # store it
+    one = wrk(f"{gw}/chat/completions", hit_script, 1, seconds)
+    many = wrk(f"{gw}/chat/completions", hit_script, concurrency, seconds)
+    for r in (one, many):
+        assert r["others"] == 0, f"not every response was an exact hit: {r}"
+    print(f"exact hit, 1 connection: {one['rps']:,.0f}/s, p50 {one['p50_ms']:.3f} ms, "
+          f"p99 {one['p99_ms']:.3f} ms")  # fmt: skip
+    print(f"exact hits, {concurrency} connections: {many['rps']:,.0f}/s, "
+          f"p50 {many['p50_ms']:.2f} ms, p99 {many['p99_ms']:.2f} ms")  # fmt: skip
+    run = f"{time.time_ns()}"
+    direct = wrk(f"{up}/chat/completions", MISS_LUA.replace("RUN", run + "d"), 1, seconds)
+    via = wrk(f"{gw}/chat/completions", MISS_LUA.replace("RUN", run + "g"), 1, seconds)
+    print(f"miss: upstream direct p50 {direct['p50_ms']:.3f} ms; via gateway p50 "
+          f"{via['p50_ms']:.3f} ms (p99 {via['p99_ms']:.2f} ms); "
+          f"added p50 {via['p50_ms'] - direct['p50_ms']:.3f} ms")  # fmt: skip
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--requests", type=int, default=20_000)
+    parser.add_argument("--seconds", type=int, default=10, help="per wrk run")
+    parser.add_argument("--requests", type=int, default=20_000, help="httpx mode only")
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--misses", type=int, default=2000)
     parser.add_argument("--store", help="store URL (default: SQLite in a temp dir)")
@@ -168,8 +251,12 @@ def main() -> int:
             wait_for(f"http://127.0.0.1:{up_port}/v1/models")
             wait_for(f"http://127.0.0.1:{gw_port}/healthz")
             gw, up = f"http://127.0.0.1:{gw_port}/v1", f"http://127.0.0.1:{up_port}/v1"
-            rate, lat = asyncio.run(hits(gw, args.requests, args.concurrency))
             print(f"store: {store.split('?')[0]}; client, gateway and upstream on one machine")
+            if shutil.which("wrk"):
+                run_wrk(gw, up, args.concurrency, args.seconds)
+                return 0
+            print("wrk not found (apt-get install wrk): measuring with httpx, a heavier client")
+            rate, lat = asyncio.run(hits(gw, args.requests, args.concurrency))
             print(f"exact hits: {rate:,.0f}/s with {args.concurrency} connections; "
                   f"p50 {pct(lat, 50):.2f} ms, p99 {pct(lat, 99):.2f} ms")  # fmt: skip
             single = asyncio.run(sequential(gw, 2000, 0, None))  # the 8 warm bodies hit
