@@ -100,13 +100,13 @@ class HTTPUpstream:
     def _unavailable(self, exc: BaseException) -> UpstreamUnavailableError:
         return UpstreamUnavailableError(f"upstream {self.name} unreachable: {exc!r}")
 
-    async def complete(
-        self, body: dict[str, Any], *, tenant: str, api_key: str | None
+    async def _json(
+        self, method: str, path: str, headers: dict[str, str], data: bytes | None = None
     ) -> dict[str, Any]:
-        url = f"{self.name}/chat/completions"
+        """One request, its JSON object answer; our errors for every way it can fail."""
         try:
-            async with self._client().post(
-                url, data=orjson.dumps(body), headers=self._headers(tenant, api_key)
+            async with self._client().request(
+                method, f"{self.name}{path}", data=data, headers=headers
             ) as response:
                 content = await response.read()
                 status = response.status
@@ -120,6 +120,12 @@ class HTTPUpstream:
         if not isinstance(result, dict):
             raise UpstreamError(f"upstream {self.name} sent a non-object answer")
         return result
+
+    async def complete(
+        self, body: dict[str, Any], *, tenant: str, api_key: str | None
+    ) -> dict[str, Any]:
+        headers = self._headers(tenant, api_key)
+        return await self._json("POST", "/chat/completions", headers, orjson.dumps(body))
 
     async def stream(
         self, body: dict[str, Any], *, tenant: str, api_key: str | None
@@ -157,17 +163,8 @@ class HTTPUpstream:
             response.release()
 
     async def models(self) -> list[dict[str, Any]]:
-        try:
-            async with self._client().get(
-                f"{self.name}/models", headers=self._headers("", None)
-            ) as response:
-                content = await response.read()
-                status = response.status
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            raise self._unavailable(exc) from exc
-        _raise_for_status(status, content)
-        data = orjson.loads(content).get("data", [])
-        return [m for m in data if isinstance(m, dict)]
+        data = (await self._json("GET", "/models", self._headers("", None))).get("data", [])
+        return [m for m in data if isinstance(m, dict)] if isinstance(data, list) else []
 
     async def aclose(self) -> None:
         if self._session is not None:
