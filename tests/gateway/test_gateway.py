@@ -424,3 +424,33 @@ def test_semantic_hits_are_labelled_with_their_similarity(make_gateway: MakeGate
     number_flip = post(running, body("How do I reset my password 2?"))
     assert number_flip.headers["x-infercache"] == "miss"
     assert running.fake.calls == 2
+
+
+def test_requests_sharing_a_prefix_go_to_the_replica_where_it_is_warm(tmp_path: Path) -> None:
+    from infercache.gateway.build import build
+    from infercache.gateway.config import GatewayConfig
+    from infercache.gateway.upstream import HTTPUpstream
+    from infercache.settings import Settings
+    from tests.gateway.servers import FakeUpstream, serve
+
+    replicas = [FakeUpstream(), FakeUpstream()]
+    system_a = "You answer questions about ACME widgets. " * 30
+    system_b = "You answer questions about Globex gadgets. " * 30
+    with serve(replicas[0].app) as url0, serve(replicas[1].app) as url1:
+        built = build(
+            Settings(data_dir=tmp_path, store_url="memory://"),
+            GatewayConfig(version_poll_s=None),
+            upstreams=[HTTPUpstream(f"{url0}/v1"), HTTPUpstream(f"{url1}/v1")],
+        )
+        with serve(built.app) as url, httpx.Client(base_url=url) as client:
+            for i in range(4):
+                for system in (system_a, system_b):
+                    payload = body(f"question {i}")
+                    payload["messages"][0]["content"] = system
+                    assert client.post("/v1/chat/completions", json=payload).status_code == 200
+    served = [
+        {"a" if "ACME" in b["messages"][0]["content"] else "b" for b in r.bodies} for r in replicas
+    ]
+    # Each system prompt stayed on one replica; with both idle, the two spread out.
+    assert sorted(map(sorted, served)) == [["a"], ["b"]]
+    assert [r.calls for r in replicas] == [4, 4]

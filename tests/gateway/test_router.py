@@ -67,7 +67,13 @@ def test_memory_per_replica_is_bounded() -> None:
     router = PrefixRouter(["r0", "r1"], RouterConfig(max_blocks_per_replica=10))
     for i in range(20):
         router.route("t", req(f"system {i} " * 100, "q"))
-    assert [len(r.blocks) for r in router._replicas] == [10, 0]  # idle: all went to r0
+    assert [len(r.blocks) for r in router._replicas] == [10, 10]  # bounded, and spread out
+
+
+def test_new_prefixes_spread_over_idle_replicas() -> None:
+    router = PrefixRouter(["r0", "r1", "r2"])
+    chosen = [router.route("t", req(f"system prompt {i} " * 50, "q"))[0] for i in range(3)]
+    assert sorted(chosen) == [0, 1, 2]
 
 
 def test_a_single_replica_is_chosen_without_hashing() -> None:

@@ -10,8 +10,10 @@ replica "has" block i only if it saw that exact prefix.
 Route: for each replica, count the leading blocks of the prompt it has seen (its match). Take
 the replica with the longest match if it covers at least `min_match_blocks` and the replica is
 not overloaded (in-flight requests <= `balance_factor` × the least-loaded replica's + 1);
-otherwise the least-loaded replica (ties: the first). Then record the prompt's blocks for the
-chosen replica, evicting its least recently routed blocks past `max_blocks_per_replica`.
+otherwise the least-loaded replica, and among equally loaded ones the one holding the fewest
+blocks (so new prefixes spread over the replicas' caches instead of piling onto the first).
+Then record the prompt's blocks for the chosen replica, evicting its least recently routed
+blocks past `max_blocks_per_replica`.
 
 Parameters: `block_chars` (256), `min_match_blocks` (1), `balance_factor` (2.0),
 `max_blocks_per_replica` (200_000). Pure: no I/O; hashing is sha256 over a chain, never `hash()`.
@@ -87,7 +89,10 @@ class PrefixRouter(Generic[R]):
             return 0, 0  # nothing to choose: skip hashing the prompt
         cfg = self.config
         hashes = block_hashes(prompt_text(tenant, body), cfg.block_chars)
-        least = min(range(len(self._replicas)), key=lambda i: self._replicas[i].in_flight)
+        least = min(
+            range(len(self._replicas)),
+            key=lambda i: (self._replicas[i].in_flight, len(self._replicas[i].blocks)),
+        )
         least_load = self._replicas[least].in_flight
         best, best_match = least, 0
         for i, replica in enumerate(self._replicas):
