@@ -56,6 +56,7 @@ class FakeUpstream:
         self.gate: asyncio.Event | None = None  # hold answers until set (on the server loop)
         self.loop: asyncio.AbstractEventLoop | None = None
         self.stream_pieces = 3
+        self.truncate_streams = False  # end streams early: no finish_reason, no [DONE]
         self.cancelled_streams = 0
         self.app = Starlette(
             routes=[
@@ -142,6 +143,8 @@ class FakeUpstream:
             for i in range(0, len(text), step):
                 delta = {"content": text[i : i + step]}
                 yield event([{"index": 0, "delta": delta, "finish_reason": None}])
+            if self.truncate_streams:
+                return
             yield event([{"index": 0, "delta": {}, "finish_reason": "stop"}])
             if (body.get("stream_options") or {}).get("include_usage"):
                 yield event([], usage=full["usage"])

@@ -454,3 +454,17 @@ def test_requests_sharing_a_prefix_go_to_the_replica_where_it_is_warm(tmp_path: 
     # Each system prompt stayed on one replica; with both idle, the two spread out.
     assert sorted(map(sorted, served)) == [["a"], ["b"]]
     assert [r.calls for r in replicas] == [4, 4]
+
+
+def test_a_stream_cut_off_upstream_ends_with_an_error_event_and_is_not_stored(
+    make_gateway: MakeGateway,
+) -> None:
+    running = make_gateway()
+    running.fake.truncate_streams = True
+    cut = post(running, body(stream=True))
+    events = sse_events(cut.content)
+    assert events[-1] != "[DONE]"
+    assert "error" in json.loads(events[-1])
+    assert running.exact()["counters"].get("stored", 0) == 0
+    running.fake.truncate_streams = False
+    assert post(running, body()).headers["x-infercache"] == "miss"

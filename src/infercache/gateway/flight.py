@@ -26,14 +26,18 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from infercache.chat import CompletionAssembler, chunks_from_completion
+from infercache.errors import UpstreamError
 
 log = logging.getLogger(__name__)
 
 Chunk = dict[str, Any]
 
 
-class FlightAborted(Exception):
-    """The shared upstream call ended without a complete answer."""
+class FlightAborted(UpstreamError):
+    """The shared upstream call ended without a complete answer (a 502 for those waiting)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, status_code=502)
 
 
 class Flight:

@@ -240,7 +240,7 @@ class Gateway:
                         yield sse_event(out)
                 completed = True
                 yield SSE_DONE
-            except UpstreamError as exc:
+            except UpstreamError as exc:  # FlightAborted included: the stream was cut upstream
                 yield sse_event(exc.to_openai())
             finally:
                 self._stream_ended(shared, miss, leader, completed, trace)
