@@ -37,6 +37,15 @@ class FakeProvider:
         return self.handle(request)
 
 
+def provider_client(handler: Any) -> openai.OpenAI:
+    """The official client, talking to the stand-in provider through `handler`."""
+    return openai.OpenAI(
+        api_key="sk-test",
+        base_url="http://provider.test/v1",
+        http_client=httpx.Client(transport=httpx.MockTransport(handler)),
+    )
+
+
 def make_cache(tmp_path: Path, clock: ManualClock) -> Cache:
     return Cache(Settings(data_dir=tmp_path, store_url="memory://"), clock=clock)
 
@@ -46,11 +55,7 @@ MESSAGES = [{"role": "user", "content": "Say hi"}]
 
 def test_sync_client_repeats_are_served_from_the_cache(tmp_path: Path, clock: ManualClock) -> None:
     provider = FakeProvider(clock)
-    client = openai.OpenAI(
-        api_key="sk-test",
-        base_url="http://provider.test/v1",
-        http_client=httpx.Client(transport=httpx.MockTransport(provider.handle)),
-    )
+    client = provider_client(provider.handle)
     cached = wrap(client, make_cache(tmp_path, clock))
     first = cached.chat.completions.create(model="m", messages=MESSAGES, temperature=0)
     second = cached.chat.completions.create(model="m", messages=MESSAGES, temperature=0)
@@ -65,11 +70,7 @@ def test_directives_are_stripped_and_unknown_fields_still_reach_the_provider(
     tmp_path: Path, clock: ManualClock
 ) -> None:
     provider = FakeProvider(clock)
-    client = openai.OpenAI(
-        api_key="sk-test",
-        base_url="http://provider.test/v1",
-        http_client=httpx.Client(transport=httpx.MockTransport(provider.handle)),
-    )
+    client = provider_client(provider.handle)
     cached = wrap(client, make_cache(tmp_path, clock))
     cached.chat.completions.create(
         model="m",
@@ -103,11 +104,7 @@ def test_streaming_goes_straight_to_the_client_and_counts_as_bypassed(
         text = f"data: {json.dumps(chunk)}\n\ndata: [DONE]\n\n"
         return httpx.Response(200, text=text, headers={"content-type": "text/event-stream"})
 
-    client = openai.OpenAI(
-        api_key="sk-test",
-        base_url="http://provider.test/v1",
-        http_client=httpx.Client(transport=httpx.MockTransport(sse)),
-    )
+    client = provider_client(sse)
     cache = make_cache(tmp_path, clock)
     stream = wrap(client, cache).chat.completions.create(
         model="m", messages=MESSAGES, temperature=0, stream=True

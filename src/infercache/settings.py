@@ -48,6 +48,7 @@ from infercache.policy import CachePolicy
 
 
 def default_data_dir(environ: Mapping[str, str]) -> Path:
+    """`$INFERCACHE_DATA_DIR`, else `$XDG_CACHE_HOME/infercache`, else `~/.cache/infercache`."""
     if environ.get("INFERCACHE_DATA_DIR"):
         return Path(environ["INFERCACHE_DATA_DIR"]).expanduser()
     base = environ.get("XDG_CACHE_HOME") or str(Path(environ.get("HOME", "~")) / ".cache")

@@ -2,7 +2,8 @@
 
 Parameters (units in the names):
 - `data_dir`: where converted checkpoints and digests live (`models/`, `digests/` below it).
-  Default: `$INFERCACHE_DATA_DIR`, else `~/.cache/infercache`.
+  Default: `settings.default_data_dir` (`$INFERCACHE_DATA_DIR`, else the XDG cache dir), the
+  same folder the gateway's SQLite store lives in.
 - `model_path`: an HF safetensors folder with `config.json`, or a `.gguf` file; `None` serves the
   packaged SmolLM2-135M-Instruct.
 - `served_model_id`: the id clients send as `model`; `None` derives it from the checkpoint.
@@ -24,18 +25,10 @@ from pathlib import Path
 from typing import Literal
 
 from infercache.errors import ConfigError
+from infercache.settings import default_data_dir
 
 DType = Literal["float32", "bfloat16"]
 DEFAULT_MAX_KV_BYTES = 512 * 2**20
-
-
-def default_data_dir(environ: Mapping[str, str]) -> Path:
-    configured = environ.get("INFERCACHE_DATA_DIR")
-    if configured:
-        return Path(configured).expanduser()
-    home = environ.get("HOME")
-    base = Path(home) if home else Path.home()
-    return base / ".cache" / "infercache"
 
 
 @dataclass(frozen=True, slots=True)

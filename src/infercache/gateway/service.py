@@ -177,12 +177,12 @@ class Gateway:
     ) -> JSONReply | StreamReply:
         stream = body.get("stream") is True
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-        verify = self.background_fetch(trace.tenant, bearer)
         if self.cache.semantic is None:
-            outcome = self.cache.begin(body, tenant=tenant, verify=verify)
+            outcome = self.cache.begin(body, tenant=tenant)
         else:
             # Embedding the query takes milliseconds: off the event loop, so other requests
             # (exact hits above all) are not held up behind it.
+            verify = self.background_fetch(trace.tenant, bearer)
             outcome = await asyncio.to_thread(self.cache.begin, body, tenant=tenant, verify=verify)
         if isinstance(outcome, Completion):
             trace.record["layer"] = LAYER_HEADER[outcome.layer]
