@@ -45,8 +45,8 @@ from infercache.policy import usage_tokens
 from infercache.request import ChatRequest, parse_request
 from infercache.semantic.embedder import Embedder
 from infercache.semantic.guards import Guard
+from infercache.semantic.index import IndexFactory
 from infercache.semantic.layer import (
-    IndexFactory,
     Probe,
     SemanticConfig,
     SemanticHit,

@@ -27,12 +27,7 @@ from infercache.analyze.breakers import Breaker, BreakerFinder
 from infercache.analyze.census import Census, CensusResult
 from infercache.analyze.events import Event
 from infercache.analyze.logs import LineErrors, Progress
-from infercache.analyze.neardup import (
-    IndexFactory,
-    NearDuplicates,
-    PrimedEmbedder,
-    small_flat_index,
-)
+from infercache.analyze.neardup import NearDuplicates, PrimedEmbedder, small_flat_index
 from infercache.analyze.options import AnalyzeOptions
 from infercache.analyze.parallel import ChildEvents, SourceSpec, produce
 from infercache.analyze.replay import Replay, ReplayResult, ReplaySetup, SemanticParts
@@ -41,6 +36,7 @@ from infercache.clock import Clock, SystemClock
 from infercache.errors import ConfigError
 from infercache.semantic.embedder import Embedder
 from infercache.semantic.guards import Guard, build_guards, default_guards
+from infercache.semantic.index import IndexFactory
 from infercache.semantic.layer import SemanticConfig
 from infercache.settings import Settings
 

@@ -18,7 +18,7 @@ one at a time, and the model runs once per window, batched.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
 import numpy as np
@@ -26,10 +26,8 @@ import numpy as np
 from infercache.semantic.decision import Reason, accept
 from infercache.semantic.embedder import Embedder, Matrix
 from infercache.semantic.guards import Guard
-from infercache.semantic.index import FlatIndex, VectorIndex
+from infercache.semantic.index import FlatIndex, IndexFactory, VectorIndex
 from infercache.semantic.scope import Query
-
-IndexFactory = Callable[[int], VectorIndex]
 
 
 def small_flat_index(dim: int) -> VectorIndex:

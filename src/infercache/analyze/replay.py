@@ -38,7 +38,8 @@ from infercache.errors import InvalidRequestError, NotCachedError
 from infercache.metrics import Metrics, MissReason, PriceTable
 from infercache.semantic.embedder import Embedder
 from infercache.semantic.guards import Guard
-from infercache.semantic.layer import IndexFactory, SemanticConfig
+from infercache.semantic.index import IndexFactory
+from infercache.semantic.layer import SemanticConfig
 from infercache.settings import Settings
 
 

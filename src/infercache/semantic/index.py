@@ -25,7 +25,7 @@ Ties in similarity are ordered by ascending id, so results are deterministic.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import NamedTuple, Protocol
 
 import numpy as np
@@ -124,6 +124,10 @@ def top_k(similarities: npt.NDArray[np.float32], ids: npt.NDArray[np.int64], k: 
     order = np.lexsort((ids, -similarities))[:k]
     clipped = np.clip(similarities[order], -1.0, 1.0)
     return [Hit(int(i), float(s)) for i, s in zip(ids[order], clipped, strict=True)]
+
+
+# Builds an empty index for vectors of a given dimension (one per semantic scope).
+IndexFactory = Callable[[int], "VectorIndex"]
 
 
 class FlatIndex:

@@ -46,7 +46,7 @@ from infercache.semantic.decision import Reason, accept
 from infercache.semantic.embedder import Embedder
 from infercache.semantic.growing_index import GrowingIndex
 from infercache.semantic.guards import Guard
-from infercache.semantic.index import VectorIndex
+from infercache.semantic.index import IndexFactory, VectorIndex
 from infercache.semantic.scope import Query, query_of
 from infercache.semantic.verify import FalseHitMonitor, Tightened, Verifier
 from infercache.stores.base import Backend, Entry
@@ -90,9 +90,6 @@ class _Item(NamedTuple):
     scope: str
     key: str
     text: str
-
-
-IndexFactory = Callable[[int], VectorIndex]
 
 
 class SemanticLayer:
