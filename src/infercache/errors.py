@@ -1,26 +1,40 @@
-"""The exception tree. Foreign exceptions (sqlite3, redis, httpx, torch) are translated into
-these at exactly one boundary each (the store, the upstream client, the engine).
+"""The exception tree: every exception infercache raises on purpose is defined here. Foreign
+exceptions (sqlite3, redis, aiohttp, torch) are translated into these at exactly one boundary each
+(the store, the upstream client's `map_aiohttp_errors`, the engine's worker). Internal invariant
+and shape checks raise `ValueError`/`TypeError`, never a client-facing class.
 
-    InfercacheError                    root; never escapes the gateway as a traceback
+    InfercacheError                    root; never escapes a server as a traceback
     ├── ConfigError                    bad settings, store URL or CLI option (also ValueError)
     ├── InvalidRequestError            a request we refuse to process: HTTP 400
     │   ├── ContextTooLongError        prompt + max_tokens over the model's window: HTTP 400
     │   └── PayloadTooLargeError       body over the configured limit: HTTP 413
     ├── AuthenticationError            missing or unknown API key: HTTP 401
     ├── PermissionDeniedError          a tenant key on an admin endpoint: HTTP 403
-    ├── ModelNotFoundError             unknown model id: HTTP 404
+    ├── NotFoundError                  unknown route or resource: HTTP 404
+    │   └── ModelNotFoundError         unknown model id: HTTP 404
+    ├── OverloadedError                a server's queue is full: HTTP 429 with Retry-After
     ├── NotCachedError                 `only-if-cached` and nothing cached: HTTP 504
     ├── StoreError                     any cache-store failure; becomes a counted miss, never
     │                                  a failed request
+    ├── EmbedderError                  the semantic layer's embedder failed; a counted miss
     └── UpstreamError                  the upstream answered with an error (its status kept)
-        └── UpstreamUnavailableError   could not reach the upstream at all: HTTP 502
+        ├── UpstreamUnavailableError   could not reach the upstream at all: HTTP 502
+        └── UpstreamAbortedError       a shared upstream call ended without a complete answer
 
-Every error renders in the OpenAI error shape: `{"error": {"message", "type", "param", "code"}}`.
+Every error renders in the OpenAI error shape, built by `openai_error_body` and nowhere else:
+`{"error": {"message", "type", "param", "code"}}`.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+
+def openai_error_body(
+    message: str, *, error_type: str, param: str | None = None, code: str | None = None
+) -> dict[str, Any]:
+    """The body OpenAI's API returns for an error: the one place that shape is built."""
+    return {"error": {"message": message, "type": error_type, "param": param, "code": code}}
 
 
 class InfercacheError(Exception):
@@ -37,14 +51,13 @@ class InfercacheError(Exception):
 
     def to_openai(self) -> dict[str, Any]:
         """The body OpenAI's API returns for this kind of error."""
-        return {
-            "error": {
-                "message": self.message,
-                "type": self.error_type,
-                "param": self.param,
-                "code": self.code,
-            }
-        }
+        return openai_error_body(
+            self.message, error_type=self.error_type, param=self.param, code=self.code
+        )
+
+    def headers(self) -> dict[str, str]:
+        """HTTP headers that belong with this error (Retry-After, say)."""
+        return {}
 
 
 class ConfigError(InfercacheError, ValueError):
@@ -77,10 +90,29 @@ class PermissionDeniedError(InfercacheError):
     code = "forbidden"
 
 
-class ModelNotFoundError(InfercacheError):
+class NotFoundError(InfercacheError):
     status_code = 404
     error_type = "invalid_request_error"
+    code = "not_found"
+
+
+class ModelNotFoundError(NotFoundError):
     code = "model_not_found"
+
+
+class OverloadedError(InfercacheError):
+    """A server's queue is full: come back later (HTTP 429 with `Retry-After`)."""
+
+    status_code = 429
+    error_type = "rate_limit_error"
+    code = "overloaded"
+
+    def __init__(self, message: str, *, retry_after_s: int = 1) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+    def headers(self) -> dict[str, str]:
+        return {"retry-after": str(self.retry_after_s)}
 
 
 class NotCachedError(InfercacheError):
@@ -95,6 +127,12 @@ class StoreError(InfercacheError):
     """A cache store failed. Callers turn it into a counted, logged miss."""
 
     error_type = "store_error"
+
+
+class EmbedderError(InfercacheError):
+    """The semantic layer's embedder failed (a remote embedder down, say). A counted miss."""
+
+    error_type = "embedder_error"
 
 
 class UpstreamError(InfercacheError):
@@ -124,6 +162,16 @@ class UpstreamUnavailableError(UpstreamError):
     """Connection refused, DNS failure or timeout before any answer."""
 
     error_type = "upstream_unavailable"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, status_code=502)
+
+
+class UpstreamAbortedError(UpstreamError):
+    """A shared upstream call ended without a complete answer: every client left, or the
+    upstream's stream stopped before a finish_reason. A 502 for those still waiting."""
+
+    error_type = "upstream_aborted"
 
     def __init__(self, message: str) -> None:
         super().__init__(message, status_code=502)

@@ -127,7 +127,7 @@ def test_a_json_array_body_is_a_400(client: TestClient) -> None:
 
 def test_unknown_routes_and_methods_are_openai_shaped(client: TestClient) -> None:
     assert_openai_error(client.get("/v1/nothing"), 404, "not_found")
-    assert_openai_error(client.get("/v1/chat/completions"), 405)
+    assert_openai_error(client.get("/v1/chat/completions"), 405, "method_not_allowed")
 
 
 def test_models_lists_the_id_and_version(client: TestClient, engine: Engine) -> None:

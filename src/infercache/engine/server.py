@@ -3,37 +3,34 @@
 Routes: `POST /v1/chat/completions` (JSON, or SSE when `stream` is true, with the usage chunk
 when `stream_options.include_usage`), `GET /v1/models`, `GET /metrics` (Prometheus text),
 `GET /stats` (JSON). The tenant is the `x-infercache-tenant` header, else the body's `user`.
-Every error is an OpenAI-shaped JSON body with the right status, never a traceback; an error
-after a stream has started is sent as a final `data: {"error": ...}` event.
+Errors go through the boundary every infercache server shares (http_errors.py): an OpenAI-shaped
+JSON body with the right status, never a traceback, and a body limit of `max_body_bytes`; an
+error after a stream has started is sent as a final `data: {"error": ...}` event.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator
 
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.applications import Starlette
-from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from infercache.chat import SSE_DONE, sse_event
 from infercache.engine.engine import Engine
-from infercache.errors import InfercacheError, InvalidRequestError
+from infercache.errors import InfercacheError
+from infercache.http_errors import exception_handlers, json_object, middleware, read_json
 
 TENANT_HEADER = "x-infercache-tenant"
 
 
-def create_app(engine: Engine) -> Starlette:
+def create_app(engine: Engine, *, max_body_bytes: int = 4 << 20) -> Starlette:
     async def chat_completions(request: Request) -> Response:
-        try:
-            body = json.loads(await request.body())
-        except (ValueError, UnicodeDecodeError) as e:
-            raise InvalidRequestError(f"the body is not valid JSON: {e}") from e
+        body = json_object(await read_json(request, max_body_bytes))
         tenant = request.headers.get(TENANT_HEADER) or None
-        if isinstance(body, dict) and body.get("stream") is True:
+        if body.get("stream") is True:
             chunks = engine.achat_stream(body, tenant)
             return StreamingResponse(_sse(chunks), media_type="text/event-stream")
         return JSONResponse(await engine.achat(body, tenant))
@@ -54,10 +51,8 @@ def create_app(engine: Engine) -> Starlette:
             Route("/metrics", metrics, methods=["GET"]),
             Route("/stats", stats, methods=["GET"]),
         ],
-        exception_handlers={
-            InfercacheError: _infercache_error,
-            HTTPException: _http_error,
-        },
+        exception_handlers=exception_handlers(),
+        middleware=middleware(),
     )
 
 
@@ -69,21 +64,3 @@ async def _sse(chunks: AsyncIterator[dict[str, object]]) -> AsyncIterator[bytes]
         yield sse_event(e.to_openai())
         return
     yield SSE_DONE
-
-
-async def _infercache_error(_request: Request, exc: Exception) -> Response:
-    assert isinstance(exc, InfercacheError)
-    return JSONResponse(exc.to_openai(), status_code=exc.status_code)
-
-
-async def _http_error(_request: Request, exc: Exception) -> Response:
-    assert isinstance(exc, HTTPException)
-    body = {
-        "error": {
-            "message": exc.detail,
-            "type": "invalid_request_error",
-            "param": None,
-            "code": "not_found" if exc.status_code == 404 else None,
-        }
-    }
-    return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)

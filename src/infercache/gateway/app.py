@@ -8,59 +8,32 @@
     POST /admin/invalidate           {"tags": [...]}                  (admin token)
     POST /admin/model-version        {"model": M, "version": V}       (admin token)
 
-Every error leaves as `{"error": {...}}` with the right status: our own exceptions carry it,
-an unknown route is 404, a wrong method 405, and anything unexpected is a logged 500 with no
-traceback in the body. The body is read with a hard byte limit (413 past it) before parsing.
+Every error leaves through the boundary all infercache servers share (http_errors.py): an
+OpenAI-shaped body with the right status, a hard body limit (413) before parsing, and a logged
+500 with no traceback for anything unexpected.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
 import orjson
 from starlette.applications import Starlette
-from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from infercache.errors import (
-    InfercacheError,
-    InvalidRequestError,
-    PayloadTooLargeError,
-    UpstreamUnavailableError,
-)
+from infercache.errors import InfercacheError, InvalidRequestError, UpstreamUnavailableError
 from infercache.gateway.auth import Auth, tenant_of_token
 from infercache.gateway.controls import apply_header_controls
 from infercache.gateway.service import Gateway, JSONReply
+from infercache.http_errors import exception_handlers, middleware, read_json
 
 log = logging.getLogger(__name__)
-
-
-def error_response(exc: InfercacheError) -> JSONResponse:
-    return JSONResponse(exc.to_openai(), status_code=exc.status_code)
-
-
-async def read_json(request: Request, max_body_bytes: int) -> Any:
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > max_body_bytes:
-        raise PayloadTooLargeError(f"request body over the limit of {max_body_bytes} bytes")
-    parts: list[bytes] = []
-    size = 0
-    async for part in request.stream():
-        size += len(part)
-        if size > max_body_bytes:
-            raise PayloadTooLargeError(f"request body over the limit of {max_body_bytes} bytes")
-        parts.append(part)
-    try:
-        return json.loads(b"".join(parts))
-    except ValueError as exc:
-        raise InvalidRequestError(f"the body is not valid JSON: {exc}") from exc
 
 
 def create_app(
@@ -140,30 +113,6 @@ def create_app(
         changed = gateway.tracker.observe(model, version, "admin")
         return JSONResponse({"model": model, "version": version, "changed": changed})
 
-    async def on_infercache_error(request: Request, exc: Exception) -> Response:
-        assert isinstance(exc, InfercacheError)
-        if exc.status_code >= 500:
-            log.warning("%s %s failed: %s", request.method, request.url.path, exc)
-        return error_response(exc)
-
-    async def on_http_error(request: Request, exc: Exception) -> Response:
-        assert isinstance(exc, HTTPException)
-        kind = "not_found" if exc.status_code == 404 else "invalid_request_error"
-        body = {"error": {"message": exc.detail, "type": kind, "param": None, "code": None}}
-        return JSONResponse(body, status_code=exc.status_code)
-
-    async def on_unexpected(request: Request, exc: Exception) -> Response:
-        log.exception("unexpected error on %s %s", request.method, request.url.path)
-        body = {
-            "error": {
-                "message": "internal error in the infercache gateway",
-                "type": "server_error",
-                "param": None,
-                "code": None,
-            }
-        }
-        return JSONResponse(body, status_code=500)
-
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         app.state.loop = asyncio.get_running_loop()  # for callers in other threads
@@ -189,11 +138,8 @@ def create_app(
             Route("/admin/invalidate", admin_invalidate, methods=["POST"]),
             Route("/admin/model-version", admin_model_version, methods=["POST"]),
         ],
-        exception_handlers={
-            InfercacheError: on_infercache_error,
-            HTTPException: on_http_error,
-            Exception: on_unexpected,
-        },
+        exception_handlers=exception_handlers(),
+        middleware=middleware(),
         lifespan=lifespan,
     )
 
