@@ -170,7 +170,7 @@ def census_child(log: str, tokenizer: str, limit: int | None, parallel: bool) ->
     """Run in a child process: the census alone; prints one JSON line."""
     from infercache.analyze.analysis import Analyzer
     from infercache.analyze.options import AnalyzeOptions
-    from infercache.analyze.tokenizer import load_tokenizer
+    from infercache.analyze.tokenizing.tokenizers import load_tokenizer
     from infercache.settings import Settings
 
     settings = Settings.load({})
@@ -243,7 +243,7 @@ def semantic_rate(log: Path, n: int, threads: int) -> dict[str, Any]:
     from infercache.analyze.analysis import Analyzer
     from infercache.analyze.census import Class
     from infercache.analyze.options import AnalyzeOptions, SemanticOptions
-    from infercache.analyze.tokenizer import Chars4Tokenizer
+    from infercache.analyze.tokenizing.tokenizers import Chars4Tokenizer
     from infercache.semantic.embedder import MiniLMEmbedder
     from infercache.settings import Settings
 
@@ -279,7 +279,7 @@ def semantic_rate(log: Path, n: int, threads: int) -> dict[str, Any]:
 def replay_rate(log: Path, n: int) -> dict[str, Any]:
     from infercache.analyze.analysis import Analyzer
     from infercache.analyze.options import AnalyzeOptions
-    from infercache.analyze.tokenizer import Chars4Tokenizer
+    from infercache.analyze.tokenizing.tokenizers import Chars4Tokenizer
     from infercache.settings import Settings
 
     sample = head(log, n)

@@ -17,7 +17,11 @@ import pytest
 
 from infercache.analyze.analysis import Analysis, Analyzer
 from infercache.analyze.options import AnalyzeOptions
-from infercache.analyze.tokenizer import Chars4Tokenizer, PromptTokenizer, load_tokenizer
+from infercache.analyze.tokenizing.tokenizers import (
+    Chars4Tokenizer,
+    PromptTokenizer,
+    load_tokenizer,
+)
 from infercache.engine.config import default_data_dir
 from infercache.settings import Settings
 

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from infercache.analyze.census import Class, RecentIdentities
-from infercache.analyze.tokenizer import Chars4Tokenizer, PromptTokenizer
+from infercache.analyze.tokenizing.tokenizers import Chars4Tokenizer, PromptTokenizer
 from tests.analyze.conftest import RunAnalysis
 from tests.analyze.generators import (
     Generated,

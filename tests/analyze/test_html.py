@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from infercache.analyze.cli import register
-from infercache.analyze.plots import PLOTS
+from infercache.analyze.reports.plots import PLOTS
 from tests.analyze.generators import support_bot
 
 CHROMIUM_FLAGS = [

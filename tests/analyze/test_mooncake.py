@@ -14,7 +14,7 @@ import pytest
 
 from infercache.analyze.census import Class
 from infercache.analyze.recommend import recommend
-from infercache.analyze.report import build_report
+from infercache.analyze.reports.document import build_report
 from tests.analyze.conftest import MOONCAKE, RunAnalysis
 
 BLOCK = 512

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from infercache.analyze.analysis import Analysis
-from infercache.analyze.figures import layered, strategy
+from infercache.analyze.reports.replay_numbers import layered, strategy
 from tests.analyze.conftest import RunAnalysis
 from tests.analyze.generators import write_lines
 

@@ -1,10 +1,12 @@
 """One streaming pass over the logs: read, prepare, embed a window, then census and replays.
 
-    LogReader (logs.py) ─records─▶ Preparer (events.py) ─events─▶ a window of `window` events
+    LogReader (log_reader.py) ─records─▶ RequestPreparer (prepared_request.py)
+        ─requests─▶ a window of `window` requests
         near-duplicates on: PrimedEmbedder.prime(the window's texts), one batch
-        each event, in time order: Census.observe(event, vector)   (census.py, breakers.py)
+        each request, in time order: Census.observe(request, vector)
+                                     (census.py, prefix_breakers.py)
                                    Replay.observe(event) for every replay  (replay.py)
-With `parallel`, reading and preparing run in a child process (parallel.py). Memory is a few
+With `parallel`, reading and preparing run in a child process (reader_process.py). Memory is a few
 windows of events plus each consumer's bounded state; the file is never held.
 
 Replays (`replay=True`): `layered` (exact → semantic when configured → prefix, the TTL and
@@ -23,15 +25,15 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from infercache.analyze.breakers import Breaker, BreakerFinder
 from infercache.analyze.census import Census, CensusResult
-from infercache.analyze.events import Event
-from infercache.analyze.logs import LineErrors, Progress
-from infercache.analyze.neardup import NearDuplicates, PrimedEmbedder, small_flat_index
+from infercache.analyze.log_reader import LineErrors, Progress
+from infercache.analyze.near_duplicates import NearDuplicates, PrimedEmbedder, small_flat_index
 from infercache.analyze.options import AnalyzeOptions
-from infercache.analyze.parallel import ChildEvents, SourceSpec, produce
+from infercache.analyze.prefix_breakers import Breaker, BreakerFinder
+from infercache.analyze.prepared_request import PreparedRequest
+from infercache.analyze.reader_process import ChildEvents, SourceSpec, produce
 from infercache.analyze.replay import Replay, ReplayResult, ReplaySetup, SemanticParts
-from infercache.analyze.tokenizer import PromptTokenizer
+from infercache.analyze.tokenizing.tokenizers import PromptTokenizer
 from infercache.clock import Clock, SystemClock
 from infercache.errors import ConfigError
 from infercache.semantic.embedder import Embedder
@@ -89,7 +91,7 @@ def guards_of(specs: tuple[str, ...] | None) -> list[Guard]:
 
 class Analyzer:
     """Wires the pass; `run(paths)` does it. `embedder` is required when `options.semantic`
-    is set; `parallel` reads and prepares in a child process (parallel.py; the tokenizer
+    is set; `parallel` reads and prepares in a child process (reader_process.py; the tokenizer
     factory must then be picklable); `freeze_gc` keeps the cyclic GC off the census's
     long-lived state (process-wide while the pass runs); `clock` only times the pass and the
     embedding."""
@@ -129,7 +131,7 @@ class Analyzer:
         replays = self._replays()
         spec = self._spec(paths)
 
-        def consume(batch: list[Event]) -> None:
+        def consume(batch: list[PreparedRequest]) -> None:
             self._flush(batch, census, replays)
             freeze()
 
@@ -216,7 +218,9 @@ class Analyzer:
             for setup in replay_setups(self.options)
         ]
 
-    def _flush(self, window: list[Event], census: Census, replays: Iterable[Replay]) -> None:
+    def _flush(
+        self, window: list[PreparedRequest], census: Census, replays: Iterable[Replay]
+    ) -> None:
         primed = self._primed if self.options.semantic is not None else None
         if primed is not None:
             started = self._clock.monotonic_s()

@@ -1,17 +1,17 @@
 """The census: every request in exactly one class, checked in this order:
 
-1. `exact_repeat`: its exact identity (events.py: the cache's exact key) was seen before;
+1. `exact_repeat`: its exact identity (prepared_request.py: the cache's exact key) was seen before;
 2. `near_duplicate`: an earlier request of the same semantic scope is accepted as its
-   near-duplicate at the calibrated threshold (neardup.py);
+   near-duplicate at the calibrated threshold (near_duplicates.py);
 3. `shared_prefix`: at least `min_prefix_tokens` of its prompt equal an earlier prompt's
-   prefix in the same KV namespace (prefix.py, the engine's radix tree, unbounded);
+   prefix in the same KV namespace (simulated_prefix_cache.py, the engine's radix tree, unbounded);
 4. `unique`.
 Beside the classes: `prefix_token_share`, the share of all prompt tokens an unbounded prefix
 cache would have reused (every request counts, repeats included; the last prompt token is
 always recomputed, as the engine does); the same per tenant and per model; the distribution of
 reuse distances (seconds since the request it repeats, or shares a prefix with, was last
 seen) by class; the distribution of per-request reused shares; and the share of requests the
-cache would not serve (events.py `not_cacheable`).
+cache would not serve (prepared_request.py `not_cacheable`).
 
 Memory: one 16-byte digest and a float per distinct exact identity (at most
 `census_max_identities`, ~110 bytes each), the prefix tree (bounded by
@@ -29,11 +29,15 @@ from typing import Any
 
 import numpy as np
 
-from infercache.analyze.breakers import BreakerFinder
-from infercache.analyze.events import Event
-from infercache.analyze.neardup import NearDuplicates
+from infercache.analyze.near_duplicates import NearDuplicates
 from infercache.analyze.options import AnalyzeOptions
-from infercache.analyze.prefix import PrefixAccounting, PrefixStats, kv_namespace
+from infercache.analyze.prefix_breakers import BreakerFinder
+from infercache.analyze.prepared_request import PreparedRequest
+from infercache.analyze.simulated_prefix_cache import (
+    PrefixStats,
+    SimulatedPrefixCache,
+    kv_namespace,
+)
 
 OTHER = "(other)"
 # Reuse distances: 4 bins a decade, 0.1 s to ~37 days, then everything longer.
@@ -162,7 +166,7 @@ class Census:
         self._near = near
         self._breakers = breakers
         self._max_groups = max_groups
-        self._prefix = PrefixAccounting(capacity_tokens=options.census_capacity_tokens)
+        self._prefix = SimulatedPrefixCache(capacity_tokens=options.census_capacity_tokens)
         self._identities = RecentIdentities(options.census_max_identities)
         self._total = Tally()
         self._by_tenant: dict[str, Tally] = {}
@@ -179,7 +183,7 @@ class Census:
         self._first_s: float | None = None
         self._last_s: float | None = None
 
-    def observe(self, event: Event, vector: np.ndarray | None = None) -> Class:
+    def observe(self, event: PreparedRequest, vector: np.ndarray | None = None) -> Class:
         """Classify one request (in time order) and count it."""
         now = event.timestamp_s
         self._clock(now)
@@ -234,7 +238,7 @@ class Census:
         if seconds <= self._options.ttl_s:
             self._within_ttl[cls] += 1
 
-    def _count(self, event: Event, cls: Class, reused: int, long: bool) -> None:
+    def _count(self, event: PreparedRequest, cls: Class, reused: int, long: bool) -> None:
         prompt = event.prompt_tokens if event.units is not None and event.prompt_tokens else 0
         cacheable = event.not_cacheable is None
         if not cacheable:

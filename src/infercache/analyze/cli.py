@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from infercache.analyze.options import SMOLLM2_KV_BYTES_PER_TOKEN, AnalyzeOptions, SemanticOptions
-from infercache.analyze.tokenizer import TOKENIZER_HELP
+from infercache.analyze.tokenizing.tokenizers import TOKENIZER_HELP
 from infercache.errors import ConfigError, InfercacheError
 from infercache.metrics import Price, PriceTable
 from infercache.settings import Settings
@@ -231,8 +231,8 @@ def options_from(args: argparse.Namespace, settings: Settings) -> tuple[AnalyzeO
 def _run(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     from infercache.analyze.analysis import Analyzer
     from infercache.analyze.recommend import recommend
-    from infercache.analyze.report import build_report
-    from infercache.analyze.tokenizer import load_tokenizer
+    from infercache.analyze.reports.document import build_report
+    from infercache.analyze.tokenizing.tokenizers import load_tokenizer
 
     settings = Settings.load(environ, args.config)
     settings = replace(settings, prices=parse_prices(args.price, settings.prices))
@@ -309,10 +309,10 @@ def _render(report: dict[str, Any], fmt: str, out: IO[str], *, color: bool | Non
         json.dump(report, out, indent=2, ensure_ascii=False)
         out.write("\n")
     elif fmt == "html":
-        from infercache.analyze.html_report import render_html
+        from infercache.analyze.reports.html_page import render_html
 
         out.write(render_html(report))
     else:
-        from infercache.analyze.text_report import render_text
+        from infercache.analyze.reports.text import render_text
 
         render_text(report, out, color=color)

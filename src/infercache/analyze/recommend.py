@@ -27,7 +27,7 @@ from typing import Any
 
 from infercache.analyze.analysis import Analysis
 from infercache.analyze.census import DISTANCE_BOUNDS_S, Class
-from infercache.analyze.figures import strategy
+from infercache.analyze.reports.replay_numbers import strategy
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,7 +41,7 @@ class RecommendRules:
 
 
 @dataclass(frozen=True, slots=True)
-class Reason:
+class StrategyDecision:
     strategy: str
     enable: bool
     text: str
@@ -59,7 +59,7 @@ class Alarm:
 @dataclass(frozen=True, slots=True)
 class Recommendation:
     strategies: tuple[str, ...]  # turned on, in layering order
-    reasons: tuple[Reason, ...]
+    reasons: tuple[StrategyDecision, ...]
     prefix_scope: tuple[str, ...]  # tenants where KV reuse pays, when not all of them
     advice: tuple[str, ...]
     alarms: tuple[Alarm, ...]
@@ -112,11 +112,11 @@ def _census_share(analysis: Analysis, cls: Class) -> float:
     return total.classes[cls] / total.requests if total.requests else 0.0
 
 
-def _exact(analysis: Analysis, r: RecommendRules) -> Reason:
+def _exact(analysis: Analysis, r: RecommendRules) -> StrategyDecision:
     repeats = _census_share(analysis, Class.EXACT_REPEAT)
     fig = strategy(analysis.replays["layered"], "exact") if "layered" in analysis.replays else {}
     if not fig.get("available"):
-        return Reason(
+        return StrategyDecision(
             "exact",
             False,
             f"{_pct(repeats)} of the prompts repeat exactly, but this log has no request "
@@ -125,13 +125,13 @@ def _exact(analysis: Analysis, r: RecommendRules) -> Reason:
     served, completion = fig["request_share"], fig["completion_token_share"]
     ttl = analysis.options.ttl_s
     if served >= r.min_exact_request_share:
-        return Reason(
+        return StrategyDecision(
             "exact",
             True,
             f"{_pct(repeats)} exact repeats → the exact cache (TTL {ttl:g} s) answers "
             f"{_pct(served)} of requests and saves {_pct(completion)} of completion tokens",
         )
-    return Reason(
+    return StrategyDecision(
         "exact",
         False,
         f"{_pct(repeats)} exact repeats → an exact cache would answer only {_pct(served)} of "
@@ -139,33 +139,35 @@ def _exact(analysis: Analysis, r: RecommendRules) -> Reason:
     )
 
 
-def _semantic(analysis: Analysis, r: RecommendRules, off: str | None) -> Reason:
+def _semantic(analysis: Analysis, r: RecommendRules, off: str | None) -> StrategyDecision:
     """Decided on the census: near-duplicates are what only a semantic layer can answer. The
     replay's semantic hits also include repeats whose own exact entry had expired while a
     reworded one had not; a longer TTL gets those without the risk."""
     run = analysis.semantic
     if run is None:
-        return Reason("semantic", False, f"not measured: {off or 'no calibrated threshold'}")
+        return StrategyDecision(
+            "semantic", False, f"not measured: {off or 'no calibrated threshold'}"
+        )
     near = _census_share(analysis, Class.NEAR_DUPLICATE)
     fig = strategy(analysis.replays["layered"], "semantic") if "layered" in analysis.replays else {}
     replayed = fig.get("request_share", 0.0) if fig.get("available") else 0.0
     at = f"at the calibrated threshold {run.threshold:g}"
     also = f" (in the replay it answered {_pct(replayed)} of requests after exact misses)"
     if near >= r.min_semantic_request_share:
-        return Reason(
+        return StrategyDecision(
             "semantic",
             True,
             f"near-duplicates add {_pct(near)} of requests beyond exact repeats {at}{also} → "
             "semantic cache; keep live verification on to hold its false-hit rate",
         )
-    return Reason(
+    return StrategyDecision(
         "semantic",
         False,
         f"near-duplicates add {_pct(near)} {at}{also} → semantic not worth its risk",
     )
 
 
-def _prefix(analysis: Analysis, r: RecommendRules) -> tuple[Reason, tuple[str, ...]]:
+def _prefix(analysis: Analysis, r: RecommendRules) -> tuple[StrategyDecision, tuple[str, ...]]:
     total = analysis.census.total
     share = total.reused_tokens / total.prompt_tokens if total.prompt_tokens else 0.0
     groups = {n: t for n, t in analysis.census.by_tenant.items() if t.prompt_tokens}
@@ -185,7 +187,7 @@ def _prefix(analysis: Analysis, r: RecommendRules) -> tuple[Reason, tuple[str, .
             f"{_pct(fig['token_hit_rate'])} of prompt tokens"
         )
     if not paying:
-        return Reason("prefix", False, _prefix_off(analysis, share, r)), ()
+        return StrategyDecision("prefix", False, _prefix_off(analysis, share, r)), ()
     scope: tuple[str, ...] = ()
     where = ""
     if len(paying) < len(tenants):
@@ -195,7 +197,7 @@ def _prefix(analysis: Analysis, r: RecommendRules) -> tuple[Reason, tuple[str, .
             f"; only where prefixes are shared: tenant(s) {_names(paying, tenants)}, not "
             f"{_names(skipped, tenants)}"
         )
-    return Reason(
+    return StrategyDecision(
         "prefix",
         True,
         f"{_pct(share)} of prompt tokens sit in shared prefixes → KV reuse{where}{at_budget}",

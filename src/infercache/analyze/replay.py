@@ -7,8 +7,8 @@ A `Replay` runs, per request:
    with the TTL as `default_ttl_s`, on a `ManualClock` set to each request's timestamp: TTLs
    expire as they would have. A `Completion` is a hit: its layer and age are recorded.
 2. A `Miss` goes "upstream". Below the caches, the engine's prefix reuse is accounted over its
-   radix tree (prefix.py) with a KV budget of `prefix_capacity_tokens`; a setup without a
-   cache sends every request there (KV reuse alone).
+   radix tree (simulated_prefix_cache.py) with a KV budget of `prefix_capacity_tokens`; a
+   setup without a cache sends every request there (KV reuse alone).
 3. `Cache.finish` with the logged response (or, when the log has none, a complete answer
    carrying the known token counts and ~4 bytes of text per completion token, so the store
    fills as it would) and the upstream seconds: measured when the log has them, else the
@@ -29,9 +29,9 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from infercache.analyze.census import DISTANCE_BOUNDS_S, Bins
-from infercache.analyze.events import Event
 from infercache.analyze.options import AnalyzeOptions, LatencyModel
-from infercache.analyze.prefix import PrefixAccounting, kv_namespace
+from infercache.analyze.prepared_request import PreparedRequest
+from infercache.analyze.simulated_prefix_cache import SimulatedPrefixCache, kv_namespace
 from infercache.cache import Cache, Completion, Layer
 from infercache.clock import ManualClock
 from infercache.errors import InvalidRequestError, NotCachedError
@@ -128,7 +128,7 @@ class Replay:
         self._prefix = (
             None
             if setup.prefix_capacity_tokens is None
-            else PrefixAccounting(capacity_tokens=setup.prefix_capacity_tokens)
+            else SimulatedPrefixCache(capacity_tokens=setup.prefix_capacity_tokens)
         )
         self._clock: ManualClock | None = None
         self._cache: Cache | None = None
@@ -138,7 +138,7 @@ class Replay:
         self._totals = Totals()
         self._skipped: Counter[str] = Counter()
 
-    def _start(self, event: Event) -> None:
+    def _start(self, event: PreparedRequest) -> None:
         """Build the clock (and cache) at the first request's time."""
         self._clock = ManualClock(start_s=event.timestamp_s or 0.0)
         if self.setup.exact_capacity_bytes is None:
@@ -157,7 +157,7 @@ class Replay:
                 s.embedder, config=s.config, guards=s.guards, index_factory=s.index_factory
             )
 
-    def observe(self, event: Event) -> None:
+    def observe(self, event: PreparedRequest) -> None:
         if self._clock is None:
             self._start(event)
         assert self._clock is not None
@@ -188,7 +188,7 @@ class Replay:
             outcome, self._response(event, prompt, completion), upstream_s=upstream_s
         )
 
-    def _count_totals(self, event: Event, prompt: int, completion: int) -> float:
+    def _count_totals(self, event: PreparedRequest, prompt: int, completion: int) -> float:
         t = self._totals
         t.requests += 1
         t.prompt_tokens += prompt
@@ -210,7 +210,7 @@ class Replay:
             self._ages[layer].add(done.age_s)
             self._max_age_s[layer] = max(self._max_age_s[layer], done.age_s)
 
-    def _upstream(self, event: Event, prompt: int) -> int:
+    def _upstream(self, event: PreparedRequest, prompt: int) -> int:
         """The request reaches the engine: account its prefix reuse; return reused tokens."""
         if self._prefix is None or event.units is None or not prompt:
             return 0
@@ -242,7 +242,7 @@ class Replay:
         return reused
 
     @staticmethod
-    def _response(event: Event, prompt: int, completion: int) -> dict[str, Any]:
+    def _response(event: PreparedRequest, prompt: int, completion: int) -> dict[str, Any]:
         if event.response is None:
             return synthetic_response(event.model, prompt, completion)
         if isinstance(event.response.get("usage"), dict):

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from infercache.analyze.logs import Kind, LineErrors, LogReader, LogRecord
+from infercache.analyze.log_reader import Kind, LineErrors, LogReader, LogRecord
 from infercache.errors import ConfigError
 from tests.analyze.conftest import RunAnalysis
 from tests.analyze.generators import write_lines

@@ -5,8 +5,8 @@ from typing import Any
 
 import pytest
 
-from infercache.analyze.frames import turns_of
-from infercache.analyze.tokenizer import (
+from infercache.analyze.tokenizing.chat_frames import turns_of
+from infercache.analyze.tokenizing.tokenizers import (
     Chars4Tokenizer,
     PromptTokenizer,
     TemplateTokenizer,

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from infercache.analyze.census import Class
-from infercache.analyze.neardup import PrimedEmbedder
+from infercache.analyze.near_duplicates import PrimedEmbedder
 from infercache.analyze.options import SemanticOptions
 from infercache.semantic.embedder import Embedder, HashingEmbedder, Matrix
 from tests.analyze.conftest import RunAnalysis

@@ -1,9 +1,9 @@
-"""A log record prepared once for every consumer (census, breakers, replays): an `Event`.
+"""A log record prepared once for every consumer (census, breakers, replays): a `PreparedRequest`.
 
-Per record kind (logs.py):
+Per record kind (log_reader.py):
 - a request (`body`, `record`): parsed and validated by `request.parse_request` (a body the
   cache would refuse is a malformed line), keyed by `keys.exact_key` exactly as the cache keys
-  it, tokenised through the chat template (tokenizer.py), scoped by `semantic.scope.query_of`
+  it, tokenised through the chat template (tokenizing/), scoped by `semantic.scope.query_of`
   when near-duplicates are measured, and checked against the cache policy.
 - `redacted`: the exact identity is (tenant, request digest); there is no prompt. The digest
   is over the whole canonical body, so two requests the exact key would merge (differing only
@@ -22,9 +22,9 @@ import hashlib
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from infercache.analyze.frames import Turn, turns_of
-from infercache.analyze.logs import Kind, LineErrors, LogRecord
-from infercache.analyze.tokenizer import PromptTokenizer
+from infercache.analyze.log_reader import Kind, LineErrors, LogRecord
+from infercache.analyze.tokenizing.chat_frames import Turn, turns_of
+from infercache.analyze.tokenizing.tokenizers import PromptTokenizer
 from infercache.errors import InvalidRequestError
 from infercache.keys import IGNORABLE_FIELDS, KEY_PREFIX, canonical_json, exact_key
 from infercache.policy import CachePolicy, has_side_effect_tools, usage_tokens
@@ -35,7 +35,7 @@ from infercache.versions import UNVERSIONED, VersionView
 UPSTREAM_LAYERS = frozenset({"miss", "bypass", "uncacheable"})  # logged lines that went upstream
 
 
-class Event(NamedTuple):  # a NamedTuple: one per request, several µs cheaper than frozen
+class PreparedRequest(NamedTuple):  # a NamedTuple: one per request, cheaper than frozen
     where: str  # file:line
     kind: Kind
     timestamp_s: float | None
@@ -61,7 +61,7 @@ def _digest16(*parts: object) -> bytes:
     return hashlib.sha256(canonical_json(list(parts))).digest()[:16]
 
 
-def tokenized(event: Event, tokenizer: Callable[[], PromptTokenizer]) -> Event:
+def tokenized(event: PreparedRequest, tokenizer: Callable[[], PromptTokenizer]) -> PreparedRequest:
     """`event` with its prompt's token ids, when it still carries `turns` to tokenise."""
     if event.turns is None:
         return event
@@ -69,11 +69,11 @@ def tokenized(event: Event, tokenizer: Callable[[], PromptTokenizer]) -> Event:
     return event._replace(units=units, prompt_tokens=len(units), turns=None)
 
 
-class Preparer:
-    """Record → Event. The tokenizer is built on the first request that needs one (a block
+class RequestPreparer:
+    """Record → PreparedRequest. The tokenizer is built on the first request that needs one (a block
     trace never loads it). Records it cannot use are added to `errors` and dropped.
     With `tokenize=False` a request's event carries its `turns` instead of `units`, for
-    `tokenize` to finish elsewhere (parallel.py tokenises in the process that classifies)."""
+    `tokenize` to finish elsewhere (reader_process.py tokenises in the process that classifies)."""
 
     def __init__(
         self,
@@ -101,7 +101,7 @@ class Preparer:
             self._tokenizer = self._make_tokenizer()
         return self._tokenizer
 
-    def prepare(self, record: LogRecord) -> Event | None:
+    def prepare(self, record: LogRecord) -> PreparedRequest | None:
         if record.kind is Kind.BLOCKS:
             return self._blocks(record)
         if record.kind is Kind.REDACTED:
@@ -112,10 +112,10 @@ class Preparer:
             self._errors.add(record.source, record.line, f"invalid request: {exc.message}")
             return None
 
-    def _blocks(self, record: LogRecord) -> Event:
+    def _blocks(self, record: LogRecord) -> PreparedRequest:
         assert record.hash_ids is not None
         assert record.prompt_tokens is not None
-        return Event(
+        return PreparedRequest(
             record.where,
             record.kind,
             record.timestamp_s,
@@ -129,9 +129,9 @@ class Preparer:
             not_cacheable=None,
         )
 
-    def _redacted(self, record: LogRecord) -> Event:
+    def _redacted(self, record: LogRecord) -> PreparedRequest:
         tenant = record.tenant or ""
-        return Event(
+        return PreparedRequest(
             record.where,
             record.kind,
             record.timestamp_s,
@@ -148,7 +148,7 @@ class Preparer:
             layer=record.layer,
         )
 
-    def _request(self, record: LogRecord) -> Event:
+    def _request(self, record: LogRecord) -> PreparedRequest:
         assert record.request is not None
         request = parse_request(record.request, tenant=record.tenant)
         key = exact_key(request, self._ignorable)
@@ -157,7 +157,7 @@ class Preparer:
         completion = (
             usage_tokens(record.response)[1] if record.response else record.completion_tokens
         )
-        return Event(
+        return PreparedRequest(
             record.where,
             record.kind,
             record.timestamp_s,
@@ -179,7 +179,7 @@ class Preparer:
             turns=None if units is not None else turns,
         )
 
-    def tokenize(self, event: Event) -> Event:
+    def tokenize(self, event: PreparedRequest) -> PreparedRequest:
         """An event prepared with `tokenize=False`, with its prompt's token ids."""
         return tokenized(event, lambda: self.tokenizer)
 

@@ -1,4 +1,4 @@
-"""The report's plots as PNG bytes, drawn from a report dict (report.py) with matplotlib's
+"""The report's plots as PNG bytes, drawn from a report dict (document.py) with matplotlib's
 object API (no pyplot, so no global figure state). Each function returns one figure:
 census bar, hit rate vs TTL, hit rate vs capacity, prefix-share distribution, reuse-distance
 CDF. A plot whose data was not computed says so inside the figure rather than disappearing.

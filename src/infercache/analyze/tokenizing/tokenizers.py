@@ -11,14 +11,15 @@ Implementations of `PromptTokenizer`:
   other run of text is cut into 4-byte pieces of its UTF-8 (ceil(bytes / 4) tokens). Counts
   are approximate, prefix structure is exact to within 3 bytes; for huge logs.
 
-Why not `apply_chat_template` + `encode` per request: SmolLM2's byte-level regex costs
-~0.5 µs a character (1 ms for a 2 KB prompt) and a template rendering ~50 µs. Instead a
-request is rendered by frames (frames.py: the template's literal pieces, found once per role
-sequence) and encoded through caches that rely on special tokens splitting a text into runs
-(segments.py): a shared system prompt or a repeated question costs dict lookups. When a
-tokenizer's added tokens do not match verbatim (lstrip/rstrip/single_word/normalized flags),
-the whole rendered text is encoded instead.
-Invariant (tests/analyze/test_tokenizer.py): `encode_messages(m) == encode(template(m))`.
+Why not `apply_chat_template` + `encode` per request: a byte-level BPE pre-tokenizer costs
+time in every character and a template rendering costs more than the rest of preparing a
+request (bench/README.md, Analyzer, design figures). Instead a request is rendered by frames
+(chat_frames.py: the template's literal pieces, found once per role sequence) and encoded
+through caches that rely on special tokens splitting a text into runs (cached_runs.py): a
+shared system prompt or a repeated question costs dict lookups. When a tokenizer's added
+tokens do not match verbatim (lstrip/rstrip/single_word/normalized flags), the whole rendered
+text is encoded instead.
+Invariant (tests/analyze/test_tokenizers.py): `encode_messages(m) == encode(template(m))`.
 Token ids are interned (one int object per id) so stored prompts share them.
 """
 
@@ -31,7 +32,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from infercache.analyze.frames import (
+from infercache.analyze.tokenizing.cached_runs import CachedRunEncoder, Ids
+from infercache.analyze.tokenizing.chat_frames import (
     CHATML_SPECIALS,
     ChatMLRenderer,
     Renderer,
@@ -39,7 +41,6 @@ from infercache.analyze.frames import (
     Turn,
     turns_of,
 )
-from infercache.analyze.segments import Ids, SegmentEncoder
 from infercache.errors import ConfigError
 
 _CHARS4_PARTIAL_BASE = 1 << 32  # ids of a 1-3 byte tail: never equal to a full 4-byte piece
@@ -79,7 +80,7 @@ class TemplateTokenizer:
         )
         specials = {t.content: i for i, t in added.items()}
         self._segments = (
-            SegmentEncoder(self._encode_run, specials, cache_chars=cache_chars)
+            CachedRunEncoder(self._encode_run, specials, cache_chars=cache_chars)
             if verbatim and specials
             else None
         )
@@ -116,7 +117,7 @@ class TemplateTokenizer:
 
 def _encode_turns(
     renderer: Renderer,
-    segments: SegmentEncoder | None,
+    segments: CachedRunEncoder | None,
     encode_text: Callable[[str], Ids],
     turns: Sequence[Turn],
 ) -> Ids:
@@ -150,7 +151,7 @@ class Chars4Tokenizer:
     def __init__(self, *, cache_chars: int = 64 << 20) -> None:
         self._intern: dict[int, int] = {}
         specials = {s: _CHARS4_SPECIAL_BASE + i for i, s in enumerate(CHATML_SPECIALS)}
-        self._segments = SegmentEncoder(self._encode_run, specials, cache_chars=cache_chars)
+        self._segments = CachedRunEncoder(self._encode_run, specials, cache_chars=cache_chars)
         self.renderer = ChatMLRenderer()
 
     def _encode_run(self, text: str) -> Ids:

@@ -1,6 +1,6 @@
 """Prefix-reuse accounting over the engine's radix tree (engine/radix.py), without any KV.
 
-`PrefixAccounting.observe(namespace, units, ...)` does what the engine's prefix cache does for
+`SimulatedPrefixCache.observe(namespace, units, ...)` does what the engine's prefix cache does for
 one request (engine/prefix_cache.py): match the longest cached prefix of the prompt, lock the
 matched node, evict least-recently-used unlocked leaves to make room, insert the rest of the
 prompt below the node (only the head that fits, when even eviction cannot make room), unlock.
@@ -72,7 +72,7 @@ class PrefixStats:
     nodes: int
 
 
-class PrefixAccounting:
+class SimulatedPrefixCache:
     def __init__(
         self, *, capacity_tokens: int | None = None, evict_batch_tokens: int | None = None
     ) -> None:

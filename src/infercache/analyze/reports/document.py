@@ -13,7 +13,7 @@ Top-level keys (schema `infercache.analyze/1`):
     prefix_breakers          [{tenant, model, role, kind, break_char, break_tokens,
                                tail_tokens, requests, tokens_lost, token_share_lost, examples,
                                context}]
-    simulation               {exact, semantic, prefix, layered} (figures.py)
+    simulation               {exact, semantic, prefix, layered} (replay_numbers.py)
     sweeps                   {ttl[...], exact_capacity[...], prefix_capacity[...]} or null
     recommendation           {strategies, layering, reasons, prefix_scope, advice, alarms}
     inputs, settings, semantic, observed_layers, notes, timing
@@ -25,8 +25,8 @@ from typing import Any
 
 from infercache.analyze.analysis import Analysis
 from infercache.analyze.census import Class
-from infercache.analyze.figures import layered, strategy
 from infercache.analyze.recommend import Recommendation
+from infercache.analyze.reports.replay_numbers import layered, strategy
 
 SCHEMA = "infercache.analyze/1"
 

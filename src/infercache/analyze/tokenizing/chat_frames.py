@@ -3,7 +3,7 @@
 A frame is the tuple of literal pieces a template writes around the message contents:
 `rendered = frame[0] + content[0] + frame[1] + ... + content[n-1] + frame[n]`. Knowing it, a
 request renders with string joins only, and the tokenizer can reuse what it knows about the
-literals (segments.py).
+literals (cached_runs.py).
 
 - `ChatMLRenderer`: ChatML (`<|im_start|>role\\ncontent<|im_end|>\\n` ... then
   `<|im_start|>assistant\\n`), frames built directly.

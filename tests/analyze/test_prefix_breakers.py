@@ -10,13 +10,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from infercache.analyze.breakers import (
+from infercache.analyze.prefix_breakers import (
     BreakerFinder,
     classify,
     common_prefix_len,
     common_suffix_len,
 )
-from infercache.analyze.tokenizer import Chars4Tokenizer
+from infercache.analyze.tokenizing.tokenizers import Chars4Tokenizer
 from tests.analyze.conftest import RunAnalysis
 from tests.analyze.generators import SUPPORT_SYSTEM, timestamped_support
 
@@ -78,7 +78,7 @@ def test_breaker_findings_reach_the_report_and_the_advice(
     tmp_path: Path, run_analysis: RunAnalysis
 ) -> None:
     from infercache.analyze.recommend import recommend
-    from infercache.analyze.report import build_report
+    from infercache.analyze.reports.document import build_report
 
     analysis = run_analysis([timestamped_support(seed=2, n=120).write(tmp_path / "l.jsonl")])
     recommendation = recommend(analysis)

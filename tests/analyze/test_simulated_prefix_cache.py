@@ -3,7 +3,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from infercache.analyze.prefix import PrefixAccounting, kv_namespace
+from infercache.analyze.simulated_prefix_cache import SimulatedPrefixCache, kv_namespace
 
 prompts = st.lists(
     st.tuples(st.sampled_from(["a", "b"]), st.lists(st.integers(0, 3), min_size=1, max_size=12)),
@@ -23,7 +23,7 @@ def lcp(a: tuple[int, ...], b: tuple[int, ...]) -> int:
 def test_unbounded_reuse_is_the_longest_common_prefix_with_any_earlier_prompt(
     requests: list[tuple[str, list[int]]],
 ) -> None:
-    accounting = PrefixAccounting()
+    accounting = SimulatedPrefixCache()
     earlier: list[tuple[str, tuple[int, ...]]] = []
     for t, (namespace, raw) in enumerate(requests):
         units = tuple(raw)
@@ -42,8 +42,8 @@ def test_unbounded_reuse_is_the_longest_common_prefix_with_any_earlier_prompt(
 def test_a_bounded_cache_stays_in_budget_and_never_reuses_more_than_unbounded(
     requests: list[tuple[str, list[int]]], capacity: int
 ) -> None:
-    bounded = PrefixAccounting(capacity_tokens=capacity, evict_batch_tokens=0)
-    unbounded = PrefixAccounting()
+    bounded = SimulatedPrefixCache(capacity_tokens=capacity, evict_batch_tokens=0)
+    unbounded = SimulatedPrefixCache()
     for t, (namespace, raw) in enumerate(requests):
         units = tuple(raw)
         kwargs = {"unit_tokens": 1, "prompt_tokens": len(units), "now_s": float(t)}
@@ -54,7 +54,7 @@ def test_a_bounded_cache_stays_in_budget_and_never_reuses_more_than_unbounded(
 
 
 def test_the_least_recently_used_prefix_is_evicted_first() -> None:
-    cache = PrefixAccounting(capacity_tokens=8, evict_batch_tokens=0)
+    cache = SimulatedPrefixCache(capacity_tokens=8, evict_batch_tokens=0)
     observe = cache.observe
     observe("", (1, 1, 1, 1), unit_tokens=1, prompt_tokens=4, now_s=0)
     observe("", (2, 2, 2, 2), unit_tokens=1, prompt_tokens=4, now_s=1)
@@ -66,7 +66,7 @@ def test_the_least_recently_used_prefix_is_evicted_first() -> None:
 
 
 def test_block_units_count_their_tokens_and_the_partial_last_block() -> None:
-    cache = PrefixAccounting()
+    cache = SimulatedPrefixCache()
     cache.observe("", (10, 11, 12), unit_tokens=512, prompt_tokens=1100, now_s=0)
     reuse = cache.observe("", (10, 11, 99), unit_tokens=512, prompt_tokens=1500, now_s=7)
     assert (reuse.matched_tokens, reuse.reused_tokens, reuse.last_seen_s) == (1024, 1024, 0)

@@ -1,4 +1,4 @@
-"""The terminal summary of a report dict (report.py): rich tables, plain when not a terminal."""
+"""The terminal summary of a report dict (document.py): rich tables, plain when not a terminal."""
 
 from __future__ import annotations
 

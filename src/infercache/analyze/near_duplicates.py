@@ -42,7 +42,7 @@ class NearMatch(NamedTuple):
     last_seen_s: float | None  # when a request last carried that text
 
 
-class _Item(NamedTuple):
+class _ScopedText(NamedTuple):
     scope: str
     text: str
 
@@ -63,8 +63,8 @@ class NearDuplicates:
         self._max_vectors = max_vectors
         self._new_index = index_factory or small_flat_index
         self._indexes: dict[str, VectorIndex] = {}
-        self._items: OrderedDict[int, _Item] = OrderedDict()
-        self._id_of: dict[_Item, int] = {}
+        self._items: OrderedDict[int, _ScopedText] = OrderedDict()
+        self._id_of: dict[_ScopedText, int] = {}
         self._last_seen: dict[int, float | None] = {}
         self._next_id = 0
 
@@ -92,7 +92,7 @@ class NearDuplicates:
         return None
 
     def _remember(self, query: Query, vector: np.ndarray, now_s: float | None) -> None:
-        item = _Item(query.scope, query.text)
+        item = _ScopedText(query.scope, query.text)
         vid = self._id_of.get(item)
         if vid is not None:
             self._last_seen[vid] = now_s

@@ -1,14 +1,15 @@
 """Reading and preparing in a child process; tokenising, the census and the replays here.
 
 The census is sequential by nature (each request is classified against everything before it),
-but reading, parsing, validating and keying a request need nothing from the requests before
-it. So with `parallel`, a child process runs LogReader → Preparer (logs.py, events.py) and
-sends the events in batches through a bounded queue (at most `max_batches` in flight, so
-memory stays bounded and a slow consumer holds the child back). Token ids are not sent:
-unpickling a Python int costs ~50 ns, so a 500-token prompt would cost more to receive than
-to tokenise from its cached runs. The child sends the prompt's (role, text) turns instead and
-this process tokenises them (`Preparer.tokenize`), which also balances the two processes'
-work. Unless the replay needs them, request and response bodies are not sent.
+but reading, parsing, validating and keying a request need nothing from the requests before it.
+So with `parallel`, a child process runs LogReader → RequestPreparer (log_reader.py,
+prepared_request.py) and sends the prepared requests in batches through a bounded queue (at
+most `max_batches` in flight, so memory stays bounded and a slow consumer holds the child
+back). Token ids are not sent: unpickling them costs more than tokenising the prompt again from
+its cached runs (bench/README.md, Analyzer, design figures). The child sends the prompt's
+(role, text) turns instead and this process tokenises them (`RequestPreparer.tokenize`), which
+also balances the two processes' work. Unless the replay needs them, request and response
+bodies are not sent.
 The child's malformed lines, line count and record kinds arrive in the last message. An
 exception in the child is raised here: an `InfercacheError` as `ConfigError` with its
 message, anything else as `RuntimeError` carrying the child's traceback.
@@ -28,9 +29,9 @@ from pathlib import Path
 from queue import Empty
 from typing import Any
 
-from infercache.analyze.events import Event, Preparer, tokenized
-from infercache.analyze.logs import LineErrors, LogReader, Progress
-from infercache.analyze.tokenizer import PromptTokenizer
+from infercache.analyze.log_reader import LineErrors, LogReader, Progress
+from infercache.analyze.prepared_request import PreparedRequest, RequestPreparer, tokenized
+from infercache.analyze.tokenizing.tokenizers import PromptTokenizer
 from infercache.errors import ConfigError, InfercacheError
 from infercache.policy import CachePolicy
 
@@ -61,7 +62,7 @@ class Summary:
 
 def produce(
     spec: SourceSpec,
-    emit: Callable[[list[Event]], None],
+    emit: Callable[[list[PreparedRequest]], None],
     progress: Progress | None = None,
     *,
     tokenize: bool = True,
@@ -71,7 +72,7 @@ def produce(
     reader = LogReader(
         spec.paths, reorder_window=spec.reorder_window, errors=summary.errors, progress=progress
     )
-    preparer = Preparer(
+    preparer = RequestPreparer(
         spec.tokenizer,
         spec.policy,
         summary.errors,
@@ -80,7 +81,7 @@ def produce(
         ignorable_fields=spec.ignorable_fields,
         tokenize=tokenize,
     )
-    batch: list[Event] = []
+    batch: list[PreparedRequest] = []
     for record in reader:
         summary.kinds[record.kind.value] += 1
         event = preparer.prepare(record)
@@ -94,14 +95,14 @@ def produce(
     return summary
 
 
-def _slim(event: Event, keep_bodies: bool) -> Event:
+def _slim(event: PreparedRequest, keep_bodies: bool) -> PreparedRequest:
     return event if keep_bodies else event._replace(body=None, response=None)
 
 
 def _child(spec: SourceSpec, queue: Any) -> None:
     read = [0]  # bytes read since the last batch went out
 
-    def emit(batch: list[Event]) -> None:
+    def emit(batch: list[PreparedRequest]) -> None:
         queue.put(("events", [_slim(e, spec.keep_bodies) for e in batch], read[0]))
         read[0] = 0
 
@@ -137,7 +138,7 @@ class ChildEvents:
         self._max_batches = max_batches
         self.summary = Summary()
 
-    def __iter__(self) -> Iterator[list[Event]]:
+    def __iter__(self) -> Iterator[list[PreparedRequest]]:
         context = multiprocessing.get_context("spawn")
         queue = context.Queue(maxsize=self._max_batches)
         child = context.Process(target=_child, args=(self._spec, queue), daemon=True)

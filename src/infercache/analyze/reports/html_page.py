@@ -1,4 +1,4 @@
-"""One self-contained HTML page of a report dict (report.py), to forward to a team.
+"""One self-contained HTML page of a report dict (document.py), to forward to a team.
 
 Everything is inline: CSS, the plots as base64 PNG `<img>`s (plots.py), and a few lines of
 script that, once the page has loaded, set `data-ready="true"` on `<body>` when every image
@@ -12,8 +12,8 @@ import base64
 import html
 from typing import Any
 
-from infercache.analyze.plots import PLOTS
-from infercache.analyze.text_report import CLASS_NAMES, pct
+from infercache.analyze.reports.plots import PLOTS
+from infercache.analyze.reports.text import CLASS_NAMES, pct
 
 STYLE = """
 body{font:15px/1.45 system-ui,sans-serif;margin:2rem auto;max-width:1000px;color:#212529;
