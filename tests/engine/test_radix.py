@@ -174,3 +174,56 @@ def test_split_of_a_locked_node_keeps_both_halves_locked() -> None:
     assert t.stats().locked_bytes == 4 * BYTES_PER_TOKEN
     t.unlock(held.node)
     assert t.stats().locked_bytes == 0
+
+
+def test_evict_never_walks_the_tree(monkeypatch: pytest.MonkeyPatch) -> None:
+    t = tree()
+    for first in range(50):
+        put(t, (first, 1, 2))
+    t.match_prefix("a", (7, 1, 2))  # touch: (7, 1, 2) is now the newest
+
+    def no_walk() -> None:
+        raise AssertionError("evict walked the tree")
+
+    monkeypatch.setattr(t, "nodes", no_walk)
+    ev = t.evict(t.free_bytes + 49 * 3 * BYTES_PER_TOKEN)
+    assert len(ev.payloads) == 49
+    assert [p.tokens for p in ev.payloads][:2] == [(0, 1, 2), (1, 1, 2)]
+    assert t.match_prefix("a", (7, 1, 2)).length == 3
+
+
+def test_repeated_hits_on_a_leaf_keep_the_eviction_order_and_bound_the_heap() -> None:
+    t = tree()
+    put(t, (1, 1))
+    put(t, (2, 2))
+    put(t, (3, 3))
+    for _ in range(1000):
+        t.match_prefix("a", (1, 1))
+        t.match_prefix("a", (2, 2))
+    assert len(t._heap) <= 2 * len(t.evictable_leaves()) + 65
+    ev = t.evict(t.max_kv_bytes)
+    assert [p.tokens for p in ev.payloads] == [(3, 3), (1, 1), (2, 2)]
+
+
+def test_the_evictable_set_follows_locks_inserts_and_evictions() -> None:
+    t = tree()
+    put(t, (1, 2, 3))
+    leaf = t.match_prefix("a", (1, 2, 3)).node
+    assert t.evictable_leaves() == {leaf}
+    t.lock(leaf)
+    assert t.evictable_leaves() == frozenset()
+    t.unlock(leaf)
+    put(t, (1, 2, 3, 4))  # the leaf gains a child and stops being one
+    child = t.match_prefix("a", (1, 2, 3, 4)).node
+    assert t.evictable_leaves() == {child}
+    t.evict(t.free_bytes + BYTES_PER_TOKEN)
+    assert t.evictable_leaves() == {leaf}  # its last child gone, the parent is a leaf again
+
+
+def test_namespaces_matched_but_never_used_are_dropped() -> None:
+    t = tree()
+    for i in range(500):
+        t.match_prefix(f"tenant-{i}", (1, 2))
+    assert len(t.roots()) <= 65
+    t.evict(0)
+    assert t.roots() == {}

@@ -2,10 +2,13 @@
 
 The model is a set of cached (namespace, token prefix) pairs. Inserting a sequence adds its
 prefixes; an eviction removes exactly the prefixes its payloads stand for, and must only take
-prefixes nothing cached extends and no held lock covers. After every step the tree must agree
-with the model (the same cached prefixes, the longest common prefix as match length) and keep
-its invariants: lock counts equal to the locks held through each node (never negative),
-evictable + locked bytes == total bytes <= max_kv_bytes, payloads matching node keys.
+prefixes nothing cached extends and no held lock covers, least recently used first (replayed
+naively: each evicted node had the oldest access among the leaves evictable at that moment).
+After every step the tree must agree with the model (the same cached prefixes, the longest
+common prefix as match length) and keep its invariants: lock counts equal to the locks held
+through each node (never negative), evictable + locked bytes == total bytes <= max_kv_bytes,
+payloads matching node keys, and the tree's evictable set equal to the unlocked leaves found
+by a walk.
 """
 
 from __future__ import annotations
@@ -52,9 +55,24 @@ class RadixMachine(RuleBasedStateMachine):
             ), "evicted KV under a held lock"
 
     def evict(self, nbytes: int) -> None:
-        ns_of = {id(n.payload): n.namespace for n in self.tree.nodes()}
+        nodes = list(self.tree.nodes())
+        ns_of = {id(n.payload): n.namespace for n in nodes}
+        node_of = {id(n.payload): n for n in nodes}
+        children = {id(n): set(map(id, n.children.values())) for n in nodes}
+        evictable = {n for n in nodes if not n.children and n.lock_count == 0}
         ev = self.tree.evict(nbytes)
         assert ev.nbytes == sum(p.nbytes for p in ev.payloads)
+        for payload in ev.payloads:  # replay: always the least recently used evictable leaf
+            node = node_of[id(payload)]
+            assert node in evictable
+            assert node.last_access == min(n.last_access for n in evictable)
+            evictable.discard(node)
+            parent = node.parent
+            assert parent is not None
+            if id(parent) in children:
+                children[id(parent)].discard(id(node))
+                if not children[id(parent)] and parent.lock_count == 0:
+                    evictable.add(parent)
         self.apply_eviction(ev.payloads, ns_of)
 
     @rule(ns=namespaces, seq=sequences)
@@ -109,6 +127,11 @@ class RadixMachine(RuleBasedStateMachine):
             assert node.parent.children[node.key[0]] is node
             derived |= prefixes(node.namespace, path, len(path) - len(node.key), len(path))
         assert derived == self.cached
+
+    @invariant()
+    def evictable_set_is_the_unlocked_leaves(self) -> None:
+        walked = {n for n in self.tree.nodes() if not n.children and n.lock_count == 0}
+        assert self.tree.evictable_leaves() == walked
 
     @invariant()
     def locks_and_bytes_are_consistent(self) -> None:

@@ -16,6 +16,15 @@ Algorithm (SGLang's RadixAttention cache, for one worker):
 - `evict(nbytes)` removes evictable leaves, lowest `EvictionPolicy.priority` first (least
   recently used by a logical access counter, by default), until `nbytes` more fit under
   `max_kv_bytes`. The removed payloads are returned: the tree never frees memory itself.
+- The evictable leaves are kept up to date as the tree changes (as SGLang's radix cache keeps
+  `evictable_leaves`), never found by a walk: a node enters the set when it becomes an unlocked
+  leaf (an insert, the last unlock, its last child evicted) and leaves it when it gains a child,
+  is locked or is evicted. Beside the set, a heap orders them: an entry is pushed when a leaf
+  enters the set or is accessed, and stale entries (a node since accessed, locked or gone) are
+  skipped when popped, so an eviction costs O(log n) per evicted node, whatever the tree's size.
+  The heap is rebuilt from the set when stale entries outnumber live ones. A policy's
+  `priority` is read when a leaf enters the set or is accessed: it must depend only on what
+  changes then (LRU's access counter does).
 
 Invariants (checked by tests/engine/test_radix*.py):
 - a non-root node's key is non-empty and its payload covers exactly its key's tokens;
@@ -23,7 +32,8 @@ Invariants (checked by tests/engine/test_radix*.py):
 - payload sizes are additive under `split` (`head.nbytes + tail.nbytes == whole.nbytes`);
 - lock counts are >= 0, and a node's count >= each child's count;
 - `evictable_bytes + locked_bytes == total_bytes <= max_kv_bytes`;
-- an empty, unlocked namespace root is dropped (at the next `unlock` or `evict`).
+- the evictable set is exactly the non-root leaves whose lock count is 0;
+- an empty, unlocked namespace root is dropped (at its next `unlock`, or the next `evict`).
 
 Parameters: `max_kv_bytes` (the budget), `policy` (eviction order).
 Pure: no torch here; payloads only need `nbytes` and `split`. Not thread-safe: one owner (the
@@ -59,6 +69,7 @@ class RadixNode(Generic[P]):
     __slots__ = (
         "attached",
         "children",
+        "heap_entry",
         "key",
         "last_access",
         "lock_count",
@@ -78,6 +89,8 @@ class RadixNode(Generic[P]):
         self.lock_count = 0
         self.last_access = 0
         self.attached = True
+        # The order number of this node's live heap entry while it is evictable, else None.
+        self.heap_entry: int | None = None
 
     @property
     def is_root(self) -> bool:
@@ -151,6 +164,10 @@ def _common_prefix_len(key: tuple[int, ...], tokens: tuple[int, ...], start: int
     return i
 
 
+def _is_evictable(node: RadixNode[Any]) -> bool:
+    return node.attached and not node.is_root and not node.children and node.lock_count == 0
+
+
 class RadixTree(Generic[P]):
     def __init__(self, *, max_kv_bytes: int, policy: EvictionPolicy | None = None) -> None:
         if max_kv_bytes < 0:
@@ -163,13 +180,20 @@ class RadixTree(Generic[P]):
         self._total_tokens = 0
         self._nodes = 0
         self._access = 0
+        self._evictable: set[RadixNode[P]] = set()
+        self._heap: list[tuple[float, int, RadixNode[P]]] = []
+        self._order = itertools.count()  # heap ties break by push order, never by address
+        self._new_roots: list[RadixNode[P]] = []
 
     # -- lookups and inserts --------------------------------------------------------------
 
     def match_prefix(self, namespace: str, tokens: Sequence[int]) -> PrefixMatch[P]:
         root = self._roots.get(namespace)
         if root is None:
+            if len(self._new_roots) >= 64:
+                self._drop_new_roots()
             root = self._roots[namespace] = RadixNode((), None, None, namespace)
+            self._new_roots.append(root)  # dropped by the next evict if still idle
         node, length, payloads = self._walk(root, tuple(tokens))
         return PrefixMatch(length=length, node=node, payloads=tuple(payloads))
 
@@ -191,6 +215,8 @@ class RadixTree(Generic[P]):
         leaf: RadixNode[P] = RadixNode(key[present:], fresh, end, end.namespace)
         leaf.last_access = self._tick()
         end.children[leaf.key[0]] = leaf
+        self._not_evictable(end)
+        self._update_evictable(leaf)
         self._nodes += 1
         self._total_bytes += fresh.nbytes
         self._total_tokens += len(leaf.key)
@@ -214,6 +240,8 @@ class RadixTree(Generic[P]):
             child.last_access = tick
             payloads.append(child.payload)
             node, i = child, i + common
+        if node.heap_entry is not None:  # an evictable leaf was used: re-queue it
+            self._push(node)
         return node, i, payloads
 
     def _split(self, node: RadixNode[P], at: int) -> RadixNode[P]:
@@ -238,6 +266,7 @@ class RadixTree(Generic[P]):
     def lock(self, node: RadixNode[P]) -> None:
         if not node.attached:
             raise ValueError("cannot lock an evicted node")
+        self._not_evictable(node)  # only the locked node itself can be a leaf
         cur: RadixNode[P] | None = node
         while cur is not None:
             if cur.lock_count == 0:
@@ -255,6 +284,7 @@ class RadixTree(Generic[P]):
             if cur.lock_count == 0:
                 self._locked_bytes -= cur.nbytes
             root, cur = cur, cur.parent
+        self._update_evictable(node)
         self._drop_if_idle(root)
 
     # -- eviction -------------------------------------------------------------------------
@@ -264,30 +294,56 @@ class RadixTree(Generic[P]):
         excess = self._total_bytes + nbytes - self.max_kv_bytes
         payloads: list[P] = []
         tokens = freed = 0
-        if excess > 0:
-            order = itertools.count()  # ties break by discovery order, never by address
-            heap = [
-                (self._policy.priority(leaf), next(order), leaf)
-                for leaf in self._evictable_leaves()
-            ]
-            heapq.heapify(heap)
-            while heap and freed < excess:
-                leaf = heapq.heappop(heap)[2]
-                parent = leaf.parent
-                assert leaf.payload is not None
-                assert parent is not None
-                self._detach(leaf)
-                payloads.append(leaf.payload)
-                freed += leaf.nbytes
-                tokens += len(leaf.key)
-                if not parent.is_root and not parent.children and parent.lock_count == 0:
-                    heapq.heappush(heap, (self._policy.priority(parent), next(order), parent))
-        for root in list(self._roots.values()):
-            self._drop_if_idle(root)
+        while freed < excess and self._evictable:
+            leaf = self._pop_evictable()
+            parent = leaf.parent
+            assert leaf.payload is not None
+            assert parent is not None
+            self._detach(leaf)
+            payloads.append(leaf.payload)
+            freed += leaf.nbytes
+            tokens += len(leaf.key)
+            self._update_evictable(parent)
+            self._drop_if_idle(parent)
+        self._drop_new_roots()
         return Eviction(payloads=tuple(payloads), tokens=tokens, nbytes=freed)
 
-    def _evictable_leaves(self) -> Iterator[RadixNode[P]]:
-        return (n for n in self.nodes() if not n.children and n.lock_count == 0)
+    def evictable_leaves(self) -> frozenset[RadixNode[P]]:
+        """The nodes `evict` may take next: every unlocked non-root leaf."""
+        return frozenset(self._evictable)
+
+    # -- the evictable set and its heap ---------------------------------------------------
+
+    def _update_evictable(self, node: RadixNode[P]) -> None:
+        """Put `node` in the evictable set if it is an unlocked, attached non-root leaf."""
+        if node.heap_entry is None and _is_evictable(node):
+            self._evictable.add(node)
+            self._push(node)
+
+    def _not_evictable(self, node: RadixNode[P]) -> None:
+        if node.heap_entry is not None:
+            node.heap_entry = None  # its heap entries are stale from now on
+            self._evictable.discard(node)
+
+    def _push(self, node: RadixNode[P]) -> None:
+        if len(self._heap) > 2 * len(self._evictable) + 64:
+            self._rebuild_heap()
+        order = next(self._order)
+        node.heap_entry = order
+        heapq.heappush(self._heap, (self._policy.priority(node), order, node))
+
+    def _rebuild_heap(self) -> None:
+        """Drop stale entries: one fresh entry per evictable leaf, in the old relative order."""
+        live = [entry for entry in self._heap if entry[2].heap_entry == entry[1]]
+        heapq.heapify(live)
+        self._heap = live
+
+    def _pop_evictable(self) -> RadixNode[P]:
+        while True:
+            _priority, order, node = heapq.heappop(self._heap)
+            if node.heap_entry == order:
+                self._not_evictable(node)
+                return node
 
     def _detach(self, leaf: RadixNode[P]) -> None:
         assert leaf.parent is not None
@@ -296,6 +352,13 @@ class RadixTree(Generic[P]):
         self._nodes -= 1
         self._total_bytes -= leaf.nbytes
         self._total_tokens -= len(leaf.key)
+
+    def _drop_new_roots(self) -> None:
+        """Drop the roots created since the last call that were never used (a match with no
+        lock); the others are dropped by `unlock` or `evict` once idle."""
+        new_roots, self._new_roots = self._new_roots, []
+        for root in new_roots:
+            self._drop_if_idle(root)
 
     def _drop_if_idle(self, root: RadixNode[P]) -> None:
         if root.is_root and not root.children and root.lock_count == 0:
