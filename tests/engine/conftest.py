@@ -4,7 +4,7 @@
   a few sentences, a ChatML template, 2 layers with random weights. They load in milliseconds and
   exercise every code path (GQA, rope scaling, biases, untied heads) without the packaged model.
 - The packaged SmolLM2-135M-Instruct (`@pytest.mark.slow`): converted once into the user's
-  cache (`$INFERCACHE_DATA_DIR` or `~/.cache/infercache`; the first run takes ~30 s), loaded
+  cache (`$INFERCACHE_DATA_DIR` or `~/.cache/infercache`; slow only the first time), loaded
   once per session.
 Nothing here reads outside the venv, the cache and pytest's temporary folders.
 """

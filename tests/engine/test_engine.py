@@ -279,6 +279,6 @@ def test_a_request_queued_before_a_swap_is_prepared_again_for_the_new_model(
     engine = make_engine(tiny_dir, served_model_id="tiny")
     queued = engine._prepare(body(engine), None)  # prepared, not yet run: the race window
     engine.swap_model(make_tiny_llama(seed=7), served_model_id="tiny")
-    outcome = engine._submit(queued, None, threading.Event()).result()
+    outcome = engine._worker.submit(queued, None, threading.Event()).result()
     assert outcome.meta.system_fingerprint == engine.model_version
     assert outcome.result.stats.cached_tokens == 0

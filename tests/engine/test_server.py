@@ -130,6 +130,41 @@ def test_unknown_routes_and_methods_are_openai_shaped(client: TestClient) -> Non
     assert_openai_error(client.get("/v1/chat/completions"), 405, "method_not_allowed")
 
 
+def test_a_body_over_the_limit_is_a_413_before_parsing(engine: Engine) -> None:
+    with TestClient(create_app(engine, max_body_bytes=1024)) as small:
+        fits = small.post("/v1/chat/completions", json=body(engine))
+        assert fits.status_code == 200
+        big = body(engine, "x" * 2000)
+        error = assert_openai_error(
+            small.post("/v1/chat/completions", json=big), 413, "payload_too_large"
+        )
+        assert "1024 bytes" in error["message"]
+        # No content-length to go by: the limit holds while the body streams in.
+        chunks = iter([b'{"model": "', b"y" * 1500, b'"}'])
+        streamed = small.post("/v1/chat/completions", content=chunks)
+        assert_openai_error(streamed, 413, "payload_too_large")
+
+
+def test_an_unexpected_exception_is_an_openai_shaped_500_with_the_traceback_only_logged(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def broken() -> list[dict[str, Any]]:
+        raise RuntimeError("secret internal detail")
+
+    monkeypatch.setattr(engine, "models", broken)
+    with TestClient(create_app(engine), raise_server_exceptions=False) as c:
+        r = c.get("/v1/models")
+        error = assert_openai_error(r, 500)
+        assert error["type"] == "server_error"
+        assert "secret" not in r.text
+        assert "Traceback" not in r.text
+        assert r.headers["connection"] == "close"
+        after = c.post("/v1/chat/completions", json=body(engine))  # the server carries on
+        assert after.status_code == 200
+    logged = [rec for rec in caplog.records if rec.exc_info is not None]
+    assert any("secret internal detail" in str(rec.exc_info[1]) for rec in logged if rec.exc_info)
+
+
 def test_models_lists_the_id_and_version(client: TestClient, engine: Engine) -> None:
     data = client.get("/v1/models").json()
     assert data["object"] == "list"

@@ -16,6 +16,7 @@ from infercache.clock import Clock
 from infercache.engine.config import EngineConfig
 from infercache.engine.model import LlamaModel
 from infercache.engine.prefix_cache import PrefixCache
+from infercache.engine.radix import RadixStats
 from infercache.engine.runner import Runner
 from infercache.engine.tokenizer import ChatTokenizer
 from infercache.engine.weights import load_checkpoint, resolve_model
@@ -29,6 +30,10 @@ class LoadedModel:
     runner: Runner
     max_context_tokens: int
     created: int
+
+    def cache_stats(self) -> RadixStats | None:
+        cache = self.runner.prefix_cache
+        return cache.stats() if cache is not None else None
 
 
 def load_model(

@@ -8,26 +8,38 @@ default 1 as OpenAI), `top_p` (0–1), `seed`, `stop` (a string or up to 4), `n`
 they change the answer): `n` > 1, tools/functions, logprobs, non-zero penalties, `logit_bias`,
 a non-text `response_format`, non-text content parts. Other fields are ignored.
 
+`prepare_chat(chat, tenant, loaded, ...)` turns a parsed body into what the engine runs for one
+model: the model id checked, the chat template applied, `max_tokens` defaulted and checked
+against the context window, a seed drawn for unseeded requests, the KV namespace chosen
+(`kv_namespace`), and the response's id and fingerprint. It raises `ModelNotFoundError` or
+`ContextTooLongError` for bad input, so the caller can refuse it before anything is queued.
+
 `completion(meta, result)` and `ChunkStream` build the response shapes: `system_fingerprint` is
 the model version, `usage.prompt_tokens_details.cached_tokens` the reused prompt tokens.
 """
 
 from __future__ import annotations
 
+import random
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from infercache.clock import Clock
 from infercache.engine.accounting import RequestStats
-from infercache.engine.runner import GenerationResult
-from infercache.errors import InvalidRequestError
+from infercache.engine.loader import LoadedModel
+from infercache.engine.runner import GenerationRequest, GenerationResult
+from infercache.engine.sampling import SamplingParams
+from infercache.errors import ContextTooLongError, InvalidRequestError, ModelNotFoundError
 
 _ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 _MAX_STOPS = 4
 
 
 @dataclass(frozen=True, slots=True)
-class ChatRequest:
+class ChatBody:
+    """A chat-completions request body, parsed and checked (not yet tied to a model)."""
+
     model: str
     messages: tuple[tuple[str, str], ...]  # (role, content)
     max_tokens: int | None
@@ -51,7 +63,7 @@ class ResponseMeta:
     system_fingerprint: str
 
 
-def parse_chat_request(body: Any) -> ChatRequest:
+def parse_chat_request(body: Any) -> ChatBody:
     if not isinstance(body, Mapping):
         raise InvalidRequestError("the request body must be a JSON object")
     model = body.get("model")
@@ -73,7 +85,7 @@ def parse_chat_request(body: Any) -> ChatRequest:
     user = body.get("user")
     if user is not None and not isinstance(user, str):
         raise InvalidRequestError("`user` must be a string", param="user")
-    return ChatRequest(
+    return ChatBody(
         model=model,
         messages=_messages(body.get("messages")),
         max_tokens=max_tokens,
@@ -183,6 +195,66 @@ def _optional_number(
     if not low <= value <= high:
         raise InvalidRequestError(f"`{name}` must be in [{low}, {high}], got {value}", param=name)
     return float(value)
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedChat:
+    """A parsed body made ready for one loaded model (`version`); prepared again when the
+    model is swapped before it runs."""
+
+    chat: ChatBody
+    tenant: str | None
+    version: str
+    meta: ResponseMeta
+    request: GenerationRequest
+
+
+def kv_namespace(tenant: str | None, *, share_across_tenants: bool) -> str:
+    """The prefix-cache namespace: one per tenant, one for requests without a tenant, or one
+    for everybody when sharing across tenants is configured."""
+    if share_across_tenants:
+        return "shared"
+    return f"tenant:{tenant}" if tenant else "anonymous"
+
+
+def prepare_chat(
+    chat: ChatBody,
+    tenant: str | None,
+    loaded: LoadedModel,
+    *,
+    default_max_tokens: int,
+    share_across_tenants: bool,
+    rng: random.Random,
+    clock: Clock,
+) -> PreparedChat:
+    if chat.model != loaded.model_id:
+        raise ModelNotFoundError(
+            f"The model `{chat.model}` does not exist; this engine serves `{loaded.model_id}`",
+            param="model",
+        )
+    prompt = loaded.runner.tokenizer.encode_chat(chat.message_dicts())
+    limit = loaded.max_context_tokens
+    max_tokens = chat.max_tokens
+    if max_tokens is None:
+        max_tokens = min(default_max_tokens, limit - len(prompt))
+    if max_tokens < 1 or len(prompt) + max_tokens > limit:
+        raise ContextTooLongError(
+            f"This model's maximum context length is {limit} tokens. However, you requested "
+            f"{len(prompt) + max_tokens} tokens ({len(prompt)} in the messages, "
+            f"{max_tokens} in the completion).",
+            param="messages",
+        )
+    seed = chat.seed if chat.seed is not None else rng.getrandbits(63)
+    sampling = SamplingParams(max_tokens, chat.temperature, chat.top_p, seed, chat.stop)
+    meta = ResponseMeta(
+        id=f"chatcmpl-{rng.getrandbits(96):024x}",
+        created=int(clock.now_s()),
+        model=loaded.model_id,
+        system_fingerprint=loaded.version,
+    )
+    namespace = kv_namespace(tenant, share_across_tenants=share_across_tenants)
+    request = GenerationRequest(tuple(prompt), sampling, namespace)
+    return PreparedChat(chat, tenant, loaded.version, meta, request)
 
 
 def usage(stats: RequestStats) -> dict[str, Any]:
