@@ -9,6 +9,7 @@ import shutil
 import socket
 import subprocess
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -114,6 +115,24 @@ def free_port() -> int:
         return port
 
 
+def _bindable(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def free_cluster_port() -> int:
+    """A free port whose cluster bus port (port + 10000) is free and valid too."""
+    for _ in range(1000):
+        port = free_port()
+        if port + 10000 <= 65535 and _bindable(port + 10000):
+            return port
+    pytest.fail("no free port pair for a cluster node")
+
+
 class RedisServer:
     def __init__(self, port: int, process: subprocess.Popen[str]) -> None:
         self.port = port
@@ -123,33 +142,122 @@ class RedisServer:
         return f"redis://127.0.0.1:{self.port}/0"
 
 
-@contextlib.contextmanager
-def start_redis(workdir: Path) -> Iterator[RedisServer]:
-    """A real redis-server on a free loopback port, stopped on exit."""
-    binary = shutil.which("redis-server")
+def _server_binary(name: str) -> str:
+    binary = shutil.which(name)
     if binary is None:
-        pytest.fail("redis-server is not installed: run the tests with ./run test")
-    port = free_port()
-    args = ["--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
-    args += ["--dir", str(workdir), "--maxmemory", "256mb", "--maxmemory-policy", "volatile-lru"]
+        pytest.fail(f"{name} is not installed: run the tests with ./run test")
+    return binary
+
+
+def _launch(binary: str, args: list[str]) -> subprocess.Popen[str]:
+    """Start a server and wait on its own readiness line: no polling, no sleeping."""
     process = subprocess.Popen([binary, *args], stdout=subprocess.PIPE, text=True)
     assert process.stdout is not None
-    # Wait on the server's own readiness line: no polling, no sleeping.
     for line in process.stdout:
         if "Ready to accept connections" in line:
-            break
-    else:
-        pytest.fail(f"redis-server exited with {process.wait()}")
-    # Keep draining its log so a full pipe can never block the server.
+            return process
+    pytest.fail(f"{binary} exited with {process.wait()}")
+
+
+def _stop(process: subprocess.Popen[str], drain: threading.Thread) -> None:
+    process.terminate()
+    process.wait(10)
+    drain.join(10)
+    assert process.stdout is not None
+    process.stdout.close()
+
+
+def _drain(process: subprocess.Popen[str]) -> threading.Thread:
+    """Keep reading a server's log so a full pipe can never block it."""
+    assert process.stdout is not None
     drain = threading.Thread(target=process.stdout.read, daemon=True)
     drain.start()
+    return drain
+
+
+def _server_args(port: int, workdir: Path) -> list[str]:
+    return [
+        "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+        "--dir", str(workdir), "--maxmemory", "256mb", "--maxmemory-policy", "volatile-lru",
+    ]  # fmt: skip
+
+
+@contextlib.contextmanager
+def start_redis(
+    workdir: Path, *, binary_name: str = "redis-server", port: int | None = None
+) -> Iterator[RedisServer]:
+    """A real redis-server (or `valkey-server`) on a loopback port (a free one unless given),
+    stopped on exit."""
+    binary = _server_binary(binary_name)
+    port = free_port() if port is None else port
+    process = _launch(binary, _server_args(port, workdir))
+    drain = _drain(process)
     try:
         yield RedisServer(port, process)
     finally:
-        process.terminate()
-        process.wait(10)
-        drain.join(10)
-        process.stdout.close()
+        _stop(process, drain)
+
+
+class RedisClusterServers:
+    """A real Redis Cluster of masters on loopback (no replicas)."""
+
+    def __init__(self, ports: list[int]) -> None:
+        self.ports = ports
+
+    def url(self) -> str:
+        return "redis+cluster://" + ",".join(f"127.0.0.1:{p}" for p in self.ports)
+
+
+def _cluster_is_ok(cli: str, ports: list[int]) -> bool:
+    for port in ports:
+        info = subprocess.run(
+            [cli, "-p", str(port), "cluster", "info"], capture_output=True, text=True, check=True
+        ).stdout
+        if "cluster_state:ok" not in info:
+            return False
+    return True
+
+
+@contextlib.contextmanager
+def start_redis_cluster(
+    workdir: Path, *, masters: int = 3, flavour: str = "redis", timeout_s: float = 30.0
+) -> Iterator[RedisClusterServers]:
+    """`masters` servers with `--cluster-enabled yes` on free ports, joined by
+    `redis-cli --cluster create ... --cluster-replicas 0`, once every node says
+    `cluster_state:ok` (polled with a deadline, each poll a real request)."""
+    binary = _server_binary(f"{flavour}-server")
+    cli = _server_binary(f"{flavour}-cli")
+    ports = [free_cluster_port() for _ in range(masters)]
+    running: list[tuple[subprocess.Popen[str], threading.Thread]] = []
+    try:
+        for port in ports:
+            node_dir = workdir / f"node-{port}"
+            node_dir.mkdir()
+            args = [
+                *_server_args(port, node_dir),
+                "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+                "--cluster-node-timeout", "5000",
+            ]  # fmt: skip
+            process = _launch(binary, args)
+            running.append((process, _drain(process)))
+        nodes = [f"127.0.0.1:{p}" for p in ports]
+        subprocess.run(
+            [cli, "--cluster", "create", *nodes, "--cluster-replicas", "0", "--cluster-yes"],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=timeout_s,
+        )
+        deadline = time.monotonic() + timeout_s
+        while not _cluster_is_ok(cli, ports):
+            assert time.monotonic() < deadline, f"cluster not ok within {timeout_s} s"
+            for process, _ in running:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    pytest.fail(f"a cluster node exited with {process.wait(0.02)}")
+        yield RedisClusterServers(ports)
+    finally:
+        for process, drain in running:
+            _stop(process, drain)
 
 
 @pytest.fixture(scope="session")
@@ -157,6 +265,35 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServ
     """A real redis-server on loopback for the session. `./run test` installs it."""
     with start_redis(tmp_path_factory.mktemp("redis")) as server:
         yield server
+
+
+@pytest.fixture(scope="session")
+def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisClusterServers]:
+    """A real 3-master Redis Cluster on loopback for the session."""
+    with start_redis_cluster(tmp_path_factory.mktemp("redis-cluster")) as cluster:
+        yield cluster
+
+
+def _require_valkey() -> None:
+    if shutil.which("valkey-server") is None:
+        pytest.skip("valkey-server is not installed (Debian: bookworm-backports valkey-server)")
+
+
+@pytest.fixture(scope="session")
+def valkey_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    """A real valkey-server on loopback for the session."""
+    _require_valkey()
+    with start_redis(tmp_path_factory.mktemp("valkey"), binary_name="valkey-server") as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def valkey_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisClusterServers]:
+    """A real 3-master Valkey cluster on loopback for the session."""
+    _require_valkey()
+    workdir = tmp_path_factory.mktemp("valkey-cluster")
+    with start_redis_cluster(workdir, flavour="valkey") as cluster:
+        yield cluster
 
 
 @pytest.fixture

@@ -7,11 +7,11 @@ from pathlib import Path
 
 from infercache.clock import Clock
 from infercache.errors import ConfigError
-from infercache.stores.base import Backend, Entry, MetaStore, Store, StoreStats
+from infercache.stores.base import EPOCH_META, Backend, Entry, MetaStore, Store, StoreStats
 from infercache.stores.memory import MemoryStore
 from infercache.stores.sqlite import SQLiteStore
 
-__all__ = ["Backend", "Entry", "MetaStore", "Store", "StoreStats", "open_store"]
+__all__ = ["EPOCH_META", "Backend", "Entry", "MetaStore", "Store", "StoreStats", "open_store"]
 
 
 def open_store(url: str, *, clock: Clock, max_bytes: int) -> Backend:
@@ -22,6 +22,8 @@ def open_store(url: str, *, clock: Clock, max_bytes: int) -> Backend:
       persistent, several processes may share the file.
     - `redis://host:port/db?prefix=P` (also `rediss://`, `unix://`): shared by every process
       using the server; `prefix` namespaces the keys (default `infercache:`).
+    - `redis+cluster://host:port[,host:port...]?prefix=P` (also `rediss+cluster://`): a Redis
+      (or Valkey) Cluster; the nodes listed are seeds (redis_cluster.py).
     `max_bytes` bounds memory and SQLite (a URL's `max_bytes` wins); Redis is bounded by its
     own `maxmemory`.
     """
@@ -41,12 +43,17 @@ def open_store(url: str, *, clock: Clock, max_bytes: int) -> Backend:
             raise ConfigError(f"sqlite store URL must be sqlite:///PATH, got {url!r}")
         path = urllib.parse.unquote(url[len("sqlite:///") :].split("?", 1)[0])
         return SQLiteStore(Path(path), max_bytes=max_bytes, clock=clock)
+    prefix = query.get("prefix", ["infercache:"])[0]
+    base = urllib.parse.urlunsplit(parsed._replace(query=""))
     if parsed.scheme in ("redis", "rediss", "unix"):
         from infercache.stores.redis import RedisStore
 
-        prefix = query.get("prefix", ["infercache:"])[0]
-        base = urllib.parse.urlunsplit(parsed._replace(query=""))
         return RedisStore(base, clock=clock, prefix=prefix)
+    if parsed.scheme in ("redis+cluster", "rediss+cluster"):
+        from infercache.stores.redis_cluster import RedisClusterStore
+
+        return RedisClusterStore(base, clock=clock, prefix=prefix)
     raise ConfigError(
-        f"unknown store URL {url!r}: use memory://, sqlite:///PATH or redis://HOST:PORT/DB"
+        f"unknown store URL scheme {parsed.scheme!r}: use memory://, sqlite:///PATH, "
+        "redis://HOST:PORT/DB or redis+cluster://HOST:PORT[,HOST:PORT...]"
     )

@@ -12,6 +12,12 @@ Contract (tests/stores/test_contract.py runs it against every backend):
   returns: it drops expired entries first, then the least recently used. An entry larger than
   the bound is not stored.
 - `incr_meta` is atomic across every process sharing the backend.
+- `epoch()` names the store's life: it stays the same while the store keeps its meta, and
+  changes when the meta was lost (a Redis restarted empty or flushed, a new SQLite file). The
+  first call after a loss mints a new token. The token is also the meta value `EPOCH_META`, so
+  a caller can read it in the same round trip as a lookup (`get_with_meta(key, [...,
+  EPOCH_META])`): absent or different from the token it remembers means every model version
+  and tag generation it holds in memory is void; it then calls `epoch()` and re-records them.
 """
 
 from __future__ import annotations
@@ -22,6 +28,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from infercache.errors import StoreError
+
+EPOCH_META = "store:epoch"  # the meta name that holds `Backend.epoch()`
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +130,10 @@ class Backend(Store, MetaStore, Protocol):
 
     def get_with_meta(self, key: str, names: Sequence[str]) -> tuple[Entry | None, dict[str, str]]:
         """`get(key)` and `read_meta(names)` in one round trip: the exact layer's hot path."""
+        ...
+
+    def epoch(self) -> str:
+        """The token of the store's current life (minted now if the meta was lost)."""
         ...
 
     def close(self) -> None: ...

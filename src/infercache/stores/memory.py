@@ -12,12 +12,13 @@ after every call. Thread-safe: one lock around every method. Never raises `Store
 from __future__ import annotations
 
 import heapq
+import secrets
 import threading
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 
 from infercache.clock import Clock
-from infercache.stores.base import Entry, StoreStats
+from infercache.stores.base import EPOCH_META, Entry, StoreStats
 
 
 class MemoryStore:
@@ -31,7 +32,7 @@ class MemoryStore:
         self._entries: OrderedDict[str, Entry] = OrderedDict()
         self._expiry_heap: list[tuple[float, str]] = []
         self._bytes_used = 0
-        self._meta: dict[str, str] = {}
+        self._meta: dict[str, str] = {EPOCH_META: secrets.token_hex(8)}
         self.evictions = 0
 
     def get(self, key: str) -> Entry | None:
@@ -93,6 +94,10 @@ class MemoryStore:
             value = int(self._meta.get(name, "0")) + 1
             self._meta[name] = str(value)
             return value
+
+    def epoch(self) -> str:
+        with self._lock:
+            return self._meta[EPOCH_META]
 
     def close(self) -> None:
         return None

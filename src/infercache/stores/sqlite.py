@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import secrets
 import sqlite3
 import threading
 from collections.abc import Iterator, Sequence
@@ -36,7 +37,7 @@ import orjson
 
 from infercache.clock import Clock
 from infercache.errors import StoreError
-from infercache.stores.base import Entry, StoreStats
+from infercache.stores.base import EPOCH_META, Entry, StoreStats
 
 SCHEMA_VERSION = 1
 log = logging.getLogger(__name__)
@@ -286,6 +287,14 @@ class SQLiteStore:
                 (name,),
             ).fetchone()
         return int(row[0])
+
+    def epoch(self) -> str:
+        with self._write() as conn:
+            conn.execute(
+                "INSERT OR IGNORE INTO meta VALUES (?, ?)", (EPOCH_META, secrets.token_hex(8))
+            )
+            row = conn.execute("SELECT value FROM meta WHERE name = ?", (EPOCH_META,)).fetchone()
+        return str(row[0])
 
     def close(self) -> None:
         try:

@@ -1,0 +1,150 @@
+"""Reaching Redis from a store URL, and the one thing infercache requires of the server.
+
+URLs (the same for Valkey, which speaks the same protocol):
+- `redis://[user:pass@]host:port/db`, `rediss://…` (TLS), `unix:///path.sock`: one server,
+  through `redis.Redis.from_url`.
+- `redis+cluster://[user:pass@]host:port[,host:port…]`, `rediss+cluster://…` (TLS): a Redis
+  Cluster through redis-py's cluster client. The listed nodes are seeds; the client discovers
+  the others and follows MOVED/ASK redirections. A cluster has no databases: no `/db`.
+
+Eviction policy. Meta (model versions, tag generations, the store epoch) is stored with no
+expiry, entries with one. Under `volatile-*` or `noeviction` the server can only evict entries,
+which costs hits. Under `allkeys-*` it may evict a tag's generation counter: the counter reads
+as absent (0) again, and every entry stored under generation 0 before the invalidation becomes
+reachable again. `require_safe_eviction` refuses that configuration at start-up; it reads
+`INFO memory` (allowed where managed services rename CONFIG) on every primary.
+"""
+
+from __future__ import annotations
+
+import urllib.parse
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import redis
+import redis.asyncio
+import redis.asyncio.cluster
+from redis.cluster import ClusterNode, RedisCluster
+
+from infercache.errors import ConfigError
+
+SyncClient = redis.Redis | RedisCluster
+AsyncClient = redis.asyncio.Redis | redis.asyncio.cluster.RedisCluster
+
+SINGLE_SCHEMES = ("redis", "rediss", "unix")
+CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterAddress:
+    nodes: tuple[tuple[str, int], ...]
+    username: str | None
+    password: str | None
+    tls: bool
+
+
+def scheme_of(url: str) -> str:
+    return url.split("://", 1)[0].lower() if "://" in url else ""
+
+
+def is_cluster_url(url: str) -> bool:
+    return scheme_of(url) in CLUSTER_SCHEMES
+
+
+def parse_cluster_url(url: str) -> ClusterAddress:
+    """`redis+cluster://[user:pass@]h1:p1,h2:p2[?…]` → its seed nodes and credentials."""
+    scheme = scheme_of(url)
+    if scheme not in CLUSTER_SCHEMES:
+        raise ConfigError(f"not a cluster URL: {masked_url(url)!r}")
+    rest = url.split("://", 1)[1].split("?", 1)[0]
+    netloc, _, path = rest.partition("/")
+    if path.strip("/") not in ("", "0"):
+        raise ConfigError(
+            f"a Redis Cluster has no databases: drop /{path} from {masked_url(url)!r}"
+        )
+    userinfo, _, hosts = netloc.rpartition("@")
+    username: str | None = None
+    password: str | None = None
+    if userinfo:
+        user, sep, secret = userinfo.partition(":")
+        username = urllib.parse.unquote(user) or None
+        password = urllib.parse.unquote(secret) if sep else None
+    nodes = []
+    for part in hosts.split(","):
+        host, sep, port = part.strip().rpartition(":")
+        if not sep or not host or not port.isdigit():
+            raise ConfigError(f"cluster node {part!r} is not host:port in {masked_url(url)!r}")
+        nodes.append((host.strip("[]"), int(port)))
+    return ClusterAddress(tuple(nodes), username, password, scheme == "rediss+cluster")
+
+
+def masked_url(url: str) -> str:
+    """`url` with any password replaced by `***`, fit for logs and errors."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url
+    netloc, slash, tail = rest.partition("/")
+    userinfo, at, hosts = netloc.rpartition("@")
+    if not at or ":" not in userinfo:
+        return url
+    user = userinfo.split(":", 1)[0]
+    return f"{scheme}://{user}:***@{hosts}{slash}{tail}"
+
+
+def sync_client(url: str, *, socket_timeout_s: float | None) -> SyncClient:
+    """A client for the server or cluster `url` names (no connection is made yet)."""
+    if is_cluster_url(url):
+        address = parse_cluster_url(url)
+        return RedisCluster(
+            startup_nodes=[
+                ClusterNode(h, p)  # type: ignore[no-untyped-call]
+                for h, p in address.nodes
+            ],
+            username=address.username,
+            password=address.password,
+            ssl=address.tls,
+            socket_timeout=socket_timeout_s,
+            socket_connect_timeout=socket_timeout_s,
+        )
+    return redis.Redis.from_url(
+        url, socket_timeout=socket_timeout_s, socket_connect_timeout=socket_timeout_s
+    )
+
+
+def async_client(url: str, *, socket_timeout_s: float | None) -> AsyncClient:
+    """The asyncio twin of `sync_client`."""
+    if is_cluster_url(url):
+        address = parse_cluster_url(url)
+        return redis.asyncio.cluster.RedisCluster(
+            startup_nodes=[redis.asyncio.cluster.ClusterNode(h, p) for h, p in address.nodes],
+            username=address.username,
+            password=address.password,
+            ssl=address.tls,
+            socket_timeout=socket_timeout_s,
+            socket_connect_timeout=socket_timeout_s,
+        )
+    return redis.asyncio.Redis.from_url(
+        url, socket_timeout=socket_timeout_s, socket_connect_timeout=socket_timeout_s
+    )
+
+
+def eviction_policies(client: SyncClient) -> dict[str, str]:
+    """`maxmemory-policy` of every primary, by node name. Raises `redis.RedisError`."""
+    if isinstance(client, RedisCluster):
+        infos = client.info("memory", target_nodes=RedisCluster.PRIMARIES)
+        return {str(node): str(info.get("maxmemory_policy", "")) for node, info in infos.items()}
+    info = client.info("memory")
+    return {"server": str(info.get("maxmemory_policy", ""))}
+
+
+def require_safe_eviction(policies: Mapping[str, str], url: str) -> None:
+    """Refuse a server that may evict keys without an expiry (see the module docstring)."""
+    unsafe = {node: p for node, p in policies.items() if p.startswith("allkeys-")}
+    if unsafe:
+        shown = ", ".join(f"{node}: {p}" for node, p in sorted(unsafe.items()))
+        raise ConfigError(
+            f"refusing the Redis store {masked_url(url)!r}: maxmemory-policy is {shown}. "
+            "Under allkeys-* Redis may evict the invalidation counters (model versions, tag "
+            "generations), which brings invalidated entries back. Set maxmemory-policy to "
+            "volatile-lru, volatile-ttl or noeviction."
+        )
