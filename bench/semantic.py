@@ -38,7 +38,11 @@ from infercache.semantic.embedder import Embedder, MiniLMEmbedder
 from infercache.semantic.guards import DEFAULT_GUARDS, Guard, build_guards, default_guards
 from infercache.semantic.index import FlatIndex, VectorIndex
 from infercache.semantic.pairs import Pair, read_pairs
-from infercache.semantic.public_pairs import (
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from semantic_public_pairs import (  # noqa: E402
     IntentRow,
     intent_pairs,
     read_banking77,
@@ -49,7 +53,6 @@ from infercache.semantic.public_pairs import (
 )
 
 Matrix = npt.NDArray[np.float32]
-HERE = Path(__file__).resolve().parent
 HARD_CASES = HERE.parent / "tests" / "semantic" / "data" / "hard_cases.tsv"
 FIXED_THRESHOLDS = (0.8, 0.9, 0.95)
 
@@ -352,18 +355,18 @@ class PackageIndex:
 
 
 def index_candidates(dim: int) -> dict[str, Callable[[], Any]]:
-    from infercache.semantic.ann_index import UsearchIndex
+    from infercache.semantic.hnsw_index import HNSWIndex
 
     return {
         "flat-numpy (FlatIndex)": lambda: PackageIndex(FlatIndex(dim)),
         "faiss IDMap2(FlatIP)": lambda: FaissFlat(dim),
         "faiss HNSWFlat M=32": lambda: FaissHNSW(dim),
-        "usearch f32 M=16": lambda: PackageIndex(UsearchIndex(dim, dtype="f32")),
+        "usearch f32 M=16": lambda: PackageIndex(HNSWIndex(dim, dtype="f32")),
         "usearch f32 M=16 ef_add=64": lambda: PackageIndex(
-            UsearchIndex(dim, dtype="f32", expansion_add=64)
+            HNSWIndex(dim, dtype="f32", expansion_add=64)
         ),
-        "usearch f16 M=16": lambda: PackageIndex(UsearchIndex(dim, dtype="f16")),
-        "usearch i8 M=16": lambda: PackageIndex(UsearchIndex(dim, dtype="i8")),
+        "usearch f16 M=16": lambda: PackageIndex(HNSWIndex(dim, dtype="f16")),
+        "usearch i8 M=16": lambda: PackageIndex(HNSWIndex(dim, dtype="i8")),
     }
 
 
@@ -449,7 +452,7 @@ def latency_bench(
     figures are those of its quietest round (lowest p50), with all rounds pooled beside."""
     import torch
 
-    from infercache.semantic.ann_index import UsearchIndex
+    from infercache.semantic.hnsw_index import HNSWIndex
 
     results: dict[str, Any] = {"load_average_before": os.getloadavg()}
     print(f"\n== lookup latency: embed 1 query with MiniLM + search k=5, {len(texts)} queries,")
@@ -457,7 +460,7 @@ def latency_bench(
     for size in sizes:
         vectors = top_up(base, size, rng)
         indexes: dict[str, VectorIndex] = {
-            "usearch f32": UsearchIndex(vectors.shape[1]),
+            "usearch f32": HNSWIndex(vectors.shape[1]),
             "FlatIndex": FlatIndex(vectors.shape[1]),
         }
         for index in indexes.values():

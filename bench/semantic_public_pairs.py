@@ -10,7 +10,7 @@
   give `(text, intent)` rows; `intent_pairs` draws pairs from them with an injected RNG: a
   positive is two distinct texts of one intent, a negative two texts of different intents.
 - GPTCache mock pairs (JSON list of `{origin, similar}`): positives only.
-Every adapter may filter by `splits`; a malformed line raises `InvalidRequestError` naming the
+Every adapter may filter by `splits`; a malformed line raises `ValueError` naming the
 file and line.
 """
 
@@ -23,7 +23,6 @@ from collections import defaultdict
 from collections.abc import Collection, Sequence
 from pathlib import Path
 
-from infercache.errors import InvalidRequestError
 from infercache.semantic.pairs import Pair
 
 IntentRow = tuple[str, str]
@@ -39,7 +38,7 @@ def _tsv_rows(path: Path, min_fields: int) -> list[tuple[int, list[str]]]:
             if line_number == 1 or not fields:
                 continue
             if len(fields) < min_fields:
-                raise InvalidRequestError(
+                raise ValueError(
                     f"{path}:{line_number}: {len(fields)} fields, expected at least {min_fields}"
                 )
             rows.append((line_number, fields))
@@ -61,9 +60,7 @@ def read_stsb(
         try:
             score = float(fields[5])
         except ValueError as exc:
-            raise InvalidRequestError(
-                f"{path}:{line_number}: score {fields[5]!r} is not a number"
-            ) from exc
+            raise ValueError(f"{path}:{line_number}: score {fields[5]!r} is not a number") from exc
         if score >= same_min:
             pairs.append(Pair(fields[6], fields[7], True))
         elif score <= different_max:
@@ -78,7 +75,7 @@ def read_mrpc(path: str | Path, *, splits: Collection[str] | None = None) -> lis
         if splits is not None and fields[0] not in splits:
             continue
         if fields[1] not in ("0", "1"):
-            raise InvalidRequestError(f"{path}:{line_number}: Quality {fields[1]!r} is not 0 or 1")
+            raise ValueError(f"{path}:{line_number}: Quality {fields[1]!r} is not 0 or 1")
         pairs.append(Pair(fields[4], fields[5], fields[1] == "1"))
     return pairs
 
@@ -92,7 +89,7 @@ def read_banking77(path: str | Path) -> list[IntentRow]:
             if reader.line_num == 1 or not fields:
                 continue
             if len(fields) != 2:
-                raise InvalidRequestError(f"{path}:{reader.line_num}: expected text,category")
+                raise ValueError(f"{path}:{reader.line_num}: expected text,category")
             rows.append((fields[0], fields[1]))
     return rows
 
@@ -111,9 +108,9 @@ def read_gptcache_pairs(path: str | Path) -> list[Pair]:
     try:
         items = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
-        raise InvalidRequestError(f"{path}:{exc.lineno}: invalid JSON: {exc.msg}") from exc
+        raise ValueError(f"{path}:{exc.lineno}: invalid JSON: {exc.msg}") from exc
     if not isinstance(items, list):
-        raise InvalidRequestError(f"{path}: expected a JSON list of {{origin, similar}}")
+        raise ValueError(f"{path}: expected a JSON list of {{origin, similar}}")
     pairs: list[Pair] = []
     for position, item in enumerate(items):
         if (
@@ -121,7 +118,7 @@ def read_gptcache_pairs(path: str | Path) -> list[Pair]:
             or not isinstance(item.get("origin"), str)
             or not isinstance(item.get("similar"), str)
         ):
-            raise InvalidRequestError(f"{path}: item {position} lacks string origin/similar")
+            raise ValueError(f"{path}: item {position} lacks string origin/similar")
         pairs.append(Pair(item["origin"], item["similar"], True))
     return pairs
 
@@ -132,13 +129,13 @@ def intent_pairs(
     """`count` distinct pairs: `positive_share` of them same-intent, the rest different-intent.
     Intents are drawn in proportion to their number of texts, as traffic would be."""
     if not 0.0 <= positive_share <= 1.0:
-        raise InvalidRequestError(f"positive_share must be in [0, 1], got {positive_share}")
+        raise ValueError(f"positive_share must be in [0, 1], got {positive_share}")
     by_intent: dict[str, list[str]] = defaultdict(list)
     for text, intent in rows:
         by_intent[intent].append(text)
     multi = {i for i, texts in by_intent.items() if len(set(texts)) > 1}
     if len(by_intent) < 2 or not multi:
-        raise InvalidRequestError("intent pairs need 2+ intents and one with 2+ distinct texts")
+        raise ValueError("intent pairs need 2+ intents and one with 2+ distinct texts")
     texts = [text for text, _ in rows]
     intents = [intent for _, intent in rows]
     positives = round(count * positive_share)

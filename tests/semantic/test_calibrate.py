@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from infercache.errors import InvalidRequestError
+from infercache.errors import ConfigError, InvalidRequestError
 from infercache.semantic.calibrate import (
     THRESHOLD_STEP,
     ScoredPair,
@@ -110,7 +110,7 @@ def test_too_few_negatives_to_meet_the_target_is_an_error_saying_so() -> None:
         tune(synthetic(50, 100, seed=5), target_false_hit=0.01)
     with pytest.raises(InvalidRequestError, match="0 negative pairs"):
         tune(synthetic(50, 0, seed=5))
-    with pytest.raises(InvalidRequestError, match=r"target_false_hit .* got 1\.5"):
+    with pytest.raises(ConfigError, match=r"target_false_hit .* got 1\.5"):
         tune(synthetic(50, 500, seed=5), target_false_hit=1.5)
 
 

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from infercache.errors import ConfigError, InvalidRequestError
+from infercache.errors import ConfigError
 from infercache.semantic.decision import Decision, Reason, accept
 from infercache.semantic.guards import (
     CurrencyGuard,
@@ -174,7 +174,7 @@ def test_accept_at_exactly_the_threshold_accepts() -> None:
 
 @pytest.mark.parametrize(("similarity", "threshold"), [(math.nan, 0.5), (0.5, math.inf)])
 def test_accept_refuses_non_finite_numbers(similarity: float, threshold: float) -> None:
-    with pytest.raises(InvalidRequestError, match="finite"):
+    with pytest.raises(ValueError, match="finite"):
         accept(similarity, "a", "b", threshold, [])
 
 

@@ -1,5 +1,6 @@
-"""One contract suite for every `VectorIndex`, plus a Hypothesis state machine checking
-`FlatIndex` against a brute-force model."""
+"""One contract suite for every `VectorIndex` (flat, HNSW, and the growing index the layer uses,
+both before and after its switch), plus a Hypothesis state machine checking `FlatIndex` against
+a brute-force model."""
 
 from __future__ import annotations
 
@@ -13,18 +14,22 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from infercache.errors import ConfigError, InvalidRequestError
-from infercache.semantic.ann_index import UsearchIndex
-from infercache.semantic.index import FlatIndex, VectorIndex
+from infercache.errors import InfercacheError
+from infercache.semantic.flat_index import FlatIndex
+from infercache.semantic.growing_index import GrowingIndex
+from infercache.semantic.hnsw_index import HNSWIndex
+from infercache.semantic.index import VectorIndex
 
 DIM = 32
 Factory = Callable[[int], VectorIndex]
 FACTORIES: dict[str, Factory] = {
     "flat": FlatIndex,
     "flat-tiny-capacity": lambda dim: FlatIndex(dim, initial_capacity=1),
-    "usearch-hnsw": lambda dim: UsearchIndex(dim, exact_below=0),
-    "usearch-exact-path": lambda dim: UsearchIndex(dim, exact_below=10**9),
-    "usearch-i8": lambda dim: UsearchIndex(dim, dtype="i8", exact_below=0),
+    "hnsw": lambda dim: HNSWIndex(dim, exact_below=0),
+    "hnsw-exact-path": lambda dim: HNSWIndex(dim, exact_below=10**9),
+    "hnsw-i8": lambda dim: HNSWIndex(dim, dtype="i8", exact_below=0),
+    "growing": GrowingIndex,  # the layer's default: flat at these sizes
+    "growing-switching-at-64": lambda dim: GrowingIndex(dim, switch_at=64),
 }
 
 
@@ -137,31 +142,37 @@ def test_bulk_add_of_many_vectors_keeps_recall_against_brute_force(make: Factory
 
 
 @pytest.mark.parametrize(
-    ("ids", "vectors", "message"),
+    ("ids", "vectors", "error", "message"),
     [
-        ([1, 2], np.zeros((3, DIM)), r"shape \(2, 32\), got \(3, 32\)"),
-        ([1], np.zeros((1, DIM + 1)), r"got \(1, 33\)"),
-        ([1, 1], np.zeros((2, DIM)), "id 1 repeated"),
-        ([-4], np.zeros((1, DIM)), "got -4"),
-        ([1], np.full((1, DIM), np.nan), "NaN"),
-        ([1.5], np.zeros((1, DIM)), "integers"),
+        ([1, 2], np.zeros((3, DIM)), ValueError, r"shape \(2, 32\), got \(3, 32\)"),
+        ([1], np.zeros((1, DIM + 1)), ValueError, r"got \(1, 33\)"),
+        ([1, 1], np.zeros((2, DIM)), ValueError, "id 1 repeated"),
+        ([-4], np.zeros((1, DIM)), ValueError, "got -4"),
+        ([1], np.full((1, DIM), np.nan), ValueError, "NaN"),
+        ([1.5], np.zeros((1, DIM)), TypeError, "integers"),
     ],
 )
 def test_bad_adds_are_rejected_naming_the_value(
-    make: Factory, ids: list[int], vectors: npt.NDArray[np.float64], message: str
+    make: Factory,
+    ids: list[int],
+    vectors: npt.NDArray[np.float64],
+    error: type[Exception],
+    message: str,
 ) -> None:
+    """Internal shape checks: plain ValueError/TypeError, never a client-facing error class."""
     index = make(DIM)
-    with pytest.raises(InvalidRequestError, match=message):
+    with pytest.raises(error, match=message) as raised:
         index.add(ids, vectors)
+    assert not isinstance(raised.value, InfercacheError)
     assert len(index) == 0
 
 
 def test_bad_searches_are_rejected_naming_the_value(make: Factory) -> None:
     index = make(DIM)
     index.add([1], unit_vectors(1, seed=15))
-    with pytest.raises(InvalidRequestError, match="k must be at least 1, got 0"):
+    with pytest.raises(ValueError, match="k must be at least 1, got 0"):
         index.search(unit_vectors(1, seed=16)[0], 0)
-    with pytest.raises(InvalidRequestError, match=r"shape \(32,\), got \(2, 32\)"):
+    with pytest.raises(ValueError, match=r"shape \(32,\), got \(2, 32\)"):
         index.search(unit_vectors(2, seed=16), 1)
 
 
@@ -197,11 +208,29 @@ def test_a_zero_vector_has_similarity_zero_to_everything(make: Factory) -> None:
     assert hits[1] == pytest.approx(0.0, abs=1e-6)
 
 
-def test_bad_settings_are_config_errors() -> None:
-    with pytest.raises(ConfigError, match="got 0"):
+def test_bad_construction_arguments_are_value_errors() -> None:
+    with pytest.raises(ValueError, match="got 0"):
         FlatIndex(0)
-    with pytest.raises(ConfigError, match="'f64'"):
-        UsearchIndex(8, dtype="f64")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="got 0"):
+        GrowingIndex(0)
+    with pytest.raises(ValueError, match="'f64'"):
+        HNSWIndex(8, dtype="f64")  # type: ignore[arg-type]
+
+
+def test_the_growing_index_moves_to_hnsw_once_past_its_switch_and_keeps_every_vector() -> None:
+    index = GrowingIndex(DIM, switch_at=100)
+    vectors = unit_vectors(300, seed=20)
+    index.add(list(range(100)), vectors[:100])
+    index.remove([7])
+    index.add([100], vectors[100:101])
+    assert isinstance(index._index, FlatIndex)  # 100 held: at the switch point, still exact
+    index.add([101], vectors[101:102])
+    assert isinstance(index._index, HNSWIndex)
+    index.add(list(range(102, 300)), vectors[102:])
+    assert len(index) == 299
+    found = [hits[0].id for hits in index.search_many(vectors, 1)]
+    assert found[:7] + found[8:] == [i for i in range(300) if i != 7]
+    assert found[7] != 7  # removed before the switch: never carried over
 
 
 class FlatIndexAgainstBruteForce(RuleBasedStateMachine):

@@ -14,6 +14,7 @@ import pytest
 
 from infercache.cache import Cache, Layer
 from infercache.clock import ManualClock
+from infercache.errors import UpstreamUnavailableError
 from infercache.semantic.embedder import HashingEmbedder
 from infercache.semantic.guards import build_guards
 from infercache.semantic.layer import SemanticConfig
@@ -286,3 +287,39 @@ def test_a_judge_that_agrees_keeps_the_threshold(
     assert s["gauges"]["false_hit_upper"] < 0.15
     assert cache.semantic is not None
     assert cache.semantic.threshold == THRESHOLD
+
+
+class FailingEmbedder:
+    """A remote embedder that is down: every call raises what OpenAIEmbedder raises then."""
+
+    dim = EMBEDDER.dim
+    name = EMBEDDER.name
+
+    def __init__(self) -> None:
+        self.down = False
+
+    def embed(self, texts: Any) -> Any:
+        if self.down:
+            raise UpstreamUnavailableError("embedding upstream unreachable")
+        return EMBEDDER.embed(texts)
+
+
+def test_an_embedder_outage_is_a_counted_embedder_error_miss_never_a_failed_request(
+    tmp_path: Path, clock: ManualClock, upstream: CountingUpstream
+) -> None:
+    embedder = FailingEmbedder()
+    cache = Cache(
+        Settings(data_dir=tmp_path, store_url="memory://", default_ttl_s=100), clock=clock
+    )
+    cache.enable_semantic(
+        embedder, config=SemanticConfig(threshold=THRESHOLD), guards=build_guards(TWIN_GUARDS)
+    )
+    cache.complete(ask(ORIGINAL), upstream)
+    embedder.down = True
+    outcome = cache.complete(ask(REPHRASED), upstream)
+    assert outcome.layer == Layer.MISS
+    assert upstream.calls == 2
+    s = cache.stats()["strategies"]["semantic"]
+    assert s["misses"] == {"absent": 1, "embedder_error": 1}  # never `store_error`
+    assert s["counters"]["embedder_errors"] == 2  # the lookup, then indexing the answer
+    assert cache.complete(ask(ORIGINAL), upstream).layer == Layer.EXACT  # exact still serves

@@ -119,9 +119,7 @@ def score_pairs(pairs: Sequence[Pair], embedder: Embedder) -> list[ScoredPair]:
 def wilson_upper(failures: int, trials: int, confidence: float = 0.95) -> float:
     """One-sided Wilson score upper bound on a rate seen as `failures` of `trials`."""
     if trials < 1 or not 0 <= failures <= trials:
-        raise InvalidRequestError(
-            f"need 0 <= failures <= trials and trials >= 1, got {failures}/{trials}"
-        )
+        raise ValueError(f"need 0 <= failures <= trials and trials >= 1, got {failures}/{trials}")
     _check_unit("confidence", confidence)
     z = NormalDist().inv_cdf(confidence)
     p = failures / trials
@@ -229,7 +227,7 @@ def curve(
     """False-hit rate, its upper bound and hit rate at `points` thresholds evenly spread over
     the similarities seen (for plotting; `evaluate` gives the figures at one threshold)."""
     if points < 2:
-        raise InvalidRequestError(f"a curve needs at least 2 points, got {points}")
+        raise ValueError(f"a curve needs at least 2 points, got {points}")
     if not scored:
         return []
     ceilings = acceptance_ceilings(scored, guards)
@@ -327,4 +325,4 @@ def _grid_above(value: float) -> float:
 
 def _check_unit(name: str, value: float) -> None:
     if not 0.0 < value < 1.0:
-        raise InvalidRequestError(f"{name} must lie strictly between 0 and 1, got {value}")
+        raise ConfigError(f"{name} must lie strictly between 0 and 1, got {value}")

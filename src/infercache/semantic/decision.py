@@ -21,7 +21,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
-from infercache.errors import InvalidRequestError
 from infercache.semantic.guards import Guard
 
 
@@ -52,7 +51,7 @@ def accept(
 ) -> Decision:
     """Whether a candidate at cosine `similarity` (in [-1, 1]) may answer the query."""
     if not (math.isfinite(similarity) and math.isfinite(threshold)):
-        raise InvalidRequestError(
+        raise ValueError(
             f"similarity and threshold must be finite, got {similarity} and {threshold}"
         )
     if similarity < threshold:

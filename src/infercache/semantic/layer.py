@@ -1,35 +1,32 @@
 """The semantic layer: answer a request with the stored answer of a near-duplicate in its scope.
 
-Lookup (after an exact miss):
+Lookup (after an exact miss), `lookup`:
   1. `scope.query_of`: the request's exact scope (everything but the last user message, with
      the model version token and tag generations) and the text compared by meaning. A request
      whose last message is not user text is outside the layer (counted `not_applicable`).
-  2. Embed the text; search the scope's own vector index for the top `k` neighbours (cosine
-     similarity in [-1, 1]); observe the nearest one's similarity in a histogram, hit or miss.
-  3. Walk the neighbours from the most similar: `decision.accept` (threshold, then guards — the
-     same rule `infercache tune` calibrates) must accept, and the neighbour's exact entry must be
-     fresh for this request (`ExactCache.fresh_entry`: TTL, model version, tag generations,
-     max-age). A neighbour whose entry is gone (expired, evicted, invalidated) is dropped from
-     the index on the spot, so the index never serves what the store no longer would.
-Store (after the exact layer stored an answer): a record `sem:{exact key}` in the same backend
-holds scope, text and vector, with the exact entry's expiry, so a restart rebuilds every index
-from the store (`rebuild`); the vector joins its scope's index.
+  2. Embed the text (an embedder failure is a counted `embedder_error` miss).
+  3. `registry.ScopedIndexes.search`: the scope's `k` nearest vectors (cosine similarity in
+     [-1, 1]); the nearest one's similarity goes into a histogram, hit or miss.
+  4. Walk the candidates from the most similar: `decision.accept` (threshold, then guards —
+     the same rule `infercache tune` calibrates) must accept, and the candidate's exact entry
+     must be fresh for this request (`ExactCache.fresh_entry`: TTL, model version, tag
+     generations, max-age). A candidate whose entry is gone (expired, evicted, invalidated) is
+     dropped from the index on the spot, so the index never serves what the store would not.
+Store (after the exact layer stored an answer), `store`: the `records.SemanticRecord` (scope,
+text, vector) goes to the same backend under `sem:{exact key}` with the exact entry's expiry,
+so a restart rebuilds every index from the store (`rebuild`); the vector joins its scope's index.
 
-Live verification (verify.py) samples hits; when the false-hit rate is above target with 95%
-confidence, the threshold tightens by itself and the new value is kept in the store's meta, so
-it survives restarts (until the operator configures a different threshold).
+Live verification (verify.py) samples hits; its verdicts feed `verify.LiveThreshold`, which
+tightens the threshold when the false-hit rate is above target with 95% confidence and keeps
+the new value in the store's meta across restarts.
 
 Indexes are per process: another process's new records are seen after its restart. Thread-safe
-(one lock around index state).
+(the registry and the live threshold each hold a lock).
 """
 
 from __future__ import annotations
 
-import base64
-import json
 import logging
-import threading
-from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -38,7 +35,7 @@ import numpy as np
 import numpy.typing as npt
 
 from infercache.clock import Clock
-from infercache.errors import InfercacheError, StoreError
+from infercache.errors import EmbedderError, InfercacheError, StoreError
 from infercache.exact import ExactCache
 from infercache.metrics import MissReason, PriceTable, StrategyMetrics
 from infercache.request import ChatRequest
@@ -46,16 +43,27 @@ from infercache.semantic.decision import Reason, accept
 from infercache.semantic.embedder import Embedder
 from infercache.semantic.growing_index import GrowingIndex
 from infercache.semantic.guards import Guard
-from infercache.semantic.index import IndexFactory, VectorIndex
+from infercache.semantic.index import IndexFactory
+from infercache.semantic.records import (
+    RECORD_PREFIX,
+    SemanticRecord,
+    decode_record,
+    encode_record,
+    record_key,
+)
+from infercache.semantic.registry import Candidate, IndexedItem, ScopedIndexes
 from infercache.semantic.scope import Query, query_of
-from infercache.semantic.verify import FalseHitMonitor, Tightened, Verifier
+from infercache.semantic.verify import FalseHitMonitor, LiveThreshold, Tightened, Verifier
 from infercache.stores.base import Backend, Entry
 from infercache.versions import VersionView
 
 log = logging.getLogger(__name__)
 
-RECORD_PREFIX = "sem:"
 SIMILARITY_BUCKETS = (*(round(0.05 * i, 2) for i in range(-4, 20)), 0.97, 0.99)
+_REFUSED = {
+    Reason.BELOW_THRESHOLD: MissReason.BELOW_THRESHOLD,
+    Reason.GUARD: MissReason.GUARD_REJECTED,
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,12 +94,6 @@ class SemanticHit(NamedTuple):
     similarity: float
 
 
-class _Item(NamedTuple):
-    scope: str
-    key: str
-    text: str
-
-
 class SemanticLayer:
     def __init__(
         self,
@@ -115,75 +117,27 @@ class SemanticLayer:
         self.metrics = metrics
         self._prices = prices
         self._clock = clock
-        self._new_index: IndexFactory = index_factory or GrowingIndex
+        self.indexes = ScopedIndexes(
+            embedder.dim, index_factory or GrowingIndex, max_vectors=config.max_vectors
+        )
+        monitor: FalseHitMonitor | None = verifier.monitor if verifier is not None else None
+        self.live_threshold = LiveThreshold(
+            backend,
+            configured=config.threshold,
+            embedder_name=embedder.name,
+            metrics=metrics,
+            monitor=monitor,
+        )
         self.verifier = verifier
         if verifier is not None:
-            verifier.attach(self.on_verdict)
-        self._lock = threading.Lock()
-        self._indexes: dict[str, VectorIndex] = {}
-        self._items: OrderedDict[int, _Item] = OrderedDict()
-        self._id_of_key: dict[str, int] = {}
-        self._next_id = 0
-        self._threshold = self._load_threshold()
-        self.metrics.gauge("threshold", self._threshold)
-
-    # -- threshold --
+            verifier.attach(self.live_threshold.on_verdict)
 
     @property
     def threshold(self) -> float:
-        return self._threshold
-
-    def _meta_name(self) -> str:
-        return f"semantic:threshold:{self.embedder.name}"
-
-    def _load_threshold(self) -> float:
-        """The configured threshold, or the one live verification tightened it to since."""
-        try:
-            raw = self.backend.read_meta([self._meta_name()]).get(self._meta_name())
-        except StoreError as exc:
-            log.warning("could not read the stored semantic threshold: %s", exc)
-            return self.config.threshold
-        if raw is None:
-            return self.config.threshold
-        saved = json.loads(raw)
-        if saved.get("configured") != self.config.threshold:
-            return self.config.threshold  # the operator re-tuned: their value wins
-        return float(saved["current"])
+        return self.live_threshold.value
 
     def tighten(self, event: Tightened) -> None:
-        with self._lock:
-            self._threshold = max(self._threshold, event.new_threshold)
-            current = self._threshold
-        self.metrics.count("threshold_tightened")
-        self.metrics.gauge("threshold", current)
-        log.warning(
-            "semantic false-hit rate above target (%d of %d verified hits wrong): "
-            "threshold %.4f -> %.4f",
-            event.false_hits,
-            event.verified,
-            event.old_threshold,
-            current,
-        )
-        saved = json.dumps({"configured": self.config.threshold, "current": current})
-        try:
-            self.backend.write_meta(self._meta_name(), saved)
-        except StoreError as exc:
-            log.warning("could not persist the tightened threshold: %s", exc)
-
-    def on_verdict(self, similarity: float, wrong: bool) -> None:
-        """A verification's verdict (called by the Verifier's background thread)."""
-        assert self.verifier is not None
-        monitor: FalseHitMonitor = self.verifier.monitor
-        self.metrics.count("verified")
-        if wrong:
-            self.metrics.count("verified_false_hits")
-        event = monitor.record(similarity, wrong, self._threshold)
-        lower, upper = monitor.interval()
-        self.metrics.gauge("false_hit_estimate", monitor.estimate())
-        self.metrics.gauge("false_hit_lower", lower)
-        self.metrics.gauge("false_hit_upper", upper)
-        if event is not None:
-            self.tighten(event)
+        self.live_threshold.tighten(event)
 
     # -- lookup --
 
@@ -196,21 +150,15 @@ class SemanticLayer:
             return None, None
         started = self._clock.monotonic_s()
         try:
-            vector = self.embedder.embed([query.text])[0]
-        except InfercacheError as exc:  # e.g. a remote embedder down: a counted miss
-            self.metrics.count("embedder_errors")
-            self.metrics.miss(MissReason.STORE_ERROR)
-            log.warning("semantic lookup skipped, the embedder failed: %s", exc)
+            probe = Probe(query, self._embed(query.text))
+        except EmbedderError as exc:
+            self.metrics.miss(MissReason.EMBEDDER_ERROR)
+            log.warning("semantic lookup skipped: %s", exc.message)
             return None, None
-        probe = Probe(query, vector)
-        with self._lock:
-            index = self._indexes.get(query.scope)
-            neighbours = index.search(vector, self.config.k) if index is not None else []
-            candidates = [(n.similarity, n.id, self._items.get(n.id)) for n in neighbours]
-            threshold = self._threshold
+        candidates = self.indexes.search(query.scope, probe.vector, self.config.k)
         if candidates:
-            self.metrics.observe("nn_similarity", candidates[0][0], SIMILARITY_BUCKETS)
-        hit, reason = self._first_acceptable(query, view, request, candidates, threshold)
+            self.metrics.observe("nn_similarity", candidates[0].similarity, SIMILARITY_BUCKETS)
+        hit, reason = self._first_acceptable(query, view, request, candidates)
         self.metrics.overhead(self._clock.monotonic_s() - started)
         if hit is None:
             self.metrics.miss(reason)
@@ -229,23 +177,19 @@ class SemanticLayer:
         query: Query,
         view: VersionView,
         request: ChatRequest,
-        candidates: list[tuple[float, int, _Item | None]],
-        threshold: float,
+        candidates: list[Candidate],
     ) -> tuple[SemanticHit | None, MissReason]:
+        """The first candidate (most similar first) that the rule accepts and whose entry is
+        fresh; else None and why the best one was refused."""
         reason = MissReason.ABSENT
+        threshold = self.threshold
         for similarity, vid, item in candidates:
-            if item is None:
-                continue
             decision = accept(similarity, query.text, item.text, threshold, self.guards)
             if not decision.accepted:
                 if reason is MissReason.ABSENT:
-                    reason = (
-                        MissReason.BELOW_THRESHOLD
-                        if decision.reason is Reason.BELOW_THRESHOLD
-                        else MissReason.GUARD_REJECTED
-                    )
+                    reason = _REFUSED[decision.reason]
                 if decision.reason is Reason.BELOW_THRESHOLD:
-                    break  # neighbours come most similar first: the rest are lower still
+                    break  # candidates come most similar first: the rest are lower still
                 continue
             try:
                 entry = self.exact.fresh_entry(item.key, view, request.directives.max_age_s)
@@ -254,7 +198,7 @@ class SemanticLayer:
                 log.warning("semantic candidate unreadable, serving without it: %s", exc)
                 return None, MissReason.STORE_ERROR
             if entry is None:
-                self._forget(vid)  # expired, evicted or invalidated in the store
+                self.indexes.forget(vid)  # expired, evicted or invalidated in the store
                 continue
             return SemanticHit(entry, item.key, similarity), reason
         return None, reason
@@ -266,95 +210,57 @@ class SemanticLayer:
         query = query_of(request, view, self.exact.ignorable_fields)
         if query is None:
             return
-        if probe is not None and probe.query.text == query.text:
-            probe = Probe(query, probe.vector)
-        else:
-            try:
-                probe = Probe(query, self.embedder.embed([query.text])[0])
-            except InfercacheError as exc:
-                self.metrics.count("embedder_errors")
-                log.warning("semantic record not stored, the embedder failed: %s", exc)
-                return
         try:
-            entry = self.backend.get(key)
-            if entry is None:
+            same_text = probe is not None and probe.query.text == query.text
+            vector = probe.vector if probe is not None and same_text else self._embed(query.text)
+        except EmbedderError as exc:
+            log.warning("semantic record not stored: %s", exc.message)
+            return
+        record = SemanticRecord(query.scope, query.text, key, self.embedder.name, vector)
+        try:
+            answer = self.backend.get(key)
+            if answer is None:
                 return
-            self.backend.put(RECORD_PREFIX + key, self._record(probe, key, entry))
+            self.backend.put(record_key(key), encode_record(record, answer))
         except StoreError as exc:
             self.metrics.count("store_errors")
             log.warning("semantic record not stored: %s", exc)
             return
-        self._add(_Item(probe.query.scope, key, probe.query.text), probe.vector)
-
-    def _record(self, probe: Probe, key: str, entry: Entry) -> Entry:
-        body = {
-            "scope": probe.query.scope,
-            "text": probe.query.text,
-            "key": key,
-            "embedder": self.embedder.name,
-            "vector": base64.b64encode(probe.vector.astype(np.float32).tobytes()).decode(),
-        }
-        return Entry(
-            response=json.dumps(body, separators=(",", ":")).encode(),
-            model=entry.model,
-            model_version=entry.model_version,
-            tags=entry.tags,
-            created_at_s=entry.created_at_s,
-            expires_at_s=entry.expires_at_s,
-            upstream_s=0.0,
-            prompt_tokens=0,
-            completion_tokens=0,
-        )
+        size = self.indexes.add(IndexedItem(query.scope, key, query.text), vector)
+        self.metrics.gauge("vectors", size)
 
     def rebuild(self) -> int:
         """Load every live record of this embedder from the store; return how many."""
         now_s = self._clock.now_s()
-        loaded = 0
-        for _, record in self.backend.scan(RECORD_PREFIX):
-            if record.expires_at_s <= now_s:
+        items: list[IndexedItem] = []
+        vectors: list[npt.NDArray[np.float32]] = []
+        for name, entry in self.backend.scan(RECORD_PREFIX):
+            if entry.expires_at_s <= now_s:
                 continue
-            body = json.loads(record.response)
-            if body.get("embedder") != self.embedder.name:
+            try:
+                record = decode_record(entry)
+            except ValueError as exc:
+                log.warning("skipping the unreadable semantic record %s: %s", name, exc)
+                continue
+            if record.embedder != self.embedder.name or len(record.vector) != self.embedder.dim:
                 continue  # vectors of another model are not comparable
-            vector = np.frombuffer(base64.b64decode(body["vector"]), dtype=np.float32)
-            self._add(_Item(body["scope"], body["key"], body["text"]), vector)
-            loaded += 1
-        self.metrics.gauge("vectors", len(self._items))
-        return loaded
+            items.append(IndexedItem(record.scope, record.key, record.text))
+            vectors.append(record.vector)
+        if items:
+            self.indexes.add_many(items, np.stack(vectors))
+        self.metrics.gauge("vectors", len(self.indexes))
+        return len(items)
 
-    def _add(self, item: _Item, vector: npt.NDArray[np.float32]) -> None:
-        with self._lock:
-            old = self._id_of_key.pop(item.key, None)
-            if old is not None:
-                self._forget_locked(old)
-            vid = self._next_id
-            self._next_id += 1
-            index = self._indexes.get(item.scope)
-            if index is None:
-                index = self._indexes[item.scope] = self._new_index(self.embedder.dim)
-            index.add([vid], vector.reshape(1, -1))
-            self._items[vid] = item
-            self._id_of_key[item.key] = vid
-            while len(self._items) > self.config.max_vectors:
-                self._forget_locked(next(iter(self._items)))
-            size = len(self._items)
-        self.metrics.gauge("vectors", size)
+    def _embed(self, text: str) -> npt.NDArray[np.float32]:
+        """One text's vector; any failure of the embedder becomes `EmbedderError` (counted)."""
+        try:
+            vector: npt.NDArray[np.float32] = self.embedder.embed([text])[0]
+        except InfercacheError as exc:  # a remote embedder down, say
+            self.metrics.count("embedder_errors")
+            raise EmbedderError(f"the embedder failed: {exc.message}") from exc
+        return vector
 
-    def _forget(self, vid: int) -> None:
-        with self._lock:
-            self._forget_locked(vid)
-
-    def _forget_locked(self, vid: int) -> None:
-        item = self._items.pop(vid, None)
-        if item is None:
-            return
-        if self._id_of_key.get(item.key) == vid:
-            del self._id_of_key[item.key]
-        index = self._indexes.get(item.scope)
-        if index is not None:
-            index.remove([vid])
-            if len(index) == 0:
-                del self._indexes[item.scope]
+    # -- live verification --
 
     def verify(
         self,

@@ -11,8 +11,8 @@ Accepted files, chosen by extension (UTF-8; a leading BOM is ignored):
   1 and 0 too).
 A malformed file raises `InvalidRequestError` naming the file and line; a file with no pairs too.
 
-The public data sets' native forms are read by the explicit adapters in `public_pairs`, used by
-the bench only.
+The public data sets' native forms are read by the bench's own adapters
+(bench/semantic_public_pairs.py).
 """
 
 from __future__ import annotations

@@ -17,15 +17,15 @@ from typing import TYPE_CHECKING, Any
 from infercache.errors import ConfigError
 from infercache.semantic.embedder import Embedder
 from infercache.semantic.guards import build_guards, default_guards
-from infercache.semantic.layer import SemanticConfig, SemanticLayer
-from infercache.semantic.verify import (
+from infercache.semantic.judges import (
     EmbeddingJudge,
-    FalseHitMonitor,
+    ExactAnswerJudge,
     Judge,
     LLMJudge,
     NormalisedEqualityJudge,
-    Verifier,
 )
+from infercache.semantic.layer import SemanticConfig, SemanticLayer
+from infercache.semantic.verify import FalseHitMonitor, Verifier
 from infercache.settings import SemanticSettings
 
 if TYPE_CHECKING:
@@ -67,6 +67,8 @@ def build_embedder(s: SemanticSettings, environ: Mapping[str, str] | None = None
 
 
 def build_judge(s: SemanticSettings, embedder: Embedder, fetch: Fetch | None) -> Judge:
+    if s.judge == "exact":
+        return ExactAnswerJudge()
     if s.judge == "equality":
         return NormalisedEqualityJudge()
     if s.judge == "llm":

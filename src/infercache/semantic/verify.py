@@ -13,26 +13,28 @@ closest wrong hit seen in this window, and at least by `step` (capped at `max_th
 window then restarts, since the new threshold changes the population being measured. Every
 tightening is logged and counted; the estimate and its bounds are gauges.
 
-Judges (all pluggable, one method): `NormalisedEqualityJudge` (case, whitespace and punctuation
-folded), `EmbeddingJudge` (cosine similarity of the two answers ≥ a bound, in [-1, 1]),
-`LLMJudge` (asks a model through the upstream whether two answers say the same).
+The judges live in judges.py. `LiveThreshold` is the threshold the layer applies: the
+configured one, raised by each `Tightened` event and kept in the store's meta under
+`semantic:threshold:{embedder name}` as `{"configured", "current"}`, so it survives restarts
+until the operator configures a different threshold (then theirs wins).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import random
-import re
 import threading
 from collections.abc import Callable, Mapping
 from concurrent.futures import Executor
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
-import numpy as np
-
-from infercache.semantic.embedder import Embedder
+from infercache.errors import StoreError
+from infercache.metrics import StrategyMetrics
+from infercache.semantic.judges import Judge
+from infercache.stores.base import MetaStore
 
 log = logging.getLogger(__name__)
 
@@ -48,89 +50,6 @@ def wilson_interval(failures: int, trials: int, z: float = Z_95) -> tuple[float,
     centre = (p + z * z / (2 * trials)) / denom
     half = z * math.sqrt(p * (1 - p) / trials + z * z / (4 * trials * trials)) / denom
     return max(0.0, centre - half), min(1.0, centre + half)
-
-
-def answer_text(response: Mapping[str, Any]) -> str:
-    choices = response.get("choices") or []
-    if not choices or not isinstance(choices[0], Mapping):
-        return ""
-    message = choices[0].get("message") or {}
-    content = message.get("content")
-    return content if isinstance(content, str) else ""
-
-
-class Judge(Protocol):
-    name: str
-
-    def same(
-        self, request: Mapping[str, Any], cached: Mapping[str, Any], fresh: Mapping[str, Any]
-    ) -> bool:
-        """True when the cached answer is as good an answer to `request` as the fresh one."""
-        ...
-
-
-_FOLD = re.compile(r"[\W_]+", re.UNICODE)
-
-
-class NormalisedEqualityJudge:
-    name = "normalised-equality"
-
-    def same(
-        self, request: Mapping[str, Any], cached: Mapping[str, Any], fresh: Mapping[str, Any]
-    ) -> bool:
-        def fold(text: str) -> str:
-            return _FOLD.sub(" ", text.casefold()).strip()
-
-        return fold(answer_text(cached)) == fold(answer_text(fresh))
-
-
-class EmbeddingJudge:
-    """Same when the answers' embeddings have cosine similarity ≥ `min_similarity`."""
-
-    name = "embedding"
-
-    def __init__(self, embedder: Embedder, min_similarity: float = 0.85) -> None:
-        self._embedder = embedder
-        self._min = min_similarity
-
-    def same(
-        self, request: Mapping[str, Any], cached: Mapping[str, Any], fresh: Mapping[str, Any]
-    ) -> bool:
-        vectors = self._embedder.embed([answer_text(cached), answer_text(fresh)])
-        return float(np.dot(vectors[0], vectors[1])) >= self._min
-
-
-class LLMJudge:
-    """Asks a model (through `complete`, an upstream call) for a yes/no verdict."""
-
-    name = "llm"
-    PROMPT = (
-        "Question:\n{question}\n\nAnswer A:\n{a}\n\nAnswer B:\n{b}\n\n"
-        "Do A and B give the same information in answer to the question? Reply yes or no."
-    )
-
-    def __init__(
-        self, complete: Callable[[dict[str, Any]], dict[str, Any]], model: str | None = None
-    ) -> None:
-        """`model`: the judging model; None asks the model the request itself was for."""
-        self._complete = complete
-        self._model = model
-
-    def same(
-        self, request: Mapping[str, Any], cached: Mapping[str, Any], fresh: Mapping[str, Any]
-    ) -> bool:
-        messages = request.get("messages") or [{}]
-        question = str(messages[-1].get("content", ""))
-        prompt = self.PROMPT.format(question=question, a=answer_text(cached), b=answer_text(fresh))
-        verdict = self._complete(
-            {
-                "model": self._model or request.get("model"),
-                "messages": [{"role": "user", "content": prompt}],
-                "temperature": 0,
-                "max_tokens": 3,
-            }
-        )
-        return answer_text(verdict).strip().lower().startswith("yes")
 
 
 @dataclass(frozen=True, slots=True)
@@ -245,3 +164,80 @@ class Verifier:
             return
         if self._on_verdict is not None:
             self._on_verdict(similarity, not same)
+
+
+class LiveThreshold:
+    """The similarity threshold (cosine, in [-1, 1]) the layer applies, fed by verification
+    verdicts (`on_verdict`, from the Verifier's thread) and persisted in the store's meta.
+    Thread-safe."""
+
+    def __init__(
+        self,
+        meta: MetaStore,
+        *,
+        configured: float,
+        embedder_name: str,
+        metrics: StrategyMetrics,
+        monitor: FalseHitMonitor | None = None,
+    ) -> None:
+        self.configured = configured
+        self.monitor = monitor
+        self._meta = meta
+        self._meta_name = f"semantic:threshold:{embedder_name}"
+        self._metrics = metrics
+        self._lock = threading.Lock()
+        self._value = self._load()
+        metrics.gauge("threshold", self._value)
+
+    @property
+    def value(self) -> float:
+        return self._value
+
+    def _load(self) -> float:
+        """The configured threshold, or the one live verification tightened it to since."""
+        try:
+            raw = self._meta.read_meta([self._meta_name]).get(self._meta_name)
+        except StoreError as exc:
+            log.warning("could not read the stored semantic threshold: %s", exc)
+            return self.configured
+        if raw is None:
+            return self.configured
+        saved = json.loads(raw)
+        if saved.get("configured") != self.configured:
+            return self.configured  # the operator re-tuned: their value wins
+        return float(saved["current"])
+
+    def on_verdict(self, similarity: float, wrong: bool) -> None:
+        """One verified hit at cosine `similarity`: count it, maybe tighten."""
+        self._metrics.count("verified")
+        if wrong:
+            self._metrics.count("verified_false_hits")
+        if self.monitor is None:
+            return
+        event = self.monitor.record(similarity, wrong, self._value)
+        lower, upper = self.monitor.interval()
+        self._metrics.gauge("false_hit_estimate", self.monitor.estimate())
+        self._metrics.gauge("false_hit_lower", lower)
+        self._metrics.gauge("false_hit_upper", upper)
+        if event is not None:
+            self.tighten(event)
+
+    def tighten(self, event: Tightened) -> None:
+        with self._lock:
+            self._value = max(self._value, event.new_threshold)
+            current = self._value
+        self._metrics.count("threshold_tightened")
+        self._metrics.gauge("threshold", current)
+        log.warning(
+            "semantic false-hit rate above target (%d of %d verified hits wrong): "
+            "threshold %.4f -> %.4f",
+            event.false_hits,
+            event.verified,
+            event.old_threshold,
+            current,
+        )
+        saved = json.dumps({"configured": self.configured, "current": current})
+        try:
+            self._meta.write_meta(self._meta_name, saved)
+        except StoreError as exc:
+            log.warning("could not persist the tightened threshold: %s", exc)

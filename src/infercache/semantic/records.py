@@ -1,0 +1,69 @@
+"""The semantic record: what the layer persists beside an exact entry so that a restart can
+rebuild every scope's index without embedding anything again.
+
+Stored under `sem:{exact key}` in the same backend as the exact entry, as an `Entry` whose
+response body is compact JSON:
+
+    {"scope", "text", "key", "embedder", "vector": base64 of the float32 vector's bytes}
+
+The record copies the exact entry's model, version, tags and expiry, so it expires (and is
+evicted by TTL) with the answer it indexes. `embedder` is the embedder's `name`: vectors of
+another model are not comparable and are skipped on rebuild. Pure.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from typing import NamedTuple
+
+import numpy as np
+import numpy.typing as npt
+
+from infercache.stores.base import Entry
+
+RECORD_PREFIX = "sem:"
+
+
+class SemanticRecord(NamedTuple):
+    scope: str
+    text: str
+    key: str  # the exact key whose answer this record indexes
+    embedder: str
+    vector: npt.NDArray[np.float32]
+
+
+def record_key(key: str) -> str:
+    return RECORD_PREFIX + key
+
+
+def encode_record(record: SemanticRecord, answer: Entry) -> Entry:
+    """The record as an `Entry` living and expiring with `answer`, the exact entry it indexes."""
+    body = {
+        "scope": record.scope,
+        "text": record.text,
+        "key": record.key,
+        "embedder": record.embedder,
+        "vector": base64.b64encode(record.vector.astype(np.float32).tobytes()).decode(),
+    }
+    return Entry(
+        response=json.dumps(body, separators=(",", ":")).encode(),
+        model=answer.model,
+        model_version=answer.model_version,
+        tags=answer.tags,
+        created_at_s=answer.created_at_s,
+        expires_at_s=answer.expires_at_s,
+        upstream_s=0.0,
+        prompt_tokens=0,
+        completion_tokens=0,
+    )
+
+
+def decode_record(entry: Entry) -> SemanticRecord:
+    """The record an `encode_record` entry holds; `ValueError` if it is not one."""
+    try:
+        body = json.loads(entry.response)
+        vector = np.frombuffer(base64.b64decode(body["vector"]), dtype=np.float32)
+        return SemanticRecord(body["scope"], body["text"], body["key"], body["embedder"], vector)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"not a semantic record: {exc!r}") from exc
