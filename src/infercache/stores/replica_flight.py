@@ -1,0 +1,257 @@
+"""One upstream call per key across gateway replicas: a lease in Redis, the answer beside it.
+
+    flights = ReplicaFlights(async_client(url, socket_timeout_s=None), prefix=..., clock=...)
+    outcome = await flights.join(key, timeout_s=60)
+    if isinstance(outcome, SharedAnswer):    # another replica fetched it (or failed)
+        serve outcome: `completion()` as JSON, or replayed as a stream
+    else:                                    # a FlightLease: this replica fetches
+        answer = None
+        try:
+            answer = SharedAnswer.of_completion(await fetch())   # or .of_error(status, body)
+        finally:
+            await outcome.close(answer)      # exactly once; None hands the work over
+
+Keys of one flight share the slot of `{prefix}{fl:KEY}` (so this runs on a cluster too):
+- `lease`: the leader's random token, `SET NX PX lease_ms`; renewed every lease_ms / 3 while
+  it works (only while it still holds its own token);
+- `answer`: a hash {status, body}, written once and kept `answer_ttl_ms` (an error only
+  `error_ttl_ms`: waiters in flight get it, later arrivals try again);
+- `wake`: a short stream appended to whenever the answer is published or the lease released.
+
+`join`, one Lua call each round: an answer → return it; else `SET lease NX PX` → lead; else
+wait: `XREAD BLOCK` on `wake` after its newest entry, for no longer than the lease has left.
+So a waiter returns as soon as the answer is published or the leader hands over, and checks
+again no later than the moment a dead leader's lease expires; then exactly one waiter's
+`SET NX` wins and it leads, the others keep waiting for its answer. A waiter gives up at its
+deadline (the injected clock) with `StoreError`: the caller then fetches by itself.
+
+The answer is whole: `status` 200 and the complete chat.completion body, which a streaming
+waiter replays as chunks (chat.py `chunks_from_completion`); or an error status and its
+OpenAI-shaped body. Partial streams are never published: a leader whose stream was cut
+publishes an error or hands over.
+
+Failure: every `redis.RedisError` becomes `StoreError` (a caller falls back to fetching alone).
+A renewal that fails is retried at the next tick; one that finds another token sets
+`FlightLease.lost` (this leader stalled past its lease and was presumed dead; its answer is
+still published if none is there yet). All waits are awaits: nothing blocks the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+import redis
+from redis.commands.core import AsyncScript
+
+from infercache.clock import Clock
+from infercache.errors import StoreError
+from infercache.stores.redis_connect import AsyncClient
+
+log = logging.getLogger(__name__)
+
+# KEYS: lease, answer, wake; ARGV: token, lease_ms.
+_JOIN = """
+local a = redis.call('HMGET', KEYS[2], 'status', 'body')
+if a[1] then return {'answer', a[1], a[2]} end
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return {'lead'} end
+local newest = redis.call('XREVRANGE', KEYS[3], '+', '-', 'COUNT', 1)
+local after = '0-0'
+if #newest > 0 then after = newest[1][1] end
+return {'wait', redis.call('PTTL', KEYS[1]), after}
+"""
+# KEYS: lease; ARGV: token, lease_ms.
+_RENEW = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+return 0
+"""
+# KEYS: lease, answer, wake; ARGV: token, status, body, answer_ttl_ms, wake_ttl_ms.
+_PUBLISH = """
+if redis.call('EXISTS', KEYS[2]) == 0 then
+  redis.call('HSET', KEYS[2], 'status', ARGV[2], 'body', ARGV[3])
+  redis.call('PEXPIRE', KEYS[2], ARGV[4])
+end
+if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end
+redis.call('XADD', KEYS[3], 'MAXLEN', 8, '*', 'why', 'answer')
+redis.call('PEXPIRE', KEYS[3], ARGV[5])
+return 1
+"""
+# KEYS: lease, wake; ARGV: token, wake_ttl_ms.
+_RELEASE = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('DEL', KEYS[1])
+redis.call('XADD', KEYS[2], 'MAXLEN', 8, '*', 'why', 'released')
+redis.call('PEXPIRE', KEYS[2], ARGV[2])
+return 1
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class SharedAnswer:
+    """A flight's outcome as other replicas receive it."""
+
+    status: int  # 200: `body` is a whole chat.completion; otherwise an OpenAI error body
+    body: bytes
+
+    @classmethod
+    def of_completion(cls, response: Mapping[str, Any]) -> SharedAnswer:
+        return cls(200, orjson.dumps(response))
+
+    @classmethod
+    def of_error(cls, status: int, body: Mapping[str, Any]) -> SharedAnswer:
+        if status < 400:
+            raise ValueError(f"an error answer needs an error status, got {status}")
+        return cls(status, orjson.dumps(body))
+
+    @property
+    def ok(self) -> bool:
+        return self.status == 200
+
+    def completion(self) -> dict[str, Any]:
+        """The body as JSON (the completion, or the error body when not `ok`)."""
+        value = orjson.loads(self.body)
+        assert isinstance(value, dict)
+        return value
+
+
+@dataclass(frozen=True, slots=True)
+class FlightTimings:
+    lease_ms: int = 10_000  # a dead leader is replaced after at most this long
+    answer_ttl_ms: int = 30_000  # how long a late joiner can still pick the answer up
+    error_ttl_ms: int = 1_000
+    max_block_ms: int = 5_000  # longest single XREAD (the client's socket timeout must exceed)
+
+    def __post_init__(self) -> None:
+        if min(self.lease_ms, self.answer_ttl_ms, self.error_ttl_ms, self.max_block_ms) < 1:
+            raise ValueError(f"every timing must be >= 1 ms: {self}")
+
+
+def _mint_token() -> str:
+    return secrets.token_hex(16)
+
+
+class ReplicaFlights:
+    def __init__(
+        self,
+        client: AsyncClient,
+        *,
+        clock: Clock,
+        prefix: str = "infercache:",
+        timings: FlightTimings | None = None,
+        mint_token: Callable[[], str] = _mint_token,
+    ) -> None:
+        self._client = client
+        self._clock = clock
+        self._prefix = prefix
+        self.timings = timings or FlightTimings()
+        self._mint_token = mint_token
+        self._join = AsyncScript(client, _JOIN)
+        self._renew = AsyncScript(client, _RENEW)
+        self._publish = AsyncScript(client, _PUBLISH)
+        self._release = AsyncScript(client, _RELEASE)
+
+    def _keys(self, key: str) -> tuple[str, str, str]:
+        tag = f"{self._prefix}{{fl:{key}}}"
+        return f"{tag}lease", f"{tag}answer", f"{tag}wake"
+
+    async def join(self, key: str, *, timeout_s: float) -> SharedAnswer | FlightLease:
+        """The answer for `key`, or the lease to fetch it. `StoreError` at the deadline or
+        when Redis fails."""
+        lease_key, answer_key, wake_key = self._keys(key)
+        token = self._mint_token()
+        deadline_s = self._clock.monotonic_s() + timeout_s
+        try:
+            while True:
+                reply = await self._join(
+                    keys=[lease_key, answer_key, wake_key], args=[token, self.timings.lease_ms]
+                )
+                what = reply[0].decode()
+                if what == "answer":
+                    return SharedAnswer(int(reply[1]), bytes(reply[2]))
+                if what == "lead":
+                    return FlightLease(self, key, token)
+                left_ms = int((deadline_s - self._clock.monotonic_s()) * 1000)
+                if left_ms <= 0:
+                    raise StoreError(f"no answer for flight {key} within {timeout_s} s")
+                lease_left_ms = max(int(reply[1]), 1)  # -2: expired just now; -1: impossible
+                block_ms = min(lease_left_ms + 1, left_ms, self.timings.max_block_ms)
+                await self._client.xread({wake_key: reply[2]}, count=1, block=block_ms)
+        except redis.RedisError as exc:
+            raise StoreError(f"replica flight {key}: {exc}") from exc
+
+
+class FlightLease:
+    """This replica leads the flight for `key`: fetch, then `close` exactly once. Renews itself
+    in the background until closed."""
+
+    def __init__(self, flights: ReplicaFlights, key: str, token: str) -> None:
+        self._flights = flights
+        self.key = key
+        self.token = token
+        self.lost = asyncio.Event()  # the lease was taken over while this leader worked
+        self._closed = False
+        self._stop = asyncio.Event()
+        self._renewer = asyncio.create_task(self._renew_until_closed())
+
+    async def _renew_until_closed(self) -> None:
+        flights = self._flights
+        every_s = flights.timings.lease_ms / 3000
+        lease_key = flights._keys(self.key)[0]
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), every_s)
+                return
+            try:
+                held = await flights._renew(
+                    keys=[lease_key], args=[self.token, flights.timings.lease_ms]
+                )
+            except redis.RedisError as exc:
+                log.warning("could not renew the lease of flight %s: %s", self.key, exc)
+                continue
+            if not held:
+                log.warning("flight %s: lease lost to another replica", self.key)
+                self.lost.set()
+                return
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    async def close(self, answer: SharedAnswer | None) -> bool:
+        """Publish `answer` to every waiting replica and release the lease; with None, only
+        release it, so a waiter takes over at once. False (and nothing done) if already
+        closed. Raises `StoreError` if Redis fails (the lease then expires by itself)."""
+        if self._closed:
+            return False
+        self._closed = True
+        self._stop.set()
+        await self._renewer
+        flights = self._flights
+        lease_key, answer_key, wake_key = flights._keys(self.key)
+        timings = flights.timings
+        try:
+            if answer is None:
+                await flights._release(
+                    keys=[lease_key, wake_key], args=[self.token, timings.answer_ttl_ms]
+                )
+            else:
+                ttl_ms = timings.answer_ttl_ms if answer.ok else timings.error_ttl_ms
+                await flights._publish(
+                    keys=[lease_key, answer_key, wake_key],
+                    args=[self.token, answer.status, answer.body, ttl_ms, timings.answer_ttl_ms],
+                )
+        except redis.RedisError as exc:
+            raise StoreError(f"replica flight {self.key}: {exc}") from exc
+        return True
+
+    def abandon(self) -> None:
+        """Stop renewing without releasing: what a crashed leader leaves behind (the lease
+        expires after `lease_ms`). For fault tests and shutdown."""
+        self._closed = True
+        self._stop.set()
