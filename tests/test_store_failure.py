@@ -26,11 +26,18 @@ def broken_urls(tmp_path: Path) -> dict[str, str]:
         "corrupted sqlite file": f"sqlite:///{corrupt}",
         "unwritable sqlite path": f"sqlite:///{a_directory}",
         "unreachable redis": f"redis://127.0.0.1:{free_port()}/0",
+        "unreachable redis cluster": f"redis+cluster://127.0.0.1:{free_port()}",
     }
 
 
 @pytest.mark.parametrize(
-    "kind", ["corrupted sqlite file", "unwritable sqlite path", "unreachable redis"]
+    "kind",
+    [
+        "corrupted sqlite file",
+        "unwritable sqlite path",
+        "unreachable redis",
+        "unreachable redis cluster",
+    ],
 )
 def test_requests_succeed_and_store_errors_are_counted(
     kind: str,

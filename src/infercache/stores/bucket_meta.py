@@ -90,6 +90,16 @@ return redis.call('HGET', KEYS[1], ARGV[1])
 """
 
 
+def bucket_of(key: str, buckets: int) -> int:
+    """The bucket an entry key lives in. Pure."""
+    return zlib.crc32(key.encode()) % buckets
+
+
+def bucket_tag(prefix: str, bucket: int) -> str:
+    """The key prefix, hash tag included, of everything in `bucket`. Pure."""
+    return f"{prefix}{{b{bucket}}}"
+
+
 def _text(value: object) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
@@ -124,10 +134,10 @@ class BucketMeta:
     # -- keys --
 
     def bucket_of(self, key: str) -> int:
-        return zlib.crc32(key.encode()) % self.buckets
+        return bucket_of(key, self.buckets)
 
     def tag(self, bucket: int) -> str:
-        return f"{self.prefix}{{b{bucket}}}"
+        return bucket_tag(self.prefix, bucket)
 
     def _values(self, bucket: int) -> str:
         return f"{self.tag(bucket)}m"

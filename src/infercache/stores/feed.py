@@ -6,10 +6,11 @@ an entry another replica stored within one blocking read instead of at its next 
 
 Stream: `{prefix}{feed}{name}` (one hash slot, so it works unchanged on a cluster). Event ids
 are `E-n`: `E` is fixed for the stream's life (the server's time in µs when it was first
-written, kept at `{prefix}{feed}{name}:epoch`; a new life cannot start in the same µs) and `n`
-counts up by one per event (`XADD E-*`, Redis ≥ 7). Contiguous ids make loss visible: `publish` trims the stream to about
-`max_len` events (`XADD MAXLEN ~`), and a reader whose next event was trimmed, or whose stream
-vanished (a server restarted empty), is told so (`FeedBatch.gap`) instead of silently skipping.
+written, kept at `{prefix}{feed}{name}:epoch`; a new life cannot start in the same µs) and
+`n` counts up by one per event (`XADD E-*`, Redis ≥ 7). Contiguous ids make loss visible:
+`publish` trims the stream to about `max_len` events (`XADD MAXLEN ~`), and a reader whose
+next event was trimmed, or whose stream vanished (a server restarted empty), is told so
+(`FeedBatch.gap`) instead of silently skipping.
 `read_after` reads its events and the stream's bounds in one Lua call, so the gap check and the
 events describe the same instant.
 
@@ -30,7 +31,7 @@ Consumer contract (the semantic layer's replica sync):
    current ones), so an invalidated or removed entry is never served, only looked at.
 5. Publishing is best effort after the store write succeeded: a `StoreError` from `publish`
    is counted and logged, and the entry still reaches other replicas at their next rebuild.
-Every `redis.RedisError` becomes `StoreError` here. Thread-safe (redis-py's pool is); a
+Every redis-py error becomes `StoreError` here. Thread-safe (redis-py's pool is); a
 blocking read holds one connection for up to `block_ms`.
 """
 
@@ -41,11 +42,10 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Protocol
 
-import redis
 from redis.commands.core import Script
 
 from infercache.errors import StoreError
-from infercache.stores.redis_connect import SyncClient, sync_client
+from infercache.stores.redis_connect import REDIS_ERRORS, SyncClient, sync_client
 
 START = "0-0"  # the position before any event
 
@@ -154,7 +154,7 @@ class RedisFeed:
         args = [self.max_len, event.kind.value, event.key, event.payload]
         try:
             return _text(self._publish(keys=[self.stream_key, self._epoch_key], args=args))
-        except redis.RedisError as exc:
+        except REDIS_ERRORS as exc:
             raise StoreError(f"feed publish: {exc}") from exc
 
     def tail(self) -> str:
@@ -162,7 +162,7 @@ class RedisFeed:
         only what comes next."""
         try:
             last, _, _ = self._snapshot(keys=[self.stream_key], args=[START, 0])
-        except redis.RedisError as exc:
+        except REDIS_ERRORS as exc:
             raise StoreError(f"feed tail: {exc}") from exc
         return START if not last else _text(last)
 
@@ -176,7 +176,7 @@ class RedisFeed:
                 return batch
             woke = self._client.xread({self.stream_key: position}, count=1, block=block_ms)
             return self._read(position, count) if woke else batch
-        except redis.RedisError as exc:
+        except REDIS_ERRORS as exc:
             raise StoreError(f"feed read: {exc}") from exc
 
     def _read(self, position: str, count: int) -> FeedBatch:

@@ -25,10 +25,14 @@ import redis
 import redis.asyncio
 import redis.asyncio.cluster
 from redis.cluster import ClusterNode, RedisCluster
+from redis.exceptions import RedisClusterException
 
 from infercache.errors import ConfigError
 
 SyncClient = redis.Redis | RedisCluster
+# What redis-py raises: its cluster errors do not all derive from RedisError (an unreachable
+# cluster at connect is a bare RedisClusterException).
+REDIS_ERRORS = (redis.RedisError, RedisClusterException)
 AsyncClient = redis.asyncio.Redis | redis.asyncio.cluster.RedisCluster
 
 SINGLE_SCHEMES = ("redis", "rediss", "unix")

@@ -30,7 +30,7 @@ waiter replays as chunks (chat.py `chunks_from_completion`); or an error status 
 OpenAI-shaped body. Partial streams are never published: a leader whose stream was cut
 publishes an error or hands over.
 
-Failure: every `redis.RedisError` becomes `StoreError` (a caller falls back to fetching alone).
+Failure: every redis-py error becomes `StoreError` (a caller falls back to fetching alone).
 A renewal that fails is retried at the next tick; one that finds another token sets
 `FlightLease.lost` (this leader stalled past its lease and was presumed dead; its answer is
 still published if none is there yet). All waits are awaits: nothing blocks the event loop.
@@ -47,12 +47,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
-import redis
 from redis.commands.core import AsyncScript
 
 from infercache.clock import Clock
 from infercache.errors import StoreError
-from infercache.stores.redis_connect import AsyncClient
+from infercache.stores.redis_connect import REDIS_ERRORS, AsyncClient
 
 log = logging.getLogger(__name__)
 
@@ -182,7 +181,7 @@ class ReplicaFlights:
                 lease_left_ms = max(int(reply[1]), 1)  # -2: expired just now; -1: impossible
                 block_ms = min(lease_left_ms + 1, left_ms, self.timings.max_block_ms)
                 await self._client.xread({wake_key: reply[2]}, count=1, block=block_ms)
-        except redis.RedisError as exc:
+        except REDIS_ERRORS as exc:
             raise StoreError(f"replica flight {key}: {exc}") from exc
 
 
@@ -211,7 +210,7 @@ class FlightLease:
                 held = await flights._renew(
                     keys=[lease_key], args=[self.token, flights.timings.lease_ms]
                 )
-            except redis.RedisError as exc:
+            except REDIS_ERRORS as exc:
                 log.warning("could not renew the lease of flight %s: %s", self.key, exc)
                 continue
             if not held:
@@ -246,7 +245,7 @@ class FlightLease:
                     keys=[lease_key, answer_key, wake_key],
                     args=[self.token, answer.status, answer.body, ttl_ms, timings.answer_ttl_ms],
                 )
-        except redis.RedisError as exc:
+        except REDIS_ERRORS as exc:
             raise StoreError(f"replica flight {self.key}: {exc}") from exc
         return True
 
