@@ -22,10 +22,11 @@ Contract (tests/stores/test_contract.py runs it against every backend):
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
+
+import orjson
 
 from infercache.errors import StoreError
 
@@ -64,13 +65,13 @@ class Entry:
 
     def encode(self) -> bytes:
         """One self-describing blob: a JSON header line, then the body."""
-        return json.dumps(self.header(), separators=(",", ":")).encode() + b"\n" + self.response
+        return orjson.dumps(self.header()) + b"\n" + self.response
 
     @classmethod
     def decode(cls, blob: bytes) -> Entry:
         try:
             head, _, response = blob.partition(b"\n")
-            h = json.loads(head)
+            h = orjson.loads(head)
             return cls(
                 response=response,
                 model=h["model"],

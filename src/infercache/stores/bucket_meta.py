@@ -212,10 +212,14 @@ class BucketMeta:
         pipe = self._client.pipeline()  # type: ignore[no-untyped-call]
         for b in buckets:
             # Plain EVAL: a cluster pipeline has no script support (no `eval`, no NOSCRIPT
-            # reload); writes are rare, so sending the script text costs little.
+            # reload); writes are rare, so sending the script text costs little. The node is
+            # given: otherwise redis-py asks the server for an EVAL's keys (COMMAND GETKEYS),
+            # one more round trip per bucket.
+            values = self._values(b)
             pipe.execute_command(
-                "EVAL", _SET_IF_NEWER, 2, self._values(b), self._seqs(b), seq, name, value
-            )
+                "EVAL", _SET_IF_NEWER, 2, values, self._seqs(b), seq, name, value,
+                target_nodes=self._client.get_node_from_key(values),  # type: ignore[no-untyped-call]
+            )  # fmt: skip
         pipe.execute()
 
     def _behind(self, buckets: Sequence[int], seq: int, name: str) -> list[int]:
