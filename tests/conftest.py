@@ -198,16 +198,6 @@ def start_redis(
         _stop(process, drain)
 
 
-class RedisClusterServers:
-    """A real Redis Cluster of masters on loopback (no replicas)."""
-
-    def __init__(self, ports: list[int]) -> None:
-        self.ports = ports
-
-    def url(self) -> str:
-        return "redis+cluster://" + ",".join(f"127.0.0.1:{p}" for p in self.ports)
-
-
 def _cluster_is_ok(cli: str, ports: list[int]) -> bool:
     for port in ports:
         info = subprocess.run(
@@ -218,46 +208,81 @@ def _cluster_is_ok(cli: str, ports: list[int]) -> bool:
     return True
 
 
+class RedisClusterServers:
+    """A real Redis Cluster of masters on loopback (no replicas), each node in its own
+    directory so it can be restarted with its cluster config and no data."""
+
+    def __init__(self, workdir: Path, ports: list[int], flavour: str, timeout_s: float) -> None:
+        self.ports = ports
+        self._workdir = workdir
+        self._binary = _server_binary(f"{flavour}-server")
+        self._cli = _server_binary(f"{flavour}-cli")
+        self._timeout_s = timeout_s
+        self._running: dict[int, tuple[subprocess.Popen[str], threading.Thread]] = {}
+
+    def url(self) -> str:
+        return "redis+cluster://" + ",".join(f"127.0.0.1:{p}" for p in self.ports)
+
+    def _start_node(self, port: int) -> None:
+        node_dir = self._workdir / f"node-{port}"
+        node_dir.mkdir(parents=True, exist_ok=True)
+        args = [
+            *_server_args(port, node_dir),
+            "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+            "--cluster-node-timeout", "5000",
+        ]  # fmt: skip
+        process = _launch(self._binary, args)
+        self._running[port] = (process, _drain(process))
+
+    def _create(self) -> None:
+        for port in self.ports:
+            self._start_node(port)
+        nodes = [f"127.0.0.1:{p}" for p in self.ports]
+        subprocess.run(
+            [self._cli, "--cluster", "create", *nodes, "--cluster-replicas", "0", "--cluster-yes"],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=self._timeout_s,
+        )
+        self.wait_ok()
+
+    def wait_ok(self) -> None:
+        """Until every node says `cluster_state:ok` (each poll a real request, a deadline)."""
+        deadline = time.monotonic() + self._timeout_s
+        while not _cluster_is_ok(self._cli, self.ports):
+            assert time.monotonic() < deadline, f"cluster not ok within {self._timeout_s} s"
+            for process, _ in self._running.values():
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    pytest.fail(f"a cluster node exited with {process.wait(0.02)}")
+
+    def restart_empty(self, port: int) -> None:
+        """Stop one node and start it again: same slots (its nodes.conf), no data."""
+        _stop(*self._running.pop(port))
+        self._start_node(port)
+        self.wait_ok()
+
+    def stop(self) -> None:
+        for process, drain in self._running.values():
+            _stop(process, drain)
+        self._running.clear()
+
+
 @contextlib.contextmanager
 def start_redis_cluster(
     workdir: Path, *, masters: int = 3, flavour: str = "redis", timeout_s: float = 30.0
 ) -> Iterator[RedisClusterServers]:
     """`masters` servers with `--cluster-enabled yes` on free ports, joined by
     `redis-cli --cluster create ... --cluster-replicas 0`, once every node says
-    `cluster_state:ok` (polled with a deadline, each poll a real request)."""
-    binary = _server_binary(f"{flavour}-server")
-    cli = _server_binary(f"{flavour}-cli")
-    ports = [free_cluster_port() for _ in range(masters)]
-    running: list[tuple[subprocess.Popen[str], threading.Thread]] = []
+    `cluster_state:ok`."""
+    cluster = RedisClusterServers(
+        workdir, [free_cluster_port() for _ in range(masters)], flavour, timeout_s
+    )
     try:
-        for port in ports:
-            node_dir = workdir / f"node-{port}"
-            node_dir.mkdir()
-            args = [
-                *_server_args(port, node_dir),
-                "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-                "--cluster-node-timeout", "5000",
-            ]  # fmt: skip
-            process = _launch(binary, args)
-            running.append((process, _drain(process)))
-        nodes = [f"127.0.0.1:{p}" for p in ports]
-        subprocess.run(
-            [cli, "--cluster", "create", *nodes, "--cluster-replicas", "0", "--cluster-yes"],
-            capture_output=True,
-            text=True,
-            check=True,
-            timeout=timeout_s,
-        )
-        deadline = time.monotonic() + timeout_s
-        while not _cluster_is_ok(cli, ports):
-            assert time.monotonic() < deadline, f"cluster not ok within {timeout_s} s"
-            for process, _ in running:
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    pytest.fail(f"a cluster node exited with {process.wait(0.02)}")
-        yield RedisClusterServers(ports)
+        cluster._create()
+        yield cluster
     finally:
-        for process, drain in running:
-            _stop(process, drain)
+        cluster.stop()
 
 
 @pytest.fixture(scope="session")

@@ -20,7 +20,7 @@ from infercache.settings import Settings
 from infercache.stores import EPOCH_META
 from infercache.stores.redis_cluster import RedisClusterStore
 from infercache.versions import meta_names
-from tests.conftest import CountingUpstream, RedisClusterServers, chat
+from tests.conftest import CountingUpstream, RedisClusterServers, chat, start_redis_cluster
 
 MakeStore = Callable[..., RedisClusterStore]
 QUESTIONS = [f"question number {i}?" for i in range(40)]
@@ -233,3 +233,34 @@ def test_allkeys_eviction_on_any_primary_is_refused_at_start(
     finally:
         node.config_set("maxmemory-policy", "volatile-lru")
         node.close()
+
+
+def test_a_node_really_restarted_empty_loses_entries_not_invalidations(
+    tmp_path: Path, clock: ManualClock, upstream: CountingUpstream
+) -> None:
+    """A real restart (own cluster: the process stops and starts again with no data and no
+    script cache): the client follows, the meta comes back from the other nodes, and nothing
+    invalidated before the restart is served after it."""
+    with start_redis_cluster(tmp_path / "cluster") as cluster:
+        store = RedisClusterStore(cluster.url(), clock=clock, prefix="r:")
+        cache = cache_on(store, tmp_path, clock)
+        tagged = [chat(q, infercache={"tags": ["kb"]}) for q in QUESTIONS]
+        for body in tagged:
+            cache.complete(body, upstream)
+        cache.invalidate(["kb"])
+        cache.set_model_version("test-model", "v7")
+        for body in tagged:  # stored again, under the new generation and version
+            assert cache.complete(body, upstream).layer is Layer.MISS
+        epoch = store.epoch()
+        home = store._client.get_node_from_key("r:{b0}m")
+        cluster.restart_empty(home.port)
+        layers = [cache.complete(body, upstream).layer for body in tagged]
+        on_home = sum(layer is Layer.MISS for layer in layers)
+        assert 0 < on_home < 40  # the restarted node's entries are gone, the others' served
+        assert store.read_meta(["tag:kb", "model:test-model"]) == {
+            "tag:kb": "1",
+            "model:test-model": "1:v7",
+        }
+        assert store.epoch() == epoch
+        assert [cache.complete(body, upstream).layer for body in tagged] == [Layer.EXACT] * 40
+        store.close()
