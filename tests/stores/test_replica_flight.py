@@ -175,6 +175,21 @@ async def test_a_leader_that_hands_over_wakes_a_waiter_at_once(servers: Servers)
     await taken.close(None)
 
 
+async def test_a_leader_that_fails_inside_its_block_hands_over(servers: Servers) -> None:
+    a, b = servers.flights(lease_ms=60_000), servers.flights(lease_ms=60_000)
+    lease = await a.join("k", timeout_s=30)
+    assert isinstance(lease, FlightLease)
+    waiter = asyncio.create_task(b.join("k", timeout_s=30))
+    with pytest.raises(ConnectionResetError):
+        async with lease:
+            raise ConnectionResetError("the upstream went away")
+    assert lease.closed
+    taken = await within(waiter, 5)
+    assert isinstance(taken, FlightLease)
+    async with taken:
+        await taken.close(SharedAnswer.of_completion(COMPLETION))
+
+
 async def test_an_error_reaches_waiters_and_is_kept_only_briefly(servers: Servers) -> None:
     a, b = servers.flights(error_ttl_ms=1_500), servers.flights()
     lease = await a.join("k", timeout_s=30)

@@ -5,11 +5,9 @@
     if isinstance(outcome, SharedAnswer):    # another replica fetched it (or failed)
         serve outcome: `completion()` as JSON, or replayed as a stream
     else:                                    # a FlightLease: this replica fetches
-        answer = None
-        try:
-            answer = SharedAnswer.of_completion(await fetch())   # or .of_error(status, body)
-        finally:
-            await outcome.close(answer)      # exactly once; None hands the work over
+        async with outcome:                  # leaving without close() hands the work over
+            response = await fetch()
+            await outcome.close(SharedAnswer.of_completion(response))  # or .of_error(...)
 
 Keys of one flight share the slot of `{prefix}{fl:KEY}` (so this runs on a cluster too):
 - `lease`: the leader's random token, `SET NX PX lease_ms`; renewed every lease_ms / 3 while
@@ -248,6 +246,17 @@ class FlightLease:
         except REDIS_ERRORS as exc:
             raise StoreError(f"replica flight {self.key}: {exc}") from exc
         return True
+
+    async def __aenter__(self) -> FlightLease:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        """Leaving without `close` (an exception, a cancellation) hands the work over."""
+        if not self._closed:
+            try:
+                await self.close(None)
+            except StoreError as exc:
+                log.warning("flight %s: could not hand over, it expires: %s", self.key, exc)
 
     def abandon(self) -> None:
         """Stop renewing without releasing: what a crashed leader leaves behind (the lease
