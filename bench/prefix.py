@@ -44,8 +44,9 @@ from infercache.clock import SystemClock
 from infercache.engine.config import default_data_dir
 from infercache.engine.model import LlamaModel
 from infercache.engine.prefix_cache import PrefixCache
-from infercache.engine.runner import GenerationRequest, Runner
+from infercache.engine.runner import Runner
 from infercache.engine.sampling import SamplingParams
+from infercache.engine.sequence import GenerationRequest
 from infercache.engine.tokenizer import ChatTokenizer
 from infercache.engine.weights import load_checkpoint, resolve_model
 

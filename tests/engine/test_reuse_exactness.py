@@ -1,7 +1,8 @@
 """Acceptance 1: with prefix reuse on, greedy outputs are token-identical to reuse off, on 50
 requests of the packaged model that share prefixes: one system prompt with different questions,
 and multi-turn conversations built turn by turn (each turn reusing the previous answer).
-Both sides run step by step on one model; every step's logits are compared."""
+Both sides run step by step on one model (a runner with the prefix cache, one without); every
+step's logits are compared."""
 
 from __future__ import annotations
 
@@ -9,9 +10,12 @@ import pytest
 import torch
 
 from infercache.clock import SystemClock
+from infercache.engine.config import BatchLimits
 from infercache.engine.model import LlamaModel
 from infercache.engine.prefix_cache import PrefixCache
-from infercache.engine.runner import Generation, Runner
+from infercache.engine.runner import Runner
+from infercache.engine.sampling import SamplingParams
+from infercache.engine.sequence import GenerationRequest
 from infercache.engine.tokenizer import ChatTokenizer
 
 NEW_TOKENS = 8
@@ -63,19 +67,22 @@ CONVERSATIONS = [
 ]
 
 
-def step_both(warm: Generation, cold: Generation) -> tuple[list[int], float]:
-    """Greedy-decode both generations in lock step; return the tokens and max logit diff."""
-    tokens: list[int] = []
+def step_both(warm: Runner, cold: Runner, prompt: list[int]) -> tuple[list[int], int, float]:
+    """Greedy-decode the prompt on both runners in lock step; return the tokens, the reused
+    prompt tokens and the max logit difference."""
+    req = GenerationRequest(tuple(prompt), SamplingParams(NEW_TOKENS, temperature=0))
+    w, c = warm.submit(req), cold.submit(req)
     diff = 0.0
-    for _ in range(NEW_TOKENS):
-        diff = max(diff, (warm.logits - cold.logits).abs().max().item())
-        token, other = int(warm.logits.argmax()), int(cold.logits.argmax())
-        assert token == other, f"greedy token differs after {tokens}"
-        tokens.append(token)
-        if len(tokens) < NEW_TOKENS:
-            warm.advance(token)
-            cold.advance(token)
-    return tokens, diff
+    while warm.has_work() or cold.has_work():
+        a, b = warm.step(), cold.step()
+        assert a.logits is not None
+        assert b.logits is not None
+        diff = max(diff, (a.logits - b.logits).abs().max().item())
+        assert int(a.logits.argmax()) == int(b.logits.argmax()), (
+            f"greedy differs after {w.generated}"
+        )
+    assert w.generated == c.generated
+    return list(w.generated), w.reused_tokens, diff
 
 
 @pytest.mark.slow
@@ -83,11 +90,17 @@ def test_reuse_is_token_identical_to_recomputation_on_50_requests(
     smol_model: LlamaModel, smol_tokenizer: ChatTokenizer
 ) -> None:
     cache = PrefixCache(smol_model.kv_shape, max_kv_bytes=256 * 2**20)
-    warm = Runner(
-        smol_model, smol_tokenizer, prefix_cache=cache, clock=SystemClock(), max_context_tokens=2048
-    )
-    cold = Runner(
-        smol_model, smol_tokenizer, prefix_cache=None, clock=SystemClock(), max_context_tokens=2048
+    one_step_prefill = BatchLimits(max_step_tokens=2048)  # both sides sample at each step
+    warm, cold = (
+        Runner(
+            smol_model,
+            smol_tokenizer,
+            prefix_cache=prefix,
+            clock=SystemClock(),
+            max_context_tokens=2048,
+            limits=one_step_prefill,
+        )
+        for prefix in (cache, None)
     )
     system = {"role": "system", "content": SYSTEM}
     worst, requests, reused, prompt_total = 0.0, 0, 0, 0
@@ -95,9 +108,7 @@ def test_reuse_is_token_identical_to_recomputation_on_50_requests(
     def run(messages: list[dict[str, str]]) -> tuple[list[int], int]:
         nonlocal worst, requests, reused, prompt_total
         prompt = smol_tokenizer.encode_chat(messages)
-        with warm.start(prompt) as w, cold.start(prompt) as c:
-            tokens, diff = step_both(w, c)
-            got = w.reused_tokens
+        tokens, got, diff = step_both(warm, cold, prompt)
         worst, requests = max(worst, diff), requests + 1
         reused, prompt_total = reused + got, prompt_total + len(prompt)
         return tokens, got

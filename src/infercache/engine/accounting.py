@@ -1,35 +1,47 @@
-"""Per-request accounting, and how it feeds the `prefix` strategy of `infercache.metrics`.
+"""What the engine measures, and how it feeds the `prefix` strategy of `infercache.metrics`.
 
-Each request counts as one lookup: a hit when any prompt token's KV was reused (it saved
-`cached_tokens` prompt tokens), an `absent` miss when none was, a `bypassed` miss when the
-prefix cache is off. Every request adds its prompt tokens to the token-hit-rate denominator and
-its own cost (tree match + KV gather before prefill, storing the new KV after) to the
-strategy's overhead.
+Per finished request (`record`):
+- one prefix-cache lookup: a hit when any prompt token's KV was reused (it saved
+  `cached_tokens` prompt tokens), an `absent` miss when none was, a `bypassed` miss when the
+  prefix cache is off; its prompt tokens go to the token-hit-rate denominator and its own cost
+  (tree match + KV gather before prefill, storing the new KV after) to the strategy's overhead;
+- counters in tokens, as vLLM counts them: `prefix_cache_queries` (prompt tokens looked up),
+  `prefix_cache_hits` (of those, reused), `prompt_tokens`, `generation_tokens` (a rate of
+  these is the engine's tokens per second);
+- histograms: `ttft_s` (arrival to first token, queueing included: what a client waits) and
+  `time_per_output_token_s` (first token to last, per later token).
+Per step (`record_step`): histogram `batch_size` (sequences in the step), gauges
+`queue_length`, `running_sequences`, `running_kv_tokens` (positions reserved by running
+sequences), and the prefill rate.
 
 Seconds saved are estimated: reused tokens divided by the measured prefill rate, a running
-tokens/s over every request that prefilled at least `min_tokens` (shorter prefills are
-dominated by fixed costs and would overstate the savings). Before such a request, 0 s.
-Strategy-specific: counters `evictions` (nodes) and `evicted_tokens`, gauges `kv_bytes` and
-`kv_tokens`, histogram `ttft_s`. Thread-safe (Metrics locks; the rate is only updated by the
-worker thread).
+tokens/s over every step that prefilled at least `min_tokens` (shorter prefills are dominated by
+fixed costs and would overstate the savings). Before such a step, 0 s.
+Also: counters `evictions` (nodes) and `evicted_tokens`, gauges `kv_bytes` and `kv_tokens`
+(the cached prefixes). Thread-safe (Metrics locks; the rate is only updated by the worker).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 from infercache.engine.radix import RadixStats
 from infercache.metrics import Metrics, MissReason
 
 STRATEGY = "prefix"
 TTFT_BOUNDS_S = (0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+TPOT_BOUNDS_S = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0)
+BATCH_BOUNDS = (1, 2, 4, 8, 16, 32, 64)
 
 
 @dataclass(frozen=True, slots=True)
 class RequestStats:
-    """`ttft_s` runs from when the worker picked the request up to its first token; `queue_s`
-    is the wait before that. `lookup_s` (tree match + KV gather) and `store_s` (caching the
-    new KV, evictions included) are what the prefix cache itself costs."""
+    """`queue_s` runs from arrival to admission; `ttft_s` from admission to the first token;
+    `lookup_s` (tree match + KV gather) and `store_s` (caching the new KV, evictions included)
+    are what the prefix cache itself costs; `prefill_s` and `decode_s` are wall time, shared
+    with the other sequences of the same steps."""
 
     prompt_tokens: int
     cached_tokens: int
@@ -42,6 +54,24 @@ class RequestStats:
     store_s: float = 0.0
     evicted_nodes: int = 0
     evicted_tokens: int = 0
+
+
+class StepFigures(Protocol):
+    """What `record_step` reads from a runner's step report."""
+
+    @property
+    def sequences(self) -> int: ...
+
+    @property
+    def prefill_tokens(self) -> int: ...
+
+    @property
+    def duration_s(self) -> float: ...
+
+
+class Reserving(Protocol):
+    @property
+    def reserved_tokens(self) -> int: ...
 
 
 class PrefillRate:
@@ -64,7 +94,7 @@ class PrefillRate:
         return tokens / rate if rate else 0.0
 
 
-class PrefixAccounting:
+class EngineAccounting:
     def __init__(self, metrics: Metrics, *, prefix_cache_enabled: bool) -> None:
         self._metrics = metrics
         self._strategy = metrics.strategy(STRATEGY)
@@ -75,7 +105,6 @@ class PrefixAccounting:
         s = self._strategy
         s.prompt_tokens(stats.prompt_tokens)
         s.overhead(stats.lookup_s + stats.store_s)
-        self.prefill_rate.observe(stats.prompt_tokens - stats.cached_tokens, stats.prefill_s)
         if not self._enabled:
             s.miss(MissReason.BYPASSED)
         elif stats.cached_tokens > 0:
@@ -87,12 +116,38 @@ class PrefixAccounting:
             )
         else:
             s.miss(MissReason.ABSENT)
+        if self._enabled:
+            s.count("prefix_cache_queries", stats.prompt_tokens)
+            s.count("prefix_cache_hits", stats.cached_tokens)
+        s.count("prompt_tokens", stats.prompt_tokens)
+        s.count("generation_tokens", stats.completion_tokens)
         if stats.evicted_nodes:
             s.count("evictions", stats.evicted_nodes)
             s.count("evicted_tokens", stats.evicted_tokens)
-        s.observe("ttft_s", stats.ttft_s, TTFT_BOUNDS_S)
+        if stats.completion_tokens:
+            s.observe("ttft_s", stats.queue_s + stats.ttft_s, TTFT_BOUNDS_S)
+        if stats.completion_tokens > 1:
+            tpot = stats.decode_s / (stats.completion_tokens - 1)
+            s.observe("time_per_output_token_s", tpot, TPOT_BOUNDS_S)
         self.record_cache(cache)
+
+    def record_step(self, step: StepFigures, waiting: int, running: Sequence[Reserving]) -> None:
+        s = self._strategy
+        if step.sequences:
+            s.observe("batch_size", step.sequences, BATCH_BOUNDS)
+            self.prefill_rate.observe(step.prefill_tokens, step.duration_s)
+        self.record_queue(waiting, running)
+
+    def record_queue(self, waiting: int, running: Sequence[Reserving]) -> None:
+        s = self._strategy
+        s.gauge("queue_length", waiting)
+        s.gauge("running_sequences", len(running))
+        s.gauge("running_kv_tokens", sum(r.reserved_tokens for r in running))
 
     def record_cache(self, cache: RadixStats | None) -> None:
         self._strategy.gauge("kv_bytes", cache.total_bytes if cache else 0)
         self._strategy.gauge("kv_tokens", cache.total_tokens if cache else 0)
+
+    def snapshot(self) -> dict[str, Any]:
+        snap: dict[str, Any] = self._strategy.snapshot()
+        return snap

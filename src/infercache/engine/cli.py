@@ -40,6 +40,30 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         action="store_true",
         help="let tenants reuse each other's KV (leaks prefixes through timing)",
     )
+    serve.add_argument(
+        "--max-batch",
+        type=int,
+        default=None,
+        help="requests that run together, one batched forward a step (default 16)",
+    )
+    serve.add_argument(
+        "--max-queue",
+        type=int,
+        default=None,
+        help="requests that may wait for a place; one more gets HTTP 429 (default 64)",
+    )
+    serve.add_argument(
+        "--max-step-tokens",
+        type=int,
+        default=None,
+        help="tokens computed per step: every decode, then prompt chunks (default 256)",
+    )
+    serve.add_argument(
+        "--max-running-kv-bytes",
+        type=int,
+        default=None,
+        help="KV the running requests may reserve together (default 512 MiB)",
+    )
     serve.add_argument("--threads", type=int, default=None, help="torch threads (default: all)")
     serve.add_argument("--max-context-tokens", type=int, default=None)
     serve.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
@@ -76,8 +100,10 @@ def _serve(args: argparse.Namespace) -> int:
         "max_context_tokens": args.max_context_tokens,
         "dtype": args.dtype,
     }
-    if args.max_kv_bytes is not None:
-        overrides["max_kv_bytes"] = args.max_kv_bytes
+    optional = ("max_kv_bytes", "max_batch", "max_queue", "max_step_tokens", "max_running_kv_bytes")
+    for name in optional:
+        if getattr(args, name) is not None:
+            overrides[name] = getattr(args, name)
     if args.data_dir is not None:
         overrides["data_dir"] = args.data_dir
     config = replace(config, **overrides)

@@ -15,6 +15,15 @@ Parameters (units in the names):
 - `share_prefix_across_tenants`: `True` lets one tenant reuse another's KV. Off by default: it
   would leak, through time to first token, whether another tenant sent the same prefix.
 - `dtype`: weights, activations and KV (`float32` is the reference; `bfloat16` halves KV bytes).
+Continuous batching (scheduler.py):
+- `max_batch`: sequences that run together (one batched forward a step).
+- `max_queue`: requests that may wait for a place; one more is refused with HTTP 429.
+- `max_step_tokens`: tokens computed per step: every running decode, then prompt chunks. A
+  long prompt is prefilled in chunks of at most this, so the running decodes never wait longer
+  than one such chunk. Must exceed `max_batch`.
+- `max_running_kv_bytes`: KV the running sequences may reserve together (prompt + `max_tokens`
+  positions each, in their own workspaces, outside the prefix cache's `max_kv_bytes`); a
+  request that does not fit waits, and one that fits nowhere runs alone.
 """
 
 from __future__ import annotations
@@ -32,6 +41,29 @@ DEFAULT_MAX_KV_BYTES = 512 * 2**20
 
 
 @dataclass(frozen=True, slots=True)
+class BatchLimits:
+    """The scheduler's limits (see scheduler.py); `max_running_tokens` None is unbounded."""
+
+    max_batch: int = 16
+    max_queue: int = 64
+    max_step_tokens: int = 256
+    max_running_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_batch < 1:
+            raise ConfigError(f"max_batch must be >= 1, got {self.max_batch}")
+        if self.max_queue < 0:
+            raise ConfigError(f"max_queue must be >= 0, got {self.max_queue}")
+        if self.max_step_tokens <= self.max_batch:
+            raise ConfigError(
+                f"max_step_tokens ({self.max_step_tokens}) must be larger than max_batch "
+                f"({self.max_batch}): a step must have room for a prompt chunk beside the decodes"
+            )
+        if self.max_running_tokens is not None and self.max_running_tokens < 1:
+            raise ConfigError(f"max_running_tokens must be >= 1, got {self.max_running_tokens}")
+
+
+@dataclass(frozen=True, slots=True)
 class EngineConfig:
     data_dir: Path
     model_path: Path | None = None
@@ -43,6 +75,10 @@ class EngineConfig:
     prefix_cache: bool = True
     share_prefix_across_tenants: bool = False
     dtype: DType = "float32"
+    max_batch: int = 16
+    max_queue: int = 64
+    max_step_tokens: int = 256
+    max_running_kv_bytes: int = DEFAULT_MAX_KV_BYTES
 
     def __post_init__(self) -> None:
         if self.max_kv_bytes < 0:
@@ -55,6 +91,18 @@ class EngineConfig:
             raise ConfigError(f"threads must be >= 1, got {self.threads}")
         if self.dtype not in ("float32", "bfloat16"):
             raise ConfigError(f"dtype must be float32 or bfloat16, got {self.dtype!r}")
+        if self.max_running_kv_bytes < 1:
+            raise ConfigError(f"max_running_kv_bytes must be >= 1, got {self.max_running_kv_bytes}")
+        self.batch_limits(bytes_per_token=1)  # checks the batch settings at start-up
+
+    def batch_limits(self, *, bytes_per_token: int) -> BatchLimits:
+        """The scheduler's limits for a model whose KV takes `bytes_per_token`."""
+        return BatchLimits(
+            max_batch=self.max_batch,
+            max_queue=self.max_queue,
+            max_step_tokens=self.max_step_tokens,
+            max_running_tokens=max(1, self.max_running_kv_bytes // bytes_per_token),
+        )
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> EngineConfig:

@@ -6,9 +6,12 @@ Path of a request:
       → openai_api.parse_chat_request   shapes and types            (caller's thread)
       → openai_api.prepare_chat         model id, chat template,    (caller's thread: bad input
                                         context length, namespace    raises before queueing)
-      → worker.Worker.submit            one thread, one request at a time, in arrival order
-      → runner.Runner.generate          prefix lookup, prefill, decode, caching the KV
-      → accounting.PrefixAccounting     the `prefix` strategy's metrics
+      → worker.Worker.submit            the waiting queue (bounded: a full one is a 429)
+      → runner.Runner.step              on the worker thread, step after step: admission
+        (scheduler.py decides)          with a prefix lease, one batched forward over every
+                                        running sequence (decodes + prompt chunks), sampling,
+                                        finishing (the KV cached in the radix tree)
+      → accounting.EngineAccounting     the `prefix` strategy's metrics, batching figures
       → openai_api.completion           a `chat.completion` dict, or
         streams.sync_chunks/async_chunks  `chat.completion.chunk` dicts as they are generated
 
@@ -16,9 +19,12 @@ Path of a request:
   the prefix tree, so one tenant's KV never serves another, and time to first token cannot
   reveal what another tenant sent. Requests without a tenant share one anonymous namespace.
   `share_prefix_across_tenants` puts everyone in one namespace.
-- Model swap: `swap_model` runs on the worker between two requests and replaces model,
-  tokenizer and prefix cache (empty) at once: no KV survives a swap. A request prepared for the
-  previous model is prepared again for the new one (or fails if the model id changed).
+- Model swap: `swap_model` waits for the running batch to finish (or fails it, with
+  `abort_running`), then replaces model, tokenizer and prefix cache (empty) at once: no KV
+  survives a swap. A request prepared for the previous model is prepared again for the new one
+  (or fails if the model id changed).
+- Backpressure: at most `max_batch` requests run together and `max_queue` wait; one more is
+  refused with `OverloadedError` (HTTP 429 with Retry-After), raised by the call itself.
 - Threads: the worker sets `torch.set_num_threads(config.threads or the usable cores)` once.
 Thread-safe: every public method may be called from any thread or event loop.
 """
@@ -26,6 +32,7 @@ Thread-safe: every public method may be called from any thread or event loop.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import random
 import threading
@@ -35,7 +42,7 @@ from typing import Any
 
 from infercache.clock import Clock, SystemClock
 from infercache.engine import openai_api, streams
-from infercache.engine.accounting import PrefixAccounting
+from infercache.engine.accounting import EngineAccounting
 from infercache.engine.config import EngineConfig
 from infercache.engine.loader import LoadedModel, load_model
 from infercache.engine.openai_api import ChatBody, PreparedChat
@@ -72,10 +79,11 @@ class Engine:
         self.metrics = metrics if metrics is not None else Metrics()
         self._clock: Clock = clock if clock is not None else SystemClock()
         self._rng = rng if rng is not None else random.Random()
-        self._accounting = PrefixAccounting(self.metrics, prefix_cache_enabled=config.prefix_cache)
+        self._accounting = EngineAccounting(self.metrics, prefix_cache_enabled=config.prefix_cache)
         loaded = load_model(config, config.model_path, config.served_model_id, self._clock)
         self._worker = Worker(
             loaded,
+            config=config,
             threads=config.threads or _usable_cores(),
             clock=self._clock,
             accounting=self._accounting,
@@ -97,7 +105,7 @@ class Engine:
 
     @property
     def tokenizer(self) -> ChatTokenizer:
-        return self._worker.loaded.runner.tokenizer
+        return self._worker.loaded.tokenizer
 
     def models(self) -> list[dict[str, Any]]:
         """The `data` of `GET /v1/models`."""
@@ -125,8 +133,8 @@ class Engine:
     def chat_stream(
         self, body: Mapping[str, Any], tenant: str | None = None
     ) -> Iterator[dict[str, Any]]:
-        """`chat.completion.chunk` dicts. Bad input raises here, before iteration; the request
-        is queued on first `next()`; closing the iterator early cancels it."""
+        """`chat.completion.chunk` dicts. Bad input and a full queue raise here, before
+        iteration (the request is queued at once); closing the iterator early cancels it."""
         prepared = self._prepare(body, tenant)
         return streams.sync_chunks(prepared, self._worker.submit)
 
@@ -143,7 +151,8 @@ class Engine:
     def achat_stream(
         self, body: Mapping[str, Any], tenant: str | None = None
     ) -> AsyncIterator[dict[str, Any]]:
-        """The asyncio twin of `chat_stream` (raises for bad input at the call)."""
+        """The asyncio twin of `chat_stream` (raises for bad input and a full queue at the
+        call, which must be made on the loop that reads the chunks)."""
         prepared = self._prepare(body, tenant)
         return streams.async_chunks(prepared, self._worker.submit)
 
@@ -171,6 +180,7 @@ class Engine:
 
     def stats(self) -> dict[str, Any]:
         loaded = self._worker.loaded
+        cache = loaded.cache_stats()
         prefix = self.metrics.snapshot()["strategies"].get("prefix", {})
         return {
             "model": {
@@ -184,14 +194,21 @@ class Engine:
                 "share_prefix_across_tenants": self.config.share_prefix_across_tenants,
                 "max_kv_bytes": self.config.max_kv_bytes,
                 "dtype": self.config.dtype,
+                "max_batch": self.config.max_batch,
+                "max_queue": self.config.max_queue,
+                "max_step_tokens": self.config.max_step_tokens,
+                "max_running_kv_bytes": self.config.max_running_kv_bytes,
             },
-            "requests_in_flight": self._worker.in_flight,
+            "prefix_cache": None if cache is None else dataclasses.asdict(cache),
+            "queue_length": self._worker.queue_length,
+            "running_sequences": self._worker.running,
+            "requests_in_flight": self._worker.queue_length + self._worker.running,
             "prefill_tokens_per_s": self._accounting.prefill_rate.tokens_per_s,
             "prefix": prefix,
         }
 
     def close(self) -> None:
-        """Cancel running and queued requests and stop the worker. Idempotent."""
+        """Fail running and queued requests and stop the worker. Idempotent."""
         self._worker.close()
 
     def __enter__(self) -> Engine:

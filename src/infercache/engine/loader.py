@@ -1,8 +1,10 @@
 """From settings to a ready model: resolve the checkpoint (converting the packaged GGUF once),
-load the weights, build the forward pass, the tokenizer, an empty prefix cache and the runner.
+load the weights, build the forward pass, the tokenizer and an empty prefix cache.
 
 Everything a model swap replaces lives in one `LoadedModel`, so a swap is one reference
 assignment: no request can see the new model with the old tokenizer or the old KV.
+`runner(...)` builds the model runner over it (a fresh running set; the waiting queue and the
+metrics outlive the model, so they are passed in).
 """
 
 from __future__ import annotations
@@ -13,11 +15,13 @@ from pathlib import Path
 import torch
 
 from infercache.clock import Clock
+from infercache.engine.accounting import EngineAccounting
 from infercache.engine.config import EngineConfig
 from infercache.engine.model import LlamaModel
 from infercache.engine.prefix_cache import PrefixCache
 from infercache.engine.radix import RadixStats
 from infercache.engine.runner import Runner
+from infercache.engine.scheduler import WaitingQueue
 from infercache.engine.tokenizer import ChatTokenizer
 from infercache.engine.weights import load_checkpoint, resolve_model
 
@@ -27,13 +31,34 @@ class LoadedModel:
     model_id: str
     version: str
     directory: Path
-    runner: Runner
+    model: LlamaModel
+    tokenizer: ChatTokenizer
+    prefix_cache: PrefixCache | None
     max_context_tokens: int
     created: int
 
     def cache_stats(self) -> RadixStats | None:
-        cache = self.runner.prefix_cache
-        return cache.stats() if cache is not None else None
+        return self.prefix_cache.stats() if self.prefix_cache is not None else None
+
+    def runner(
+        self,
+        config: EngineConfig,
+        waiting: WaitingQueue,
+        accounting: EngineAccounting,
+        clock: Clock,
+    ) -> Runner:
+        limits = config.batch_limits(bytes_per_token=self.model.kv_shape.bytes_per_token)
+        return Runner(
+            self.model,
+            self.tokenizer,
+            prefix_cache=self.prefix_cache,
+            clock=clock,
+            max_context_tokens=self.max_context_tokens,
+            limits=limits,
+            waiting=waiting,
+            accounting=accounting,
+            model_id=self.model_id,
+        )
 
 
 def load_model(
@@ -50,13 +75,13 @@ def load_model(
     cache = None
     if config.prefix_cache:
         cache = PrefixCache(model.kv_shape, max_kv_bytes=config.max_kv_bytes)
-    tokenizer = ChatTokenizer(checkpoint.tokenizer, checkpoint.eos_token_ids)
-    runner = Runner(model, tokenizer, prefix_cache=cache, clock=clock, max_context_tokens=limit)
     return LoadedModel(
         model_id=served_model_id or resolved.model_id,
         version=resolved.version,
         directory=resolved.directory,
-        runner=runner,
+        model=model,
+        tokenizer=ChatTokenizer(checkpoint.tokenizer, checkpoint.eos_token_ids),
+        prefix_cache=cache,
         max_context_tokens=limit,
         created=int(clock.now_s()),
     )

@@ -20,13 +20,14 @@ Weights are the HF tensor names; tied embeddings share one tensor with the LM he
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 from infercache.engine.kv import KVShape, KVWorkspace
+from infercache.engine.linear import Linear, can_pack
 from infercache.errors import ConfigError
 
 
@@ -60,15 +61,11 @@ class LlamaSpec:
 @dataclass(frozen=True, slots=True)
 class _Layer:
     input_norm: torch.Tensor
-    qkv_weight: torch.Tensor
-    qkv_bias: torch.Tensor | None
-    o_weight: torch.Tensor
-    o_bias: torch.Tensor | None
+    qkv: Linear
+    o: Linear
     post_norm: torch.Tensor
-    gate_up_weight: torch.Tensor
-    gate_up_bias: torch.Tensor | None
-    down_weight: torch.Tensor
-    down_bias: torch.Tensor | None
+    gate_up: Linear
+    down: Linear
 
 
 class _Weights:
@@ -105,15 +102,18 @@ class LlamaModel:
         *,
         dtype: torch.dtype = torch.float32,
         max_positions: int | None = None,
+        packed: bool | None = None,
     ) -> None:
         self.spec = spec
         self.dtype = dtype
+        self.packed = can_pack(dtype) if packed is None else packed
         self.max_positions = max_positions or spec.max_position_embeddings
         self.kv_shape = KVShape(spec.num_layers, spec.num_kv_heads, spec.head_dim, dtype)
         with torch.inference_mode():
             w = _Weights(tensors, dtype)
             self._embed = w.get("model.embed_tokens.weight")
-            self._lm_head = self._embed if spec.tie_word_embeddings else w.get("lm_head.weight")
+            head = self._embed if spec.tie_word_embeddings else w.get("lm_head.weight")
+            self._lm_head = Linear(head, None, packed=self.packed)
             self._final_norm = w.get("model.norm.weight")
             self._layers = [self._load_layer(w, i) for i in range(spec.num_layers)]
             positions = torch.arange(self.max_positions, dtype=torch.float32)
@@ -131,17 +131,21 @@ class LlamaModel:
         p = f"model.layers.{i}."
         attn = [f"{p}self_attn.{x}_proj" for x in ("q", "k", "v")]
         mlp = [f"{p}mlp.{x}_proj" for x in ("gate", "up")]
+        bias, mlp_bias = self.spec.attention_bias, self.spec.mlp_bias
+
+        def linear(names: list[str], has_bias: bool) -> Linear:
+            weight = w.cat([f"{n}.weight" for n in names])
+            return Linear(
+                weight, w.bias([f"{n}.bias" for n in names], has_bias), packed=self.packed
+            )
+
         return _Layer(
             input_norm=w.get(f"{p}input_layernorm.weight"),
-            qkv_weight=w.cat([f"{n}.weight" for n in attn]),
-            qkv_bias=w.bias([f"{n}.bias" for n in attn], self.spec.attention_bias),
-            o_weight=w.get(f"{p}self_attn.o_proj.weight"),
-            o_bias=w.bias([f"{p}self_attn.o_proj.bias"], self.spec.attention_bias),
+            qkv=linear(attn, bias),
+            o=linear([f"{p}self_attn.o_proj"], bias),
             post_norm=w.get(f"{p}post_attention_layernorm.weight"),
-            gate_up_weight=w.cat([f"{n}.weight" for n in mlp]),
-            gate_up_bias=w.bias([f"{n}.bias" for n in mlp], self.spec.mlp_bias),
-            down_weight=w.get(f"{p}mlp.down_proj.weight"),
-            down_bias=w.bias([f"{p}mlp.down_proj.bias"], self.spec.mlp_bias),
+            gate_up=linear(mlp, mlp_bias),
+            down=linear([f"{p}mlp.down_proj"], mlp_bias),
         )
 
     def new_workspace(self, max_tokens: int | None = None) -> KVWorkspace:
@@ -158,65 +162,164 @@ class LlamaModel:
         """Run `token_ids` (1-D) at positions `start..`, attending to the workspace's first
         `start` positions; extend the workspace to `start + len`. Returns float32 logits of the
         last position (`[vocab]`), or of every position (`[len, vocab]`) with `all_logits`."""
-        s = token_ids.shape[0]
-        end = start + s
-        if s == 0 or start > workspace.length:
-            raise ValueError(f"forward of {s} tokens at {start}, workspace has {workspace.length}")
-        if end > min(workspace.max_tokens, self.max_positions):
-            raise ValueError(f"position {end} beyond the model's {self.max_positions}")
-        with torch.inference_mode():
-            x = F.embedding(token_ids, self._embed)
-            cos, sin = self._cos[start:end], self._sin[start:end]
-            mask = None
-            if s > 1 and start > 0:
-                # Additive (0 / -inf) rather than boolean: the same result, and SDPA's CPU
-                # kernel applies it faster.
-                keys = torch.arange(end)
-                future = keys[None, :] > keys[start:end, None]
-                mask = torch.zeros((s, end), dtype=self.dtype).masked_fill_(future, -torch.inf)
-            for layer, kv in zip(self._layers, workspace.data, strict=True):
-                h = F.rms_norm(x, (x.shape[-1],), layer.input_norm, self.spec.rms_norm_eps)
-                x = x + self._attention(layer, h, kv, start, cos, sin, mask)
-                h = F.rms_norm(x, (x.shape[-1],), layer.post_norm, self.spec.rms_norm_eps)
-                gate, up = F.linear(h, layer.gate_up_weight, layer.gate_up_bias).chunk(2, dim=-1)
-                x = x + F.linear(F.silu(gate) * up, layer.down_weight, layer.down_bias)
-            workspace.length = end
-            x = x if all_logits else x[-1:]
-            x = F.rms_norm(x, (x.shape[-1],), self._final_norm, self.spec.rms_norm_eps)
-            logits = F.linear(x, self._lm_head).float()
+        segment = Segment(token_ids, workspace, start)
+        logits = self.forward_batch([segment], all_logits=all_logits)
         return logits if all_logits else logits[0]
+
+    def forward_batch(
+        self, segments: Sequence[Segment], *, all_logits: bool = False
+    ) -> torch.Tensor:
+        """One step over several sequences: every segment's tokens at its own positions, over
+        its own workspace. Returns float32 logits `[n, vocab]` of the last position of each
+        segment that wants them (in order), or of every position with `all_logits`."""
+        if not segments:
+            raise ValueError("a step needs at least one segment")
+        for seg in segments:
+            self._check(seg)
+        with torch.inference_mode():
+            tokens = segments[0].token_ids if len(segments) == 1 else _cat_ids(segments)
+            x = F.embedding(tokens, self._embed)
+            rows = _Rows.of(segments, self._cos, self._sin, self.dtype)
+            for index, layer in enumerate(self._layers):
+                h = F.rms_norm(x, (x.shape[-1],), layer.input_norm, self.spec.rms_norm_eps)
+                x = x + self._attention(layer, index, h, segments, rows)
+                h = F.rms_norm(x, (x.shape[-1],), layer.post_norm, self.spec.rms_norm_eps)
+                gate, up = layer.gate_up(h).chunk(2, dim=-1)
+                x = x + layer.down(F.silu(gate) * up)
+            for seg in segments:
+                seg.workspace.length = seg.end
+            if not all_logits:
+                x = x[rows.wanted]
+            x = F.rms_norm(x, (x.shape[-1],), self._final_norm, self.spec.rms_norm_eps)
+            return self._lm_head(x).float()
+
+    def _check(self, seg: Segment) -> None:
+        s = seg.token_ids.shape[0]
+        if s == 0 or seg.start > seg.workspace.length:
+            raise ValueError(
+                f"forward of {s} tokens at {seg.start}, workspace has {seg.workspace.length}"
+            )
+        if seg.end > min(seg.workspace.max_tokens, self.max_positions):
+            raise ValueError(f"position {seg.end} beyond the model's {self.max_positions}")
 
     def _attention(
         self,
         layer: _Layer,
+        index: int,
         h: torch.Tensor,
-        kv: torch.Tensor,
-        start: int,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
+        segments: Sequence[Segment],
+        rows: _Rows,
+    ) -> torch.Tensor:
+        """QKV and the output projection over every row at once; attention per segment, each
+        over its own workspace (the keys of different sequences never mix)."""
+        spec = self.spec
+        t = h.shape[0]
+        qkv = layer.qkv(h)
+        q, k, v = torch.split(qkv, self._qkv_sizes, dim=-1)
+        q = _rope(q.view(t, spec.num_heads, spec.head_dim), rows.cos, rows.sin)
+        k = _rope(k.view(t, spec.num_kv_heads, spec.head_dim), rows.cos, rows.sin)
+        v = v.view(t, spec.num_kv_heads, spec.head_dim)
+        if len(segments) == 1:
+            out = self._attend(segments[0], index, q, k, v, rows.masks[0])
+        else:
+            out = torch.empty((t, spec.num_heads * spec.head_dim), dtype=h.dtype)
+            for seg, (a, b), mask in zip(segments, rows.bounds, rows.masks, strict=True):
+                out[a:b] = self._attend(seg, index, q[a:b], k[a:b], v[a:b], mask)
+        return layer.o(out)
+
+    def _attend(
+        self,
+        seg: Segment,
+        index: int,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
         mask: torch.Tensor | None,
     ) -> torch.Tensor:
-        s, spec = h.shape[0], self.spec
-        end = start + s
-        qkv = F.linear(h, layer.qkv_weight, layer.qkv_bias)
-        q, k, v = torch.split(qkv, self._qkv_sizes, dim=-1)
-        q = _rope(q.view(s, spec.num_heads, spec.head_dim), cos, sin)
-        kv[0, start:end] = _rope(k.view(s, spec.num_kv_heads, spec.head_dim), cos, sin)
-        kv[1, start:end] = v.view(s, spec.num_kv_heads, spec.head_dim)
+        """One sequence's queries over its workspace, after writing its new K and V there."""
+        spec = self.spec
+        s, start, end = q.shape[0], seg.start, seg.end
+        kv = seg.workspace.data[index]
+        kv[0, start:end] = k
+        kv[1, start:end] = v
         keys = kv[0, :end].transpose(0, 1).unsqueeze(0)  # [1, kv_heads, end, head_dim]
         values = kv[1, :end].transpose(0, 1).unsqueeze(0)
         if s == 1:
             grouped = q.view(1, spec.num_kv_heads, self._group, spec.head_dim)
             out = F.scaled_dot_product_attention(grouped, keys, values)
-            out = out.reshape(1, spec.num_heads * spec.head_dim)
-        else:
-            out = F.scaled_dot_product_attention(
-                q.transpose(0, 1).unsqueeze(0),
-                keys,
-                values,
-                attn_mask=mask,
-                is_causal=mask is None,
-                enable_gqa=self._group > 1,
-            )
-            out = out[0].transpose(0, 1).reshape(s, spec.num_heads * spec.head_dim)
-        return F.linear(out, layer.o_weight, layer.o_bias)
+            return out.reshape(1, spec.num_heads * spec.head_dim)
+        out = F.scaled_dot_product_attention(
+            q.transpose(0, 1).unsqueeze(0),
+            keys,
+            values,
+            attn_mask=mask,
+            is_causal=mask is None,
+            enable_gqa=self._group > 1,
+        )
+        return out[0].transpose(0, 1).reshape(s, spec.num_heads * spec.head_dim)
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    """One sequence's share of a step: `token_ids` (1-D int64) at positions `start..`, whose
+    K/V go to `workspace`, attending to its first `start` positions. `wants_logits`: whether
+    the step returns logits for its last position (a prefill chunk that does not end the
+    prompt needs none)."""
+
+    token_ids: torch.Tensor
+    workspace: KVWorkspace
+    start: int
+    wants_logits: bool = True
+
+    @property
+    def end(self) -> int:
+        return self.start + self.token_ids.shape[0]
+
+
+def _cat_ids(segments: Sequence[Segment]) -> torch.Tensor:
+    return torch.cat([seg.token_ids for seg in segments])
+
+
+@dataclass(frozen=True, slots=True)
+class _Rows:
+    """Where each segment's rows sit in the step's flattened batch, with the per-row RoPE
+    tables, each segment's attention mask, and the rows whose logits are returned."""
+
+    bounds: list[tuple[int, int]]
+    cos: torch.Tensor
+    sin: torch.Tensor
+    masks: list[torch.Tensor | None]
+    wanted: list[int]
+
+    @classmethod
+    def of(
+        cls, segments: Sequence[Segment], cos: torch.Tensor, sin: torch.Tensor, dtype: torch.dtype
+    ) -> _Rows:
+        bounds, masks, wanted, ranges = [], [], [], []
+        row = 0
+        for seg in segments:
+            s = seg.token_ids.shape[0]
+            bounds.append((row, row + s))
+            ranges.append((seg.start, seg.end))
+            masks.append(_mask(seg.start, seg.end, dtype))
+            if seg.wants_logits:
+                wanted.append(row + s - 1)
+            row += s
+        if len(segments) == 1:
+            ((start, end),) = ranges
+            return cls(bounds, cos[start:end], sin[start:end], masks, wanted)
+        positions = torch.cat([torch.arange(a, b) for a, b in ranges])
+        return cls(bounds, cos[positions], sin[positions], masks, wanted)
+
+
+def _mask(start: int, end: int, dtype: torch.dtype) -> torch.Tensor | None:
+    """The attention mask of queries at `start..end` over keys `0..end`. None when SDPA's
+    top-left causal mask is right (no cached prefix) or no mask is needed (one query)."""
+    s = end - start
+    if s == 1 or start == 0:
+        return None
+    # Additive (0 / -inf) rather than boolean: the same result, and SDPA's CPU kernel applies
+    # it faster.
+    keys = torch.arange(end)
+    future = keys[None, :] > keys[start:end, None]
+    return torch.zeros((s, end), dtype=dtype).masked_fill_(future, -torch.inf)

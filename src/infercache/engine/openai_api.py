@@ -4,7 +4,9 @@
 bad parameter. Supported: `model`, `messages` (roles system/developer/user/assistant; content a
 string or a list of text parts), `max_tokens` / `max_completion_tokens`, `temperature` (0–2,
 default 1 as OpenAI), `top_p` (0–1), `seed`, `stop` (a string or up to 4), `n` = 1, `stream`,
-`stream_options.include_usage`, `user`. Refused with a 400 (rather than silently ignored, since
+`stream_options.include_usage`, `user`, and vLLM's `cache_salt` (a non-empty string mixed into
+the prefix-cache namespace: equal prompts with different salts never share KV, equal salts
+do). Refused with a 400 (rather than silently ignored, since
 they change the answer): `n` > 1, tools/functions, logprobs, non-zero penalties, `logit_bias`,
 a non-text `response_format`, non-text content parts. Other fields are ignored.
 
@@ -20,6 +22,7 @@ the model version, `usage.prompt_tokens_details.cached_tokens` the reused prompt
 
 from __future__ import annotations
 
+import json
 import random
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -28,8 +31,8 @@ from typing import Any
 from infercache.clock import Clock
 from infercache.engine.accounting import RequestStats
 from infercache.engine.loader import LoadedModel
-from infercache.engine.runner import GenerationRequest, GenerationResult
 from infercache.engine.sampling import SamplingParams
+from infercache.engine.sequence import GenerationRequest, GenerationResult
 from infercache.errors import ContextTooLongError, InvalidRequestError, ModelNotFoundError
 
 _ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
@@ -50,6 +53,7 @@ class ChatBody:
     stream: bool
     include_usage: bool
     user: str | None
+    cache_salt: str | None = None
 
     def message_dicts(self) -> list[dict[str, str]]:
         return [{"role": role, "content": content} for role, content in self.messages]
@@ -85,6 +89,11 @@ def parse_chat_request(body: Any) -> ChatBody:
     user = body.get("user")
     if user is not None and not isinstance(user, str):
         raise InvalidRequestError("`user` must be a string", param="user")
+    salt = body.get("cache_salt")
+    if salt is not None and (not isinstance(salt, str) or not salt):
+        raise InvalidRequestError(
+            "`cache_salt` must be a non-empty string if provided", param="cache_salt"
+        )
     return ChatBody(
         model=model,
         messages=_messages(body.get("messages")),
@@ -96,6 +105,7 @@ def parse_chat_request(body: Any) -> ChatBody:
         stream=stream,
         include_usage=bool(include_usage),
         user=user or None,
+        cache_salt=salt,
     )
 
 
@@ -209,12 +219,14 @@ class PreparedChat:
     request: GenerationRequest
 
 
-def kv_namespace(tenant: str | None, *, share_across_tenants: bool) -> str:
+def kv_namespace(
+    tenant: str | None, *, cache_salt: str | None = None, share_across_tenants: bool = False
+) -> str:
     """The prefix-cache namespace: one per tenant, one for requests without a tenant, or one
-    for everybody when sharing across tenants is configured."""
-    if share_across_tenants:
-        return "shared"
-    return f"tenant:{tenant}" if tenant else "anonymous"
+    for everybody when sharing across tenants is configured; each split again by `cache_salt`.
+    JSON, so no tenant name or salt can be chosen to spell another's namespace."""
+    scope = None if share_across_tenants else (tenant or "")
+    return json.dumps(["shared" if share_across_tenants else "tenant", scope, cache_salt])
 
 
 def prepare_chat(
@@ -232,7 +244,7 @@ def prepare_chat(
             f"The model `{chat.model}` does not exist; this engine serves `{loaded.model_id}`",
             param="model",
         )
-    prompt = loaded.runner.tokenizer.encode_chat(chat.message_dicts())
+    prompt = loaded.tokenizer.encode_chat(chat.message_dicts())
     limit = loaded.max_context_tokens
     max_tokens = chat.max_tokens
     if max_tokens is None:
@@ -252,7 +264,9 @@ def prepare_chat(
         model=loaded.model_id,
         system_fingerprint=loaded.version,
     )
-    namespace = kv_namespace(tenant, share_across_tenants=share_across_tenants)
+    namespace = kv_namespace(
+        tenant, cache_salt=chat.cache_salt, share_across_tenants=share_across_tenants
+    )
     request = GenerationRequest(tuple(prompt), sampling, namespace)
     return PreparedChat(chat, tenant, loaded.version, meta, request)
 

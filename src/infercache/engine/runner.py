@@ -1,127 +1,69 @@
-"""One generation at a time: prefix lookup, prefill, the decode loop, caching the result.
+"""The model runner: carries out the scheduler's steps on one loaded model.
 
-`Runner.start(prompt, namespace)` opens a `Generation`: it leases the longest cached prefix
-(when a prefix cache is configured), prefills only the rest, and exposes the next-token logits.
-`Generation.advance(token)` feeds one token. Closing it caches the prompt *and* every generated
-token that went through the model, so the next turn of a conversation reuses the whole previous
-turn; a generation that failed half-way only gives its lease back (its KV may be incomplete).
+One `step()`:
 
-`Runner.generate(request)` drives that loop: sample, stop on an end-of-sequence token
-(`stop`), a stop string (`stop`, trimmed), `max_tokens` (`length`) or cancellation, streaming
-text deltas that never split a character or emit part of a stop string.
+    drop cancelled sequences      a waiting one fails, a running one finishes `cancelled`
+    admit (scheduler.py)          a KV workspace per sequence; the longest cached prefix
+                                  leased and copied in (prefix_cache.py); `sink.started()`
+    plan (scheduler.py)           every decode, then prompt chunks, within the token budget
+    one batched forward           model.forward_batch: the plan's segments, each attending to
+                                  its own workspace; logits of every decode and of every
+                                  prompt's last chunk
+    sample, per sequence          its own sampler, stop strings, text deltas to its sink
+    finish                        stop: end-of-sequence token or stop string; length:
+                                  `max_tokens` or the context; the prompt and generated tokens
+                                  cached below the leased node, the lease released, the
+                                  workspace dropped, `sink.finished(result)`
 
-One workspace per runner, so one generation at a time: the engine's single worker thread owns
-the runner.
+A failure inside a step (a torch error, say) fails only that step's sequences, with an
+`InfercacheError` (their leases abandoned: their KV may be incomplete), and is logged with its
+traceback; the runner carries on with the others.
+
+`generate(request)` runs one request alone, to the end (for callers without a worker thread:
+tests, benches). Not thread-safe except `submit`: one owner (the engine's worker) steps it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from types import TracebackType
-from typing import Literal
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
 from infercache.clock import Clock
-from infercache.engine.accounting import RequestStats
-from infercache.engine.model import LlamaModel
-from infercache.engine.prefix_cache import Lease, PrefixCache, Release
-from infercache.engine.sampling import Sampler, SamplingParams
-from infercache.engine.stop import StopMatcher
+from infercache.engine.accounting import EngineAccounting
+from infercache.engine.config import BatchLimits
+from infercache.engine.model import LlamaModel, Segment
+from infercache.engine.prefix_cache import PrefixCache
+from infercache.engine.scheduler import Scheduler, StepPlan, WaitingQueue
+from infercache.engine.sequence import (
+    FinishReason,
+    GenerationRequest,
+    GenerationResult,
+    NullSink,
+    Sequence,
+    SequenceSink,
+    TextOutput,
+)
 from infercache.engine.tokenizer import ChatTokenizer
+from infercache.errors import InfercacheError
 
-FinishReason = Literal["stop", "length", "cancelled"]
-
-
-@dataclass(frozen=True, slots=True)
-class GenerationRequest:
-    prompt_ids: tuple[int, ...]
-    sampling: SamplingParams
-    namespace: str = ""
-    queue_s: float = 0.0
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
-class GenerationResult:
-    text: str
-    token_ids: tuple[int, ...]  # every sampled token, the end-of-sequence token included
-    finish_reason: FinishReason
-    stats: RequestStats
+class StepReport:
+    """What one step did. `sampled` are the sequences that got a token this step, in the row
+    order of `logits` (`[len(sampled), vocab]`)."""
 
-
-class Generation:
-    """A sequence in the runner's workspace. Use as a context manager."""
-
-    def __init__(self, runner: Runner, prompt: Sequence[int], namespace: str) -> None:
-        if not prompt:
-            raise ValueError("an empty prompt has nothing to condition on")
-        self._runner = runner
-        self._lease: Lease | None = None
-        self._failed = False
-        self.release: Release | None = None
-        self.store_s = 0.0
-        clock, cache, workspace = runner.clock, runner.prefix_cache, runner.workspace
-        started = clock.monotonic_s()
-        if cache is not None:
-            self._lease = cache.acquire(namespace, prompt, workspace)
-        self.reused_tokens = self._lease.reused_tokens if self._lease else 0
-        looked_up = clock.monotonic_s()
-        self.tokens = list(prompt)
-        try:
-            self.logits = runner.model.forward(
-                torch.tensor(self.tokens[self.reused_tokens :]), workspace, self.reused_tokens
-            )
-        except BaseException:
-            self._abandon()
-            raise
-        self.started_s = started
-        self.lookup_s = looked_up - started
-        self.prefill_s = clock.monotonic_s() - looked_up
-
-    def advance(self, token: int) -> torch.Tensor:
-        """Feed `token`; return the logits of the token after it."""
-        try:
-            self.logits = self._runner.model.forward(
-                torch.tensor([token]), self._runner.workspace, len(self.tokens)
-            )
-        except BaseException:
-            self._failed = True
-            raise
-        self.tokens.append(token)
-        return self.logits
-
-    def close(self) -> None:
-        if self._runner.active is self:
-            self._runner.active = None
-        if self._lease is None:
-            return
-        cache = self._runner.prefix_cache
-        assert cache is not None
-        lease, self._lease = self._lease, None
-        if self._failed:
-            cache.abandon(lease)
-        else:
-            started = self._runner.clock.monotonic_s()
-            self.release = cache.release(lease, self.tokens, self._runner.workspace)
-            self.store_s = self._runner.clock.monotonic_s() - started
-
-    def _abandon(self) -> None:
-        self._failed = True
-        self.close()
-
-    def __enter__(self) -> Generation:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        if exc is not None:
-            self._failed = True
-        self.close()
+    sequences: int
+    decode_tokens: int
+    prefill_tokens: int
+    duration_s: float
+    sampled: tuple[Sequence, ...]
+    logits: torch.Tensor | None
 
 
 class Runner:
@@ -133,21 +75,96 @@ class Runner:
         prefix_cache: PrefixCache | None,
         clock: Clock,
         max_context_tokens: int,
+        limits: BatchLimits | None = None,
+        waiting: WaitingQueue | None = None,
+        accounting: EngineAccounting | None = None,
+        model_id: str = "",
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.prefix_cache = prefix_cache
         self.clock = clock
         self.max_context_tokens = max_context_tokens
-        self.workspace = model.new_workspace(max_context_tokens)
-        self.active: Generation | None = None
+        limits = limits if limits is not None else BatchLimits()
+        queue = waiting if waiting is not None else WaitingQueue()
+        self.scheduler = Scheduler(limits, queue)
+        self._accounting = accounting
+        self._model_id = model_id
 
-    def start(self, prompt: Sequence[int], namespace: str = "") -> Generation:
-        """Open a generation; close it (or use it as a context manager) before the next."""
-        if self.active is not None:
-            raise RuntimeError("the runner's workspace is in use by another generation")
-        self.active = Generation(self, prompt, namespace)
-        return self.active
+    # -- from any thread ------------------------------------------------------------------
+
+    def submit(
+        self,
+        request: GenerationRequest,
+        sink: SequenceSink | None = None,
+        *,
+        cancel: threading.Event | None = None,
+    ) -> Sequence:
+        """Queue a request; raises `OverloadedError` when the queue is full."""
+        if len(request.prompt_ids) >= self.max_context_tokens:
+            raise ValueError(
+                f"a {len(request.prompt_ids)}-token prompt leaves no room in a "
+                f"{self.max_context_tokens}-token context"
+            )
+        seq = Sequence(
+            request,
+            sink if sink is not None else NullSink(),
+            arrived_s=self.clock.monotonic_s(),
+            cancel=cancel,
+        )
+        self.scheduler.enqueue(seq)
+        return seq
+
+    # -- on the owner's thread ------------------------------------------------------------
+
+    @property
+    def running(self) -> list[Sequence]:
+        return self.scheduler.running
+
+    def has_work(self) -> bool:
+        return bool(self.scheduler.running) or (
+            self.scheduler.admitting and len(self.scheduler.waiting) > 0
+        )
+
+    def step(self) -> StepReport:
+        started = self.clock.monotonic_s()
+        self._drop_cancelled()
+        while (seq := self.scheduler.next_admissible()) is not None:
+            self._admit(seq)
+        plan = self.scheduler.plan()
+        if not plan.sequences:
+            return StepReport(0, 0, 0, self.clock.monotonic_s() - started, (), None)
+        try:
+            sampled, logits = self._forward(plan)
+        except Exception as e:
+            logger.exception("engine step failed for %d sequences", plan.sequences)
+            error = InfercacheError(f"the engine failed: {type(e).__name__}: {e}")
+            for seq in [*plan.decode, *(s for s, _ in plan.prefill)]:
+                self._fail(seq, error)
+            sampled, logits = (), None
+        for row, seq in enumerate(sampled):
+            assert logits is not None
+            try:
+                self._sample(seq, logits[row])
+            except Exception as e:
+                logger.exception("sampling or finishing a sequence failed")
+                self._fail(seq, InfercacheError(f"the engine failed: {type(e).__name__}: {e}"))
+        report = StepReport(
+            sequences=plan.sequences,
+            decode_tokens=len(plan.decode),
+            prefill_tokens=plan.tokens - len(plan.decode),
+            duration_s=self.clock.monotonic_s() - started,
+            sampled=sampled,
+            logits=logits,
+        )
+        if self._accounting is not None:
+            self._accounting.record_step(report, len(self.scheduler.waiting), self.running)
+        return report
+
+    def abort(self, error: InfercacheError) -> None:
+        """Fail every running sequence with `error` (a swap that does not wait, a shutdown)."""
+        for seq in list(self.scheduler.running):
+            self._fail(seq, error)
 
     def generate(
         self,
@@ -156,91 +173,126 @@ class Runner:
         on_text: Callable[[str], None] | None = None,
         cancelled: Callable[[], bool] | None = None,
     ) -> GenerationResult:
-        out = _Output(self.tokenizer, request.sampling.stop, on_text)
-        with self.start(request.prompt_ids, request.namespace) as gen:
-            decoded = self._decode(gen, request.sampling, out, cancelled)
-        finish = out.close(decoded.finish)
-        done_s = self.clock.monotonic_s()
-        release = gen.release
-        stats = RequestStats(
-            prompt_tokens=len(request.prompt_ids),
-            cached_tokens=gen.reused_tokens,
-            completion_tokens=len(decoded.tokens),
-            queue_s=request.queue_s,
-            lookup_s=gen.lookup_s,
-            prefill_s=gen.prefill_s,
-            decode_s=done_s - (gen.started_s + gen.lookup_s + gen.prefill_s) - gen.store_s,
-            store_s=gen.store_s,
-            ttft_s=(decoded.first_token_s or done_s) - gen.started_s,
-            evicted_nodes=release.evicted_nodes if release else 0,
-            evicted_tokens=release.evicted_tokens if release else 0,
-        )
-        return GenerationResult(out.text, tuple(decoded.tokens), finish, stats)
-
-    def _decode(
-        self,
-        gen: Generation,
-        sampling: SamplingParams,
-        out: _Output,
-        cancelled: Callable[[], bool] | None,
-    ) -> _Decoded:
-        """Sample until a finish condition. The last sampled token is never fed back: nothing
-        would use its logits."""
-        sampler = Sampler(sampling)
-        decoded = _Decoded()
-        while True:
+        """Run one request to its end on the calling thread (the owner's), stepping whatever
+        else is queued along with it."""
+        sink = _CallbackSink(on_text)
+        seq = self.submit(request, sink)
+        while sink.result is None and sink.error is None:
             if cancelled is not None and cancelled():
-                decoded.finish = "cancelled"
-                return decoded
-            token = sampler(gen.logits)
-            decoded.tokens.append(token)
-            decoded.first_token_s = decoded.first_token_s or self.clock.monotonic_s()
-            if token in self.tokenizer.eos_token_ids or out.add(token):
-                decoded.finish = "stop"
-                return decoded
-            if len(decoded.tokens) >= sampling.max_tokens:
-                return decoded
-            if len(gen.tokens) + 1 > self.max_context_tokens:  # no room to feed it
-                return decoded
-            gen.advance(token)
+                seq.cancel.set()
+            self.step()
+        if sink.error is not None:
+            raise sink.error
+        assert sink.result is not None
+        return sink.result
+
+    # -- the step's parts -----------------------------------------------------------------
+
+    def _drop_cancelled(self) -> None:
+        for seq in self.scheduler.waiting.take_cancelled():
+            seq.sink.failed(InfercacheError("the request was cancelled before it ran"))
+        for seq in [s for s in self.scheduler.running if s.cancel.is_set()]:
+            self._finish(seq, "cancelled")
+
+    def _admit(self, seq: Sequence) -> None:
+        seq.admitted_s = self.clock.monotonic_s()
+        size = min(seq.reserved_tokens, self.max_context_tokens)
+        try:
+            seq.workspace = self.model.new_workspace(size)
+            if self.prefix_cache is not None:
+                prompt = seq.request.prompt_ids
+                seq.lease = self.prefix_cache.acquire(seq.request.namespace, prompt, seq.workspace)
+                seq.reused_tokens = seq.computed = seq.lease.reused_tokens
+        except Exception as e:
+            logger.exception("admission failed")
+            seq.workspace = None
+            seq.sink.failed(InfercacheError(f"the engine failed: {type(e).__name__}: {e}"))
+            return
+        seq.lookup_s = self.clock.monotonic_s() - seq.admitted_s
+        seq.output = TextOutput(self.tokenizer, seq.request.sampling.stop, seq.sink)
+        self.scheduler.add_running(seq)
+        seq.sink.started()
+
+    def _forward(self, plan: StepPlan) -> tuple[tuple[Sequence, ...], torch.Tensor]:
+        segments: list[Segment] = []
+        sampled: list[Sequence] = []
+        for seq in plan.decode:
+            assert seq.workspace is not None
+            assert seq.pending is not None
+            segments.append(Segment(torch.tensor([seq.pending]), seq.workspace, seq.computed))
+            sampled.append(seq)
+        for seq, n in plan.prefill:
+            assert seq.workspace is not None
+            ends_prompt = seq.computed + n == seq.prompt_len
+            ids = torch.tensor(seq.tokens[seq.computed : seq.computed + n])
+            segments.append(Segment(ids, seq.workspace, seq.computed, wants_logits=ends_prompt))
+            if ends_prompt:
+                sampled.append(seq)
+        logits = self.model.forward_batch(segments)
+        now = self.clock.monotonic_s()
+        for seq in plan.decode:
+            assert seq.pending is not None
+            seq.tokens.append(seq.pending)
+            seq.pending = None
+            seq.computed += 1
+        for seq, n in plan.prefill:
+            seq.computed += n
+            if not seq.prefilling:
+                seq.prefilled_s = now
+        return tuple(sampled), logits
+
+    def _sample(self, seq: Sequence, logits: torch.Tensor) -> None:
+        assert seq.output is not None
+        token = seq.sampler(logits)
+        seq.generated.append(token)
+        if seq.first_token_s is None:
+            seq.first_token_s = self.clock.monotonic_s()
+        full = len(seq.tokens) + 1 > self.max_context_tokens  # no room to feed it
+        if token in self.tokenizer.eos_token_ids or seq.output.add(token):
+            self._finish(seq, "stop")
+        elif len(seq.generated) >= seq.request.sampling.max_tokens or full:
+            self._finish(seq, "length")
+        else:
+            seq.pending = token
+
+    def _finish(self, seq: Sequence, reason: FinishReason) -> None:
+        assert seq.output is not None
+        finish = seq.output.close(reason)
+        if seq.lease is not None and self.prefix_cache is not None:
+            assert seq.workspace is not None
+            started = self.clock.monotonic_s()
+            lease, seq.lease = seq.lease, None
+            seq.release = self.prefix_cache.release(
+                lease, seq.tokens[: seq.computed], seq.workspace
+            )
+            seq.store_s = self.clock.monotonic_s() - started
+        self._leave(seq)
+        stats = seq.stats(self.clock.monotonic_s())
+        result = GenerationResult(seq.output.text, tuple(seq.generated), finish, stats)
+        if self._accounting is not None:
+            cache = self.prefix_cache.stats() if self.prefix_cache is not None else None
+            self._accounting.record(self._model_id, result.stats, cache)
+        seq.sink.finished(result)
+
+    def _fail(self, seq: Sequence, error: InfercacheError) -> None:
+        if seq.lease is not None and self.prefix_cache is not None:
+            lease, seq.lease = seq.lease, None
+            self.prefix_cache.abandon(lease)
+        self._leave(seq)
+        seq.sink.failed(error)
+
+    def _leave(self, seq: Sequence) -> None:
+        """Out of the running set, its workspace's memory given back at once."""
+        if seq in self.scheduler.running:
+            self.scheduler.remove_running(seq)
+        seq.workspace = None
 
 
-@dataclass(slots=True)
-class _Decoded:
-    tokens: list[int] = field(default_factory=list)
-    finish: FinishReason = "length"
-    first_token_s: float | None = None
-
-
-class _Output:
-    """Generated tokens → text deltas: detokenized, stop strings held back and trimmed."""
-
-    def __init__(
-        self, tokenizer: ChatTokenizer, stops: Sequence[str], on_text: Callable[[str], None] | None
-    ) -> None:
-        self._detok = tokenizer.detokenizer()
-        self._stop = StopMatcher(stops)
+class _CallbackSink(NullSink):
+    def __init__(self, on_text: Callable[[str], None] | None) -> None:
+        super().__init__()
         self._on_text = on_text
-        self._pieces: list[str] = []
 
-    @property
-    def text(self) -> str:
-        return "".join(self._pieces)
-
-    def add(self, token: int) -> bool:
-        """Emit the text `token` completes; True when a stop string was reached."""
-        self._emit(self._stop.feed(self._detok.add(token)))
-        return self._stop.stopped
-
-    def close(self, finish: FinishReason) -> FinishReason:
-        """Flush held-back text (which may still complete a stop string)."""
-        if not self._stop.stopped:
-            self._emit(self._stop.feed(self._detok.flush()))
-            self._emit(self._stop.flush())
-        return "stop" if self._stop.stopped else finish
-
-    def _emit(self, text: str) -> None:
-        if text:
-            self._pieces.append(text)
-            if self._on_text is not None:
-                self._on_text(text)
+    def text(self, delta: str) -> None:
+        if self._on_text is not None:
+            self._on_text(delta)

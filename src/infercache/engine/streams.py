@@ -4,9 +4,11 @@ The worker sends a request's `StreamEvent`s through an `emit` callback, in this 
 response metadata, text deltas, then the result; an error may come at any point and ends the
 stream. `sync_chunks` reads them from a thread-safe queue (for a caller's thread);
 `async_chunks` from an asyncio queue fed with `call_soon_threadsafe` (for an event loop). Both
-translate them into `chat.completion.chunk` dicts with `openai_api.ChunkStream`, and both
-cancel the request when the consumer stops early (the iterator is closed or garbage collected,
-or the asyncio task is cancelled).
+submit the request at the call, so a refusal (a full queue: `OverloadedError`) raises there,
+before the caller has promised anything to its own client; both translate the events into
+`chat.completion.chunk` dicts with `openai_api.ChunkStream`, and both cancel the request when
+the consumer stops early (the iterator is closed or garbage collected, or the asyncio task is
+cancelled).
 """
 
 from __future__ import annotations
@@ -14,12 +16,13 @@ from __future__ import annotations
 import asyncio
 import queue
 import threading
+import weakref
 from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import Future
 from typing import Any
 
 from infercache.engine.openai_api import ChunkStream, PreparedChat, ResponseMeta
-from infercache.engine.runner import GenerationResult
+from infercache.engine.sequence import GenerationResult
 from infercache.errors import InfercacheError
 
 StreamEvent = ResponseMeta | str | GenerationResult | InfercacheError
@@ -31,7 +34,15 @@ Submit = Callable[[PreparedChat, Emit, threading.Event], "Future[Any]"]
 def sync_chunks(prepared: PreparedChat, submit: Submit) -> Iterator[dict[str, Any]]:
     events: queue.SimpleQueue[StreamEvent] = queue.SimpleQueue()
     cancel = threading.Event()
-    future = submit(prepared, events.put, cancel)
+    submit(prepared, events.put, cancel)
+    chunks = _sync_chunks(events, cancel, prepared)
+    weakref.finalize(chunks, cancel.set)  # dropped without being read to the end
+    return chunks
+
+
+def _sync_chunks(
+    events: queue.SimpleQueue[StreamEvent], cancel: threading.Event, prepared: PreparedChat
+) -> Iterator[dict[str, Any]]:
     try:
         stream: ChunkStream | None = None
         while True:
@@ -42,10 +53,10 @@ def sync_chunks(prepared: PreparedChat, submit: Submit) -> Iterator[dict[str, An
                 return
     finally:
         cancel.set()
-        future.cancel()
 
 
-async def async_chunks(prepared: PreparedChat, submit: Submit) -> AsyncIterator[dict[str, Any]]:
+def async_chunks(prepared: PreparedChat, submit: Submit) -> AsyncIterator[dict[str, Any]]:
+    """Call from the event loop that will read the chunks."""
     loop = asyncio.get_running_loop()
     events: asyncio.Queue[StreamEvent] = asyncio.Queue()
     cancel = threading.Event()
@@ -56,7 +67,15 @@ async def async_chunks(prepared: PreparedChat, submit: Submit) -> AsyncIterator[
         except RuntimeError:  # the loop is closed: nobody is listening any more
             cancel.set()
 
-    future = submit(prepared, put, cancel)
+    submit(prepared, put, cancel)
+    chunks = _async_chunks(events, cancel, prepared)
+    weakref.finalize(chunks, cancel.set)
+    return chunks
+
+
+async def _async_chunks(
+    events: asyncio.Queue[StreamEvent], cancel: threading.Event, prepared: PreparedChat
+) -> AsyncIterator[dict[str, Any]]:
     try:
         stream: ChunkStream | None = None
         while True:
@@ -68,7 +87,6 @@ async def async_chunks(prepared: PreparedChat, submit: Submit) -> AsyncIterator[
                 return
     finally:
         cancel.set()
-        future.cancel()
 
 
 def _translate(

@@ -1,13 +1,22 @@
-"""The engine's worker: one thread that owns the loaded model and runs requests on it.
+"""The engine's worker: one thread that owns the loaded model and steps the runner.
 
-Requests run one at a time, in arrival order (a single-thread executor). A request prepared
-for a model that has since been swapped out is prepared again for the current one (or fails if
-the model id changed). A swap runs on the same thread, between two requests, so no request
-ever sees half of one model and half of another.
+    callers (any thread)                       the worker thread
+    submit ─▶ WaitingQueue (bounded: 429) ─▶  loop: wait for work ─▶ swap if asked ─▶ runner.step()
+    swap   ─▶ a pending swap ───────────────▶  admission paused; the running batch drains
+                                               (or is aborted); load; re-prepare the waiting
+    close  ─▶ closing ──────────────────────▶  fail running and waiting, stop
 
-Errors: the `infercache.errors` classes pass through; anything else failing here is logged
-with its traceback and becomes an `InfercacheError` (HTTP 500), never a raw torch exception.
-Thread-safe: `submit`, `swap` and `close` may be called from any thread.
+Each request is one `Sequence` whose sink (`_Submission`) forwards its events to the caller's
+`emit` callback and settles its future exactly once. A swap replaces model, tokenizer and
+prefix cache at once, between two steps, with nothing running: no request ever sees half of
+one model and half of another, and no KV survives it. By default it waits for the running
+batch to finish (`abort_running=True` fails those requests instead, with a clear error); the
+requests still waiting are then prepared again for the new model (or fail if its id changed).
+
+Errors: the runner turns failures inside a step into `InfercacheError`s for the sequences
+concerned; anything that still escapes a step is logged and fails the running batch, and the
+worker carries on. Thread-safe: `submit`, `swap`, `close` and the read-only properties may be
+called from any thread.
 """
 
 from __future__ import annotations
@@ -15,22 +24,26 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from concurrent.futures import Future
+from dataclasses import dataclass, field
 
 import torch
 
 from infercache.clock import Clock
-from infercache.engine.accounting import PrefixAccounting
+from infercache.engine.accounting import EngineAccounting
+from infercache.engine.config import EngineConfig
 from infercache.engine.loader import LoadedModel
 from infercache.engine.openai_api import PreparedChat, ResponseMeta
-from infercache.engine.runner import GenerationResult
+from infercache.engine.runner import Runner
+from infercache.engine.scheduler import WaitingQueue
+from infercache.engine.sequence import GenerationResult, Sequence
 from infercache.engine.streams import Emit
 from infercache.errors import InfercacheError
 
 logger = logging.getLogger(__name__)
 
 Reprepare = Callable[[PreparedChat, LoadedModel], PreparedChat]
+SHUT_DOWN = "the engine is shut down"
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,95 +52,176 @@ class Outcome:
     result: GenerationResult
 
 
+class _Submission:
+    """One request's sink: events to `emit`, the outcome to `future`, settled exactly once."""
+
+    def __init__(self, prepared: PreparedChat, emit: Emit | None) -> None:
+        self.prepared = prepared
+        self._emit = emit
+        self.future: Future[Outcome] = Future()
+        self.future.set_running_or_notify_cancel()  # settled only by us, never cancelled
+
+    def started(self) -> None:
+        self._send(self.prepared.meta)
+
+    def text(self, delta: str) -> None:
+        self._send(delta)
+
+    def finished(self, result: GenerationResult) -> None:
+        if not self.future.done():
+            self._send(result)
+            self.future.set_result(Outcome(self.prepared.meta, result))
+
+    def failed(self, error: InfercacheError) -> None:
+        if not self.future.done():
+            self._send(error)
+            self.future.set_exception(error)
+
+    def _send(self, event: ResponseMeta | str | GenerationResult | InfercacheError) -> None:
+        if self._emit is not None:
+            self._emit(event)
+
+
+@dataclass(slots=True)
+class _Swap:
+    load: Callable[[], LoadedModel]
+    abort_running: bool
+    done: Future[None] = field(default_factory=Future)
+
+
 class Worker:
     def __init__(
         self,
         loaded: LoadedModel,
         *,
+        config: EngineConfig,
         threads: int,
         clock: Clock,
-        accounting: PrefixAccounting,
+        accounting: EngineAccounting,
         reprepare: Reprepare,
     ) -> None:
         self.loaded = loaded
+        self._config = config
+        self._threads = threads
         self._clock = clock
         self._accounting = accounting
         self._reprepare = reprepare
-        self._lock = threading.Lock()
-        self._in_flight = 0
-        self._closing = threading.Event()
-        self._executor = ThreadPoolExecutor(
-            max_workers=1,
-            thread_name_prefix="infercache-engine",
-            initializer=torch.set_num_threads,
-            initargs=(threads,),
-        )
+        self._waiting = WaitingQueue()
+        self._runner = self._runner_for(loaded)
+        self._cond = threading.Condition()
+        self._swaps: list[_Swap] = []
+        self._closing = False
         accounting.record_cache(loaded.cache_stats())
+        self._thread = threading.Thread(target=self._loop, name="infercache-engine", daemon=True)
+        self._thread.start()
+
+    # -- any thread -----------------------------------------------------------------------
 
     @property
-    def in_flight(self) -> int:
-        return self._in_flight
+    def queue_length(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def running(self) -> int:
+        return len(self._runner.running)
 
     def submit(
         self, prepared: PreparedChat, emit: Emit | None, cancel: threading.Event
     ) -> Future[Outcome]:
-        if self._closing.is_set():
-            raise InfercacheError("the engine is shut down")
-        with self._lock:
-            self._in_flight += 1
-        queued_s = self._clock.monotonic_s()
-        future = self._executor.submit(self._run, prepared, emit, cancel, queued_s)
-        future.add_done_callback(self._done)
-        return future
+        """Queue a prepared request. Raises `OverloadedError` when the queue is full."""
+        with self._cond:
+            if self._closing:
+                raise InfercacheError(SHUT_DOWN)
+            if prepared.version != self.loaded.version:  # prepared just before a swap
+                prepared = self._reprepare(prepared, self.loaded)
+            sink = _Submission(prepared, emit)
+            self._runner.submit(prepared.request, sink, cancel=cancel)
+            self._cond.notify()
+        return sink.future
 
-    def _done(self, _future: Future[Outcome]) -> None:
-        with self._lock:
-            self._in_flight -= 1
-
-    def _run(
-        self,
-        prepared: PreparedChat,
-        emit: Emit | None,
-        cancel: threading.Event,
-        queued_s: float,
-    ) -> Outcome:
-        send = emit if emit is not None else (lambda _event: None)
-        try:
-            if cancel.is_set():
-                raise InfercacheError("the request was cancelled before it ran")
-            loaded = self.loaded
-            if prepared.version != loaded.version:
-                prepared = self._reprepare(prepared, loaded)
-            send(prepared.meta)
-            request = replace(prepared.request, queue_s=self._clock.monotonic_s() - queued_s)
-            result = loaded.runner.generate(
-                request,
-                on_text=send,
-                cancelled=lambda: cancel.is_set() or self._closing.is_set(),
-            )
-            self._accounting.record(loaded.model_id, result.stats, loaded.cache_stats())
-        except InfercacheError as e:
-            send(e)
-            raise
-        except Exception as e:
-            logger.exception("engine failure on request %s", prepared.meta.id)
-            error = InfercacheError(f"the engine failed: {type(e).__name__}: {e}")
-            send(error)
-            raise error from e
-        send(result)
-        return Outcome(prepared.meta, result)
-
-    def swap(self, load: Callable[[], LoadedModel]) -> None:
-        """Replace the model between two requests (requests queued before run on the old one)."""
-        if self._closing.is_set():
-            raise InfercacheError("the engine is shut down")
-        self._executor.submit(self._swap, load).result()
-
-    def _swap(self, load: Callable[[], LoadedModel]) -> None:
-        self.loaded = load()
-        self._accounting.record_cache(self.loaded.cache_stats())
+    def swap(self, load: Callable[[], LoadedModel], *, abort_running: bool = False) -> None:
+        """Serve the model `load()` returns, once the running batch has drained (or been
+        failed, with `abort_running`). Blocks until done; raises what `load` raises."""
+        swap = _Swap(load, abort_running)
+        with self._cond:
+            if self._closing:
+                raise InfercacheError(SHUT_DOWN)
+            self._swaps.append(swap)
+            self._cond.notify()
+        swap.done.result()
 
     def close(self) -> None:
-        """Cancel running and queued requests and stop the thread. Idempotent."""
-        self._closing.set()
-        self._executor.shutdown(wait=True, cancel_futures=True)
+        """Fail running and queued requests and stop the thread. Idempotent."""
+        with self._cond:
+            self._closing = True
+            self._cond.notify()
+        self._thread.join()
+
+    # -- the worker thread ----------------------------------------------------------------
+
+    def _loop(self) -> None:
+        torch.set_num_threads(self._threads)
+        while True:
+            with self._cond:
+                while not (self._closing or self._swaps or self._runner.has_work()):
+                    self._cond.wait()
+                if self._closing:
+                    break
+                swap = self._swaps[0] if self._swaps else None
+            if swap is not None:
+                self._advance_swap(swap)
+            if self._runner.has_work():
+                self._step()
+        self._shut_down()
+
+    def _step(self) -> None:
+        try:
+            self._runner.step()
+        except Exception as e:
+            logger.exception("engine step failed")
+            self._runner.abort(InfercacheError(f"the engine failed: {type(e).__name__}: {e}"))
+
+    def _advance_swap(self, swap: _Swap) -> None:
+        runner = self._runner
+        runner.scheduler.admitting = False
+        if swap.abort_running:
+            runner.abort(InfercacheError("the model was swapped while this request ran; retry it"))
+        if runner.running:
+            return  # let the batch drain first
+        with self._cond:
+            self._swaps.pop(0)
+        try:
+            loaded = swap.load()
+        except Exception as e:  # noqa: BLE001 - raised to the caller of `swap`
+            runner.scheduler.admitting = True
+            swap.done.set_exception(e)
+            return
+        with self._cond:  # atomic for `submit`: a request is prepared for the model it meets
+            self.loaded = loaded
+            self._runner = self._runner_for(loaded)
+            self._waiting.rewrite(lambda seq: self._prepare_again(seq, loaded))
+        self._accounting.record_cache(loaded.cache_stats())
+        swap.done.set_result(None)
+
+    def _prepare_again(self, seq: Sequence, loaded: LoadedModel) -> Sequence | None:
+        sink = seq.sink
+        assert isinstance(sink, _Submission)
+        try:
+            sink.prepared = self._reprepare(sink.prepared, loaded)
+        except InfercacheError as e:
+            sink.failed(e)
+            return None
+        return Sequence(sink.prepared.request, sink, arrived_s=seq.arrived_s, cancel=seq.cancel)
+
+    def _shut_down(self) -> None:
+        error = InfercacheError(SHUT_DOWN)
+        self._runner.abort(error)
+        for seq in self._waiting.take_all():
+            seq.sink.failed(error)
+        with self._cond:
+            swaps, self._swaps = self._swaps, []
+        for swap in swaps:
+            swap.done.set_exception(error)
+
+    def _runner_for(self, loaded: LoadedModel) -> Runner:
+        return loaded.runner(self._config, self._waiting, self._accounting, self._clock)

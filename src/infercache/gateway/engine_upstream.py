@@ -1,7 +1,10 @@
 """The built-in engine as the gateway's upstream, in the same process (the embedded default).
 
-No HTTP hop: the engine's asyncio API is awaited directly, its bad-input errors are already
-our own exceptions, and it records the `prefix` strategy into the shared `Metrics` itself.
+No HTTP hop: the engine's asyncio API is awaited directly, its errors are already our own
+exceptions (bad input: 4xx; a full queue: `OverloadedError`, a 429 with Retry-After, raised by
+the call before any chunk, so the gateway passes it through and stores nothing), and it records
+the `prefix` strategy into the shared `Metrics` itself. `cache_salt` in the body splits the
+engine's prefix cache as vLLM's does.
 """
 
 from __future__ import annotations
