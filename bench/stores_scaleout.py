@@ -73,7 +73,7 @@ def store_figures(url: str, samples: int) -> dict[str, dict[str, float]]:
 
 
 def feed_latency(url: str, samples: int) -> dict[str, float]:
-    writer, reader = open_feed(url, prefix="f:"), open_feed(url, prefix="f:")
+    writer, reader = open_feed(f"{url}?prefix=f:"), open_feed(f"{url}?prefix=f:")
     out: list[float] = []
     for _ in range(samples):
         got: list[float] = []

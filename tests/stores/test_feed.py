@@ -43,7 +43,7 @@ def make_feed(server_url: str, redis_prefix: str) -> Iterator[MakeFeed]:
     made: list[RedisFeed] = []
 
     def make(**options: int) -> RedisFeed:
-        feed = open_feed(server_url, prefix=redis_prefix, **options)
+        feed = open_feed(f"{server_url}?prefix={redis_prefix}", **options)
         made.append(feed)
         return feed
 
@@ -170,7 +170,7 @@ def test_a_replica_following_the_contract_sees_every_record_once_stored(
 
 
 def test_feed_errors_are_store_errors(redis_prefix: str) -> None:
-    feed = open_feed(f"redis://127.0.0.1:{free_port()}/0", prefix=redis_prefix)
+    feed = open_feed(f"redis://127.0.0.1:{free_port()}/0?prefix={redis_prefix}")
     with pytest.raises(StoreError):
         feed.publish(add("sem:x"))
     with pytest.raises(StoreError):

@@ -23,6 +23,7 @@ from infercache.stores.replica_flight import (
     FlightTimings,
     ReplicaFlights,
     SharedAnswer,
+    open_flights,
 )
 from tests.conftest import RedisClusterServers, RedisServer, free_port
 
@@ -255,9 +256,21 @@ async def test_a_waiter_gives_up_at_its_deadline_on_the_injected_clock(servers: 
     await lease.close(None)
 
 
-async def test_redis_down_is_a_store_error(redis_prefix: str) -> None:
-    client = async_client(f"redis://127.0.0.1:{free_port()}/0", socket_timeout_s=1)
-    flights = ReplicaFlights(client, clock=SystemClock(), prefix=redis_prefix)
+@pytest.mark.parametrize("scheme", ["redis", "redis+cluster"])
+async def test_redis_down_is_a_store_error(redis_prefix: str, scheme: str) -> None:
+    flights = open_flights(
+        f"{scheme}://127.0.0.1:{free_port()}?prefix={redis_prefix}", clock=SystemClock()
+    )
     with pytest.raises(StoreError):
         await flights.join("k", timeout_s=1)
-    await client.aclose()
+    await flights.aclose()
+
+
+async def test_open_flights_reads_the_store_url_and_its_prefix(redis_server: RedisServer) -> None:
+    flights = open_flights(f"{redis_server.url()}?prefix=pfx:", clock=SystemClock())
+    lease = await flights.join("k", timeout_s=5)
+    assert isinstance(lease, FlightLease)
+    with redis.Redis(port=redis_server.port) as client:
+        assert client.get("pfx:{fl:k}lease") == lease.token.encode()
+    await lease.close(None)
+    await flights.aclose()

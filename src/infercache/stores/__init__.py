@@ -43,15 +43,17 @@ def open_store(url: str, *, clock: Clock, max_bytes: int) -> Backend:
             raise ConfigError(f"sqlite store URL must be sqlite:///PATH, got {url!r}")
         path = urllib.parse.unquote(url[len("sqlite:///") :].split("?", 1)[0])
         return SQLiteStore(Path(path), max_bytes=max_bytes, clock=clock)
-    prefix = query.get("prefix", ["infercache:"])[0]
-    base = urllib.parse.urlunsplit(parsed._replace(query=""))
     if parsed.scheme in ("redis", "rediss", "unix"):
         from infercache.stores.redis import RedisStore
+        from infercache.stores.redis_connect import split_store_url
 
+        base, prefix = split_store_url(url)
         return RedisStore(base, clock=clock, prefix=prefix)
     if parsed.scheme in ("redis+cluster", "rediss+cluster"):
         from infercache.stores.redis_cluster import RedisClusterStore
+        from infercache.stores.redis_connect import split_store_url
 
+        base, prefix = split_store_url(url)
         return RedisClusterStore(base, clock=clock, prefix=prefix)
     raise ConfigError(
         f"unknown store URL scheme {parsed.scheme!r}: use memory://, sqlite:///PATH, "

@@ -45,7 +45,12 @@ from typing import Protocol
 from redis.commands.core import Script
 
 from infercache.errors import StoreError
-from infercache.stores.redis_connect import REDIS_ERRORS, SyncClient, sync_client
+from infercache.stores.redis_connect import (
+    REDIS_ERRORS,
+    SyncClient,
+    split_store_url,
+    sync_client,
+)
 
 START = "0-0"  # the position before any event
 
@@ -199,16 +204,16 @@ def _event(fields: Sequence[bytes]) -> FeedEvent:
 
 
 def open_feed(
-    url: str,
+    store_url: str,
     *,
-    prefix: str = "infercache:",
     name: str = "semantic",
     max_len: int = 100_000,
     max_block_ms: int = 5_000,
 ) -> RedisFeed:
-    """The feed `name` on the Redis server or cluster a store URL names (`redis://…` or
-    `redis+cluster://…`, as in `open_store`). Its client has its own pool, with a socket
-    timeout above the longest blocking read."""
+    """The feed `name` beside the Redis store `store_url` names (`redis://…?prefix=P` or
+    `redis+cluster://…?prefix=P`, exactly as given to `open_store`). Its client has its own
+    pool, with a socket timeout above the longest blocking read."""
+    url, prefix = split_store_url(store_url)
     client = sync_client(url, socket_timeout_s=max_block_ms / 1000 + 2.0)
     return RedisFeed(
         client,

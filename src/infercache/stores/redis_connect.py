@@ -82,6 +82,19 @@ def parse_cluster_url(url: str) -> ClusterAddress:
     return ClusterAddress(tuple(nodes), username, password, scheme == "rediss+cluster")
 
 
+def split_store_url(url: str) -> tuple[str, str]:
+    """A Redis store URL → (the server or cluster URL, the key prefix from `?prefix=`,
+    default `infercache:`), as `open_store` reads it."""
+    parsed = urllib.parse.urlsplit(url)
+    prefix = urllib.parse.parse_qs(parsed.query).get("prefix", ["infercache:"])[0]
+    return urllib.parse.urlunsplit(parsed._replace(query="")), prefix
+
+
+def is_redis_url(url: str) -> bool:
+    """Does a store URL name Redis (one server or a cluster), i.e. can replicas share it?"""
+    return scheme_of(url) in SINGLE_SCHEMES + CLUSTER_SCHEMES
+
+
 def masked_url(url: str) -> str:
     """`url` with any password replaced by `***`, fit for logs and errors."""
     scheme, sep, rest = url.partition("://")

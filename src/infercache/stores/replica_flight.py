@@ -1,6 +1,6 @@
 """One upstream call per key across gateway replicas: a lease in Redis, the answer beside it.
 
-    flights = ReplicaFlights(async_client(url, socket_timeout_s=None), prefix=..., clock=...)
+    flights = open_flights(store_url, clock=clock)    # or ReplicaFlights(client, ...)
     outcome = await flights.join(key, timeout_s=60)
     if isinstance(outcome, SharedAnswer):    # another replica fetched it (or failed)
         serve outcome: `completion()` as JSON, or replayed as a stream
@@ -49,7 +49,12 @@ from redis.commands.core import AsyncScript
 
 from infercache.clock import Clock
 from infercache.errors import StoreError
-from infercache.stores.redis_connect import REDIS_ERRORS, AsyncClient
+from infercache.stores.redis_connect import (
+    REDIS_ERRORS,
+    AsyncClient,
+    async_client,
+    split_store_url,
+)
 
 log = logging.getLogger(__name__)
 
@@ -152,6 +157,9 @@ class ReplicaFlights:
         self._renew = AsyncScript(client, _RENEW)
         self._publish = AsyncScript(client, _PUBLISH)
         self._release = AsyncScript(client, _RELEASE)
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
 
     def _keys(self, key: str) -> tuple[str, str, str]:
         tag = f"{self._prefix}{{fl:{key}}}"
@@ -263,3 +271,15 @@ class FlightLease:
         expires after `lease_ms`). For fault tests and shutdown."""
         self._closed = True
         self._stop.set()
+
+
+def open_flights(
+    store_url: str, *, clock: Clock, timings: FlightTimings | None = None
+) -> ReplicaFlights:
+    """Flights beside the Redis store `store_url` names (as given to `open_store`, with its
+    `?prefix=`), on their own asyncio client (no connection is made until the first join).
+    Close with `aclose()`."""
+    url, prefix = split_store_url(store_url)
+    timings = timings or FlightTimings()
+    client = async_client(url, socket_timeout_s=timings.max_block_ms / 1000 + 2.0)
+    return ReplicaFlights(client, clock=clock, prefix=prefix, timings=timings)
