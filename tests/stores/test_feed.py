@@ -15,6 +15,7 @@ from infercache.stores.feed import (
     START,
     FeedBatch,
     FeedEvent,
+    FeedFollower,
     FeedKind,
     RedisFeed,
     lost_events,
@@ -136,35 +137,52 @@ def test_gap_rule() -> None:
 def test_a_replica_following_the_contract_sees_every_record_once_stored(
     server_url: str, redis_prefix: str, make_feed: MakeFeed
 ) -> None:
-    """Replica B bootstraps from the store, then follows A's feed: it ends up with exactly the
-    records A stored (and not the one A removed), whatever interleaving."""
+    """Replica B bootstraps from the store, then follows A's feed (FeedFollower): it ends up
+    with exactly the records A stored (and not the one A removed); a gap rebuilds."""
     clock = ManualClock()
     url = f"{server_url}?prefix={redis_prefix}"
     store_a = open_store(url, clock=clock, max_bytes=1)
     store_b = open_store(url, clock=clock, max_bytes=1)
-    feed_a, feed_b = make_feed(), make_feed()
+    feed_a, feed_b = make_feed(max_len=10), make_feed()
 
     def put(key: str) -> None:
         now = clock.now_s()
         store_a.put(key, Entry(key.encode(), "m", "0:", (), now, now + 60, 0.0, 0, 0))
         feed_a.publish(add(key))
 
-    for i in range(5):
-        put(f"sem:early{i}")
-    position = feed_b.tail()  # 1. the tail first, then the store
-    index = {k for k, _ in store_b.scan("sem:")}
-    put("sem:after-tail")
-    put("sem:later")
-    store_a.delete("sem:early0")
-    feed_a.publish(FeedEvent(FeedKind.REMOVE, "sem:early0"))
-    batch = feed_b.read_after(position, block_ms=1000)
-    assert not batch.gap
-    for _, event in batch.events:  # 2. apply in order, checking the store
+    index: set[str] = set()
+
+    def rebuild() -> None:
+        index.clear()
+        index.update(k for k, _ in store_b.scan("sem:"))
+
+    def apply(event: FeedEvent) -> None:
         if event.kind is FeedKind.ADD and store_b.get(event.key) is not None:
-            index.add(event.key)
+            index.add(event.key)  # the store is the truth: a record gone since is skipped
         elif event.kind is FeedKind.REMOVE:
             index.discard(event.key)
-    assert index == {f"sem:early{i}" for i in range(1, 5)} | {"sem:after-tail", "sem:later"}
+
+    for i in range(5):
+        put(f"sem:early{i}")
+    follower = FeedFollower(feed_b, rebuild=rebuild, apply=apply)
+    follower.start()
+    assert index == {f"sem:early{i}" for i in range(5)}
+    put("sem:later")
+    put("sem:gone")
+    store_a.delete("sem:early0")
+    feed_a.publish(FeedEvent(FeedKind.REMOVE, "sem:early0"))
+    store_a.delete("sem:gone")  # deleted before B applies its ADD
+    assert follower.poll(block_ms=1000) == 3
+    assert index == {f"sem:early{i}" for i in range(1, 5)} | {"sem:later"}
+    assert follower.poll() == 0
+    for i in range(300):  # B falls behind more than the stream keeps
+        put(f"sem:burst{i}")
+    assert follower.poll() == 0
+    assert follower.rebuilds == 2
+    assert len(index) == 305
+    put("sem:after-gap")
+    assert follower.poll(block_ms=1000) == 1
+    assert "sem:after-gap" in index
     store_a.close()
     store_b.close()
 

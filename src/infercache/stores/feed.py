@@ -14,7 +14,7 @@ next event was trimmed, or whose stream vanished (a server restarted empty), is 
 `read_after` reads its events and the stream's bounds in one Lua call, so the gap check and the
 events describe the same instant.
 
-Consumer contract (the semantic layer's replica sync):
+Consumer contract (the semantic layer's replica sync; `FeedFollower` below drives it):
 1. Start: `position = feed.tail()`, *then* rebuild the index from the store
    (`Store.scan(RECORD_PREFIX)`), then loop on `feed.read_after(position, block_ms=...)`.
    Taking the tail before the scan means events published during the scan are read again
@@ -37,7 +37,7 @@ blocking read holds one connection for up to `block_ms`.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Protocol
@@ -196,6 +196,48 @@ class RedisFeed:
 
     def close(self) -> None:
         self._client.close()
+
+
+class FeedFollower:
+    """The consumer contract above as a driver: `start()` once, then `poll()` in a loop (a
+    background thread; `poll` blocks up to `block_ms`). `rebuild` reloads the whole index from
+    the store; `apply` takes one event and must be idempotent. Not thread-safe: one thread
+    polls. Raises `StoreError` (the caller logs it, counts it and polls again later)."""
+
+    def __init__(
+        self,
+        feed: Feed,
+        *,
+        rebuild: Callable[[], object],
+        apply: Callable[[FeedEvent], object],
+    ) -> None:
+        self._feed = feed
+        self._rebuild = rebuild
+        self._apply = apply
+        self.position: str | None = None  # None until started
+        self.rebuilds = 0
+
+    def start(self) -> None:
+        """The tail first, then the store: what lands in between is read again by `poll`."""
+        position = self._feed.tail()
+        self._rebuild()
+        self.position = position
+        self.rebuilds += 1
+
+    def poll(self, *, block_ms: int = 0, count: int = 1000) -> int:
+        """Apply what is new (waiting up to `block_ms` for it); return how many events."""
+        if self.position is None:
+            raise RuntimeError("FeedFollower.poll before start")
+        batch = self._feed.read_after(self.position, block_ms=block_ms, count=count)
+        if batch.gap:
+            self._rebuild()
+            self.position = batch.position
+            self.rebuilds += 1
+            return 0
+        for position, event in batch.events:
+            self._apply(event)
+            self.position = position  # an `apply` that raises is retried from here
+        return len(batch.events)
 
 
 def _event(fields: Sequence[bytes]) -> FeedEvent:
