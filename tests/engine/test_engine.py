@@ -17,6 +17,7 @@ from infercache.errors import (
     InfercacheError,
     InvalidRequestError,
     ModelNotFoundError,
+    OverloadedError,
 )
 from infercache.metrics import Metrics
 
@@ -189,10 +190,10 @@ def test_seeded_sampling_is_reproducible(make_engine: MakeEngine, tiny_dir: Path
     assert len({text(s) for s in range(2, 6)}) > 1
 
 
-def test_concurrent_callers_are_served_one_at_a_time_with_the_same_answers(
+def test_concurrent_callers_are_batched_and_get_the_answers_they_get_alone(
     make_engine: MakeEngine, tiny_dir: Path
 ) -> None:
-    engine = make_engine(tiny_dir)
+    engine = make_engine(tiny_dir, max_batch=8)
     questions = [f"question {i}" for i in range(8)]
     expected = {q: engine.chat(body(engine, q))["choices"][0]["message"] for q in questions}
 
@@ -203,6 +204,8 @@ def test_concurrent_callers_are_served_one_at_a_time_with_the_same_answers(
         answers = list(callers.map(ask, questions * 2))
     assert all(message == expected[q] for q, message in answers)
     assert engine.stats()["requests_in_flight"] == 0
+    sizes = engine.metrics.snapshot()["strategies"]["prefix"]["histograms"]["batch_size"]
+    assert sum(sizes["counts"][1:]) > 0  # some steps ran more than one sequence
 
 
 def test_closing_a_stream_early_cancels_the_generation(
@@ -282,3 +285,103 @@ def test_a_request_queued_before_a_swap_is_prepared_again_for_the_new_model(
     outcome = engine._worker.submit(queued, None, threading.Event()).result()
     assert outcome.meta.system_fingerprint == engine.model_version
     assert outcome.result.stats.cached_tokens == 0
+
+
+def test_a_full_queue_refuses_at_the_call_with_a_429_and_retry_after(
+    make_engine: MakeEngine, tiny_dir: Path
+) -> None:
+    engine = make_engine(tiny_dir, max_batch=1, max_queue=1, max_step_tokens=64)
+    running = engine.chat_stream(body(engine, "one", max_tokens=400, stream=True))
+    next(running)  # admitted: the one place in the batch is taken
+    waiting = engine.chat_stream(body(engine, "two", max_tokens=4, stream=True))
+    with pytest.raises(OverloadedError) as refused:
+        engine.chat_stream(body(engine, "three", stream=True))
+    assert refused.value.status_code == 429
+    assert refused.value.headers() == {"retry-after": "1"}
+    assert refused.value.to_openai()["error"]["type"] == "rate_limit_error"
+    with pytest.raises(OverloadedError):
+        engine.chat(body(engine, "four"))
+    running.close()  # cancelled: the waiting one gets the place
+    assert [c for c in waiting if c["choices"]][-1]["choices"][0]["finish_reason"] == "length"
+    assert engine.chat(body(engine, "after"))["choices"][0]["finish_reason"] == "length"
+    assert engine.stats()["requests_in_flight"] == 0
+
+
+def test_cache_salt_splits_the_prefix_cache_like_vllm(
+    make_engine: MakeEngine, tiny_dir: Path
+) -> None:
+    engine = make_engine(tiny_dir)
+    assert cached(engine.chat(body(engine, cache_salt="salt-a"))) == 0
+    assert cached(engine.chat(body(engine, cache_salt="salt-b"))) == 0
+    assert cached(engine.chat(body(engine))) == 0  # no salt is a namespace of its own
+    assert cached(engine.chat(body(engine, cache_salt="salt-a"))) > 0
+    assert cached(engine.chat(body(engine, cache_salt="salt-a"), tenant="t")) == 0
+    with pytest.raises(InvalidRequestError) as bad:
+        engine.chat(body(engine, cache_salt=""))
+    assert bad.value.param == "cache_salt"
+
+
+def test_cache_salt_separates_even_when_tenants_share(
+    make_engine: MakeEngine, tiny_dir: Path
+) -> None:
+    engine = make_engine(tiny_dir, share_prefix_across_tenants=True)
+    engine.chat(body(engine, cache_salt="s"), tenant="a")
+    assert cached(engine.chat(body(engine, cache_salt="s"), tenant="b")) > 0
+    assert cached(engine.chat(body(engine, cache_salt="other"), tenant="b")) == 0
+
+
+def test_batching_metrics_count_tokens_steps_and_latencies(
+    make_engine: MakeEngine, tiny_dir: Path
+) -> None:
+    engine = make_engine(tiny_dir)
+    outs = [engine.chat(body(engine, q, max_tokens=5)) for q in ("a", "b", "c")]
+    prefix = engine.metrics.snapshot()["strategies"]["prefix"]
+    counters, gauges, histograms = prefix["counters"], prefix["gauges"], prefix["histograms"]
+    assert counters["prefix_cache_queries"] == sum(o["usage"]["prompt_tokens"] for o in outs)
+    assert counters["prefix_cache_hits"] == sum(cached(o) for o in outs) > 0
+    assert counters["prompt_tokens"] == counters["prefix_cache_queries"]
+    assert counters["generation_tokens"] == 15
+    assert (gauges["queue_length"], gauges["running_sequences"]) == (0, 0)
+    assert gauges["running_kv_tokens"] == 0
+    assert histograms["ttft_s"]["count"] == 3
+    assert histograms["time_per_output_token_s"]["count"] == 3
+    assert histograms["batch_size"]["count"] == 15  # 5 steps a request, one at a time
+    assert histograms["batch_size"]["sum"] == 15
+    text = engine.metrics.to_prometheus().decode()
+    assert 'infercache_strategy_events_total{name="prefix_cache_hits",strategy="prefix"}' in text
+    assert 'infercache_strategy_gauge{name="running_sequences",strategy="prefix"} 0.0' in text
+    assert 'infercache_batch_size_bucket{le="1",strategy="prefix"} 15.0' in text
+    stats = engine.stats()
+    assert stats["prefix_cache"]["locked_bytes"] == 0
+    assert stats["prefix_cache"]["total_tokens"] > 0
+
+
+def test_a_swap_waits_for_the_running_batch_to_finish(
+    make_engine: MakeEngine, tiny_dir: Path, make_tiny_llama: TinyFactory
+) -> None:
+    engine = make_engine(tiny_dir, served_model_id="tiny")
+    old_version = engine.model_version
+    stream = engine.chat_stream(body(engine, max_tokens=300, stream=True))
+    first = next(stream)
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        swapped = pool.submit(engine.swap_model, make_tiny_llama(seed=7), served_model_id="tiny")
+        rest = list(stream)  # the running request finishes on the old model
+        swapped.result()
+    assert first["system_fingerprint"] == old_version
+    assert rest[-1]["choices"][0]["finish_reason"] == "length"
+    assert {c["system_fingerprint"] for c in rest} == {old_version}
+    assert engine.model_version != old_version
+    assert engine.chat(body(engine))["system_fingerprint"] == engine.model_version
+
+
+def test_a_swap_can_abort_the_running_batch_with_a_clear_error(
+    make_engine: MakeEngine, tiny_dir: Path, make_tiny_llama: TinyFactory
+) -> None:
+    engine = make_engine(tiny_dir, served_model_id="tiny")
+    stream = engine.chat_stream(body(engine, max_tokens=400, stream=True))
+    next(stream)
+    engine.swap_model(make_tiny_llama(seed=7), served_model_id="tiny", abort_running=True)
+    with pytest.raises(InfercacheError, match="model was swapped"):
+        list(stream)
+    assert engine.stats()["running_sequences"] == 0
+    assert engine.chat(body(engine))["system_fingerprint"] == engine.model_version

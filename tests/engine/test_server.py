@@ -165,6 +165,25 @@ def test_an_unexpected_exception_is_an_openai_shaped_500_with_the_traceback_only
     assert any("secret internal detail" in str(rec.exc_info[1]) for rec in logged if rec.exc_info)
 
 
+def test_a_full_queue_is_a_429_with_retry_after_in_the_openai_shape(
+    tiny_dir: Path, tmp_path: Path
+) -> None:
+    config = EngineConfig(
+        data_dir=tmp_path, model_path=tiny_dir, max_batch=1, max_queue=0, max_step_tokens=64
+    )
+    with Engine(config) as small, TestClient(create_app(small)) as c:
+        busy = small.chat_stream(body(small, max_tokens=200, stream=True))
+        next(busy)  # holds the one place
+        for extra in ({}, {"stream": True}):
+            r = c.post("/v1/chat/completions", json=body(small, **extra))
+            error = assert_openai_error(r, 429, "overloaded")
+            assert error["type"] == "rate_limit_error"
+            assert r.headers["retry-after"] == "1"
+        busy.close()  # cancelled: it leaves at the next step
+        assert small.wait_idle(30)
+        assert c.post("/v1/chat/completions", json=body(small)).status_code == 200
+
+
 def test_models_lists_the_id_and_version(client: TestClient, engine: Engine) -> None:
     data = client.get("/v1/models").json()
     assert data["object"] == "list"

@@ -173,10 +173,25 @@ class Engine:
 
     # -- model lifecycle ------------------------------------------------------------------
 
-    def swap_model(self, model_path: Path | None, *, served_model_id: str | None = None) -> None:
-        """Serve another checkpoint (None: the packaged model). Requests queued before run on
-        the old model; every cached KV is dropped."""
-        self._worker.swap(lambda: load_model(self.config, model_path, served_model_id, self._clock))
+    def swap_model(
+        self,
+        model_path: Path | None,
+        *,
+        served_model_id: str | None = None,
+        abort_running: bool = False,
+    ) -> None:
+        """Serve another checkpoint (None: the packaged model), once the running requests have
+        finished on the old one (`abort_running`: they fail at once with an error saying why).
+        Waiting requests run on the new model; every cached KV is dropped."""
+        self._worker.swap(
+            lambda: load_model(self.config, model_path, served_model_id, self._clock),
+            abort_running=abort_running,
+        )
+
+    def wait_idle(self, timeout_s: float | None = None) -> bool:
+        """Block until no request is queued or running (a cancelled one has left and given its
+        memory back); False if `timeout_s` passed first."""
+        return self._worker.wait_idle(timeout_s)
 
     def stats(self) -> dict[str, Any]:
         loaded = self._worker.loaded

@@ -13,7 +13,10 @@ One `step()`:
     finish                        stop: end-of-sequence token or stop string; length:
                                   `max_tokens` or the context; the prompt and generated tokens
                                   cached below the leased node, the lease released, the
-                                  workspace dropped, `sink.finished(result)`
+                                  workspace dropped
+    settle                        the step's metrics recorded, then every sequence that ended
+                                  told (`sink.finished` / `sink.failed`): a caller woken by its
+                                  answer already sees the step in the metrics
 
 A failure inside a step (a torch error, say) fails only that step's sequences, with an
 `InfercacheError` (their leases abandoned: their KV may be incomplete), and is logged with its
@@ -29,6 +32,7 @@ import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 
@@ -51,6 +55,7 @@ from infercache.engine.tokenizer import ChatTokenizer
 from infercache.errors import InfercacheError
 
 logger = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +95,7 @@ class Runner:
         self.scheduler = Scheduler(limits, queue)
         self._accounting = accounting
         self._model_id = model_id
+        self._ended: list[Callable[[], None]] = []  # sink calls held until the step is recorded
 
     # -- from any thread ------------------------------------------------------------------
 
@@ -133,6 +139,7 @@ class Runner:
             self._admit(seq)
         plan = self.scheduler.plan()
         if not plan.sequences:
+            self._settle()
             return StepReport(0, 0, 0, self.clock.monotonic_s() - started, (), None)
         try:
             sampled, logits = self._forward(plan)
@@ -159,12 +166,16 @@ class Runner:
         )
         if self._accounting is not None:
             self._accounting.record_step(report, len(self.scheduler.waiting), self.running)
+        self._settle()
         return report
 
     def abort(self, error: InfercacheError) -> None:
         """Fail every running sequence with `error` (a swap that does not wait, a shutdown)."""
         for seq in list(self.scheduler.running):
             self._fail(seq, error)
+        if self._accounting is not None:
+            self._accounting.record_queue(len(self.scheduler.waiting), self.running)
+        self._settle()
 
     def generate(
         self,
@@ -190,7 +201,7 @@ class Runner:
 
     def _drop_cancelled(self) -> None:
         for seq in self.scheduler.waiting.take_cancelled():
-            seq.sink.failed(InfercacheError("the request was cancelled before it ran"))
+            self._end(seq.sink.failed, InfercacheError("the request was cancelled before it ran"))
         for seq in [s for s in self.scheduler.running if s.cancel.is_set()]:
             self._finish(seq, "cancelled")
 
@@ -206,7 +217,8 @@ class Runner:
         except Exception as e:
             logger.exception("admission failed")
             seq.workspace = None
-            seq.sink.failed(InfercacheError(f"the engine failed: {type(e).__name__}: {e}"))
+            error = InfercacheError(f"the engine failed: {type(e).__name__}: {e}")
+            self._end(seq.sink.failed, error)
             return
         seq.lookup_s = self.clock.monotonic_s() - seq.admitted_s
         seq.output = TextOutput(self.tokenizer, seq.request.sampling.stop, seq.sink)
@@ -272,14 +284,22 @@ class Runner:
         if self._accounting is not None:
             cache = self.prefix_cache.stats() if self.prefix_cache is not None else None
             self._accounting.record(self._model_id, result.stats, cache)
-        seq.sink.finished(result)
+        self._end(seq.sink.finished, result)
 
     def _fail(self, seq: Sequence, error: InfercacheError) -> None:
         if seq.lease is not None and self.prefix_cache is not None:
             lease, seq.lease = seq.lease, None
             self.prefix_cache.abandon(lease)
         self._leave(seq)
-        seq.sink.failed(error)
+        self._end(seq.sink.failed, error)
+
+    def _end(self, tell: Callable[[_T], None], outcome: _T) -> None:
+        self._ended.append(lambda: tell(outcome))
+
+    def _settle(self) -> None:
+        ended, self._ended = self._ended, []
+        for tell in ended:
+            tell()
 
     def _leave(self, seq: Sequence) -> None:
         """Out of the running set, its workspace's memory given back at once."""

@@ -16,7 +16,7 @@ requests still waiting are then prepared again for the new model (or fail if its
 Errors: the runner turns failures inside a step into `InfercacheError`s for the sequences
 concerned; anything that still escapes a step is logged and fails the running batch, and the
 worker carries on. Thread-safe: `submit`, `swap`, `close` and the read-only properties may be
-called from any thread.
+called from any thread, and `wait_idle` blocks until there is nothing left to do.
 """
 
 from __future__ import annotations
@@ -111,6 +111,7 @@ class Worker:
         self._cond = threading.Condition()
         self._swaps: list[_Swap] = []
         self._closing = False
+        self._idle = True  # nothing queued, running or swapping (guarded by _cond)
         accounting.record_cache(loaded.cache_stats())
         self._thread = threading.Thread(target=self._loop, name="infercache-engine", daemon=True)
         self._thread.start()
@@ -136,7 +137,8 @@ class Worker:
                 prepared = self._reprepare(prepared, self.loaded)
             sink = _Submission(prepared, emit)
             self._runner.submit(prepared.request, sink, cancel=cancel)
-            self._cond.notify()
+            self._idle = False
+            self._cond.notify_all()
         return sink.future
 
     def swap(self, load: Callable[[], LoadedModel], *, abort_running: bool = False) -> None:
@@ -147,15 +149,21 @@ class Worker:
             if self._closing:
                 raise InfercacheError(SHUT_DOWN)
             self._swaps.append(swap)
-            self._cond.notify()
+            self._idle = False
+            self._cond.notify_all()
         swap.done.result()
 
     def close(self) -> None:
         """Fail running and queued requests and stop the thread. Idempotent."""
         with self._cond:
             self._closing = True
-            self._cond.notify()
+            self._cond.notify_all()
         self._thread.join()
+
+    def wait_idle(self, timeout_s: float | None = None) -> bool:
+        """Block until nothing is queued, running or swapping; False on timeout."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._idle, timeout_s)
 
     # -- the worker thread ----------------------------------------------------------------
 
@@ -164,6 +172,8 @@ class Worker:
         while True:
             with self._cond:
                 while not (self._closing or self._swaps or self._runner.has_work()):
+                    self._idle = True
+                    self._cond.notify_all()
                     self._cond.wait()
                 if self._closing:
                     break
@@ -220,6 +230,8 @@ class Worker:
             seq.sink.failed(error)
         with self._cond:
             swaps, self._swaps = self._swaps, []
+            self._idle = True
+            self._cond.notify_all()
         for swap in swaps:
             swap.done.set_exception(error)
 
