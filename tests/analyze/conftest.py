@@ -51,6 +51,7 @@ def run_analysis(settings: Settings) -> RunAnalysis:
         *,
         tokenizer: PromptTokenizer | None = None,
         embedder: Any = None,
+        candidate_embedder: Any = None,
         replay: bool = True,
         **overrides: Any,
     ) -> Analysis:
@@ -60,6 +61,7 @@ def run_analysis(settings: Settings) -> RunAnalysis:
             settings=settings,
             tokenizer=lambda: chosen,
             embedder=embedder,
+            candidate_embedder=candidate_embedder,
             replay=replay,
         )
         return analyzer.run(paths)

@@ -297,3 +297,176 @@ def multi_turn_chat(
              "response": response(rng, "gpt-4o-mini", 300)}
         )  # fmt: skip
     return Generated(records, truth)
+
+
+SHORT_SUPPORT_SYSTEM = (
+    "You are the support assistant of Acme Cloud. Be brief and precise, at most five "
+    "sentences. Never invent prices or dates; point to the plan page instead. Invoices live "
+    "in Settings, Billing, Invoices; refunds take ten business days. For login problems "
+    "suggest the reset link, then recovery codes, then a human agent. Never ask for a "
+    "password or a card number. End by asking whether the problem is solved."
+)
+
+
+def short_support_bot(seed: int = 0, n: int = 1200) -> Generated:
+    """The support bot behind a ~150-token system prompt (the prompt a fixed 256-token bar
+    would have called no shared prefix at all)."""
+    return support_bot(seed, n, system=lambda ts: SHORT_SUPPORT_SYSTEM)
+
+
+def timestamp_at_end(ts: float) -> str:
+    """The timestamped support bot's system prompt with its layout fixed."""
+    return f"{SUPPORT_SYSTEM}\n{timestamped_system(ts).splitlines()[0]}"
+
+
+def _sentence(rng: random.Random, length: int) -> str:
+    return " ".join(rng.choices(WORDS, k=length)).capitalize() + "."
+
+
+def unique_drafts(seed: int = 0, n: int = 400, *, start_s: float = 1_700_000_000.0) -> Generated:
+    """A drafting tool: every prompt long (300-600 random words) and unique, nothing in front
+    of it, nothing repeated."""
+    rng = random.Random(seed)
+    records: list[dict[str, Any]] = []
+    truth = Truth()
+    ts = start_s
+    for i in range(n):
+        ts += rng.expovariate(1 / 60)
+        draft = " ".join(_sentence(rng, rng.randint(8, 20)) for _ in range(rng.randint(25, 45)))
+        body = {
+            "model": "gpt-4o",
+            "messages": [
+                {"role": "user", "content": f"{draft}\nDraft {i}: a page from these notes."}
+            ],
+            "temperature": 0,
+        }
+        truth.exact_repeat.append(False)
+        truth.paraphrase.append(False)
+        truth.previous_turn.append(None)
+        truth.tenant.append("drafts")
+        records.append(
+            {"timestamp": round(ts, 3), "tenant": "drafts", "request": body,
+             "response": response(rng, "gpt-4o", 700)}
+        )  # fmt: skip
+    return Generated(records, truth)
+
+
+def document_qa(seed: int = 0, n: int = 400, *, start_s: float = 1_700_000_000.0) -> Generated:
+    """One long document (~2,500 words) in the system prompt, a different question each time."""
+    rng = random.Random(seed)
+    document = "\n".join(_sentence(rng, rng.randint(10, 25)) for _ in range(150))
+    system = f"Answer questions about this document only.\n\n{document}"
+    records: list[dict[str, Any]] = []
+    truth = Truth()
+    ts = start_s
+    for i in range(n):
+        ts += rng.expovariate(1 / 45)
+        a, b = rng.sample(WORDS, 2)
+        question = f"Question {i}: what does the document say about the {a} and the {b}?"
+        body = {
+            "model": "gpt-4o-mini",
+            "messages": [
+                {"role": "system", "content": system},
+                {"role": "user", "content": question},
+            ],
+            "temperature": 0,
+        }
+        truth.exact_repeat.append(False)
+        truth.paraphrase.append(False)
+        truth.previous_turn.append(None)
+        truth.tenant.append("docqa")
+        records.append(
+            {"timestamp": round(ts, 3), "tenant": "docqa", "request": body,
+             "response": response(rng, "gpt-4o-mini", 3000)}
+        )  # fmt: skip
+    return Generated(records, truth)
+
+
+@dataclass(frozen=True)
+class Rates:
+    """How a generated upstream answers: overhead, then prefill and decode at these rates."""
+
+    overhead_s: float = 0.25
+    prefill_tokens_per_s: float = 2_000.0
+    decode_tokens_per_s: float = 40.0
+    ttft: bool = False  # whether records carry `ttft_ms`
+
+
+def with_timings(
+    gen: Generated, rates: Rates, *, seed: int = 0, noise_s: float = 0.02
+) -> Generated:
+    """`gen` as the gateway logs misses: layer, status, token counts from the response's
+    usage, and upstream timings from `rates` plus a little noise."""
+    rng = random.Random(seed)
+    out = []
+    for record in gen.records:
+        usage = record["response"]["usage"]
+        prompt, completion = usage["prompt_tokens"], usage["completion_tokens"]
+        ttft_s = rates.overhead_s + prompt / rates.prefill_tokens_per_s + rng.gauss(0, noise_s)
+        total_s = ttft_s + completion / rates.decode_tokens_per_s + rng.gauss(0, noise_s)
+        timed = {
+            **record,
+            "model": record["request"]["model"],
+            "layer": "miss",
+            "status": 200,
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "cached_tokens": 0,
+            "latency_ms": round(1000 * total_s, 3),
+        }
+        if rates.ttft:
+            timed["ttft_ms"] = round(1000 * ttft_s, 3)
+        out.append(timed)
+    return Generated(out, gen.truth)
+
+
+def vary_prompt_lengths(gen: Generated, *, seed: int = 0) -> Generated:
+    """The same traffic whose responses report varied prompt sizes (a cost-model fit needs
+    prompts of different lengths)."""
+    rng = random.Random(seed)
+    out = []
+    for record in gen.records:
+        response_ = dict(record["response"])
+        usage = dict(response_["usage"])
+        usage["prompt_tokens"] = rng.randint(100, 4000)
+        response_["usage"] = usage
+        out.append({**record, "response": response_})
+    return Generated(out, gen.truth)
+
+
+def write_twins(
+    gen: Generated, directory: Path, *, secret: bytes, tokenizer: Any, policy: Any
+) -> tuple[Path, Path]:
+    """The same day written twice, as the gateway's request log writes it: plain (with the
+    request and response) and redacted (redaction.redact_request's fields instead)."""
+    from infercache.redaction import redact_request
+
+    plain, redacted = [], []
+    for record in gen.records:
+        usage = record["response"]["usage"]
+        line = {
+            "timestamp": record["timestamp"],
+            "tenant": record["tenant"],
+            "model": record["request"]["model"],
+            "layer": "miss",
+            "status": 200,
+            "stream": False,
+            "prompt_tokens": usage["prompt_tokens"],
+            "completion_tokens": usage["completion_tokens"],
+            "cached_tokens": 0,
+            "latency_ms": 900.0,
+        }
+        plain.append({**line, "request": record["request"], "response": record["response"]})
+        fields = redact_request(
+            record["request"],
+            tenant=record["tenant"],
+            exact_key=None,
+            secret=secret,
+            tokenizer=tokenizer,
+            policy=policy,
+        )
+        redacted.append({**line, **fields})
+    return (
+        write_lines(directory / "plain.jsonl", (json.dumps(r) for r in plain)),
+        write_lines(directory / "redacted.jsonl", (json.dumps(r) for r in redacted)),
+    )

@@ -25,6 +25,10 @@ def run_cli(*argv: str) -> int:
 
 
 def run_json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict[str, Any]:
+    """The JSON report; near-duplicates off unless asked for (the packaged calibration loads
+    MiniLM: tests/analyze/test_default_matcher.py runs it)."""
+    if not any(a.startswith(("--semantic", "--config", "--no-semantic")) for a in argv):
+        argv = (*argv, "--no-semantic")
     assert run_cli(*argv, "--format", "json", "--tokenizer", "chars4") == 0
     report: dict[str, Any] = json.loads(capsys.readouterr().out)
     return report
@@ -50,8 +54,11 @@ def test_json_report_has_the_promised_keys(
     assert rec["strategies"] == ["exact", "prefix"]
     assert [r["strategy"] for r in rec["reasons"]] == ["exact", "semantic", "prefix"]
     assert report["sweeps"] is None  # json: only with --sweep
-    assert report["semantic"]["measured"] is False
-    assert "infercache tune" in report["semantic"]["reason"]
+    assert report["near_duplicates"] == {"measured": False, "reason": "turned off (--no-semantic)"}
+    assert report["settings"]["tokenizer"] == "chars4"
+    assert report["settings"]["capacity"]["prefix_tokens"] is None  # unbounded unless given
+    assert report["kv_sweep"]["knee"]["budget_tokens"] > 0
+    assert report["cost_model"]["models"]["gpt-4o-mini"]["rates"] == "provider"
 
 
 def test_malformed_lines_are_reported_with_line_numbers_and_skipped(
@@ -105,12 +112,14 @@ def test_the_threshold_can_come_from_a_tune_config(
         'target_false_hit = 0.01\nguards = ["numbers", "dates"]\n'
     )
     report = run_json(capsys, str(support_log), "--config", str(config))
-    semantic = report["semantic"]
+    semantic = report["near_duplicates"]
     assert semantic["measured"] is True
     assert semantic["threshold"] == 0.93
     assert str(config) in semantic["threshold_source"]
     assert semantic["guards"] == ["numbers", "dates"]
     assert semantic["texts_embedded"] > 0
+    assert semantic["replayed"] is True
+    assert semantic["label"] is None  # the user's calibration, not the public one
     assert report["simulation"]["semantic"]["available"] is True
 
 
@@ -120,23 +129,25 @@ def test_an_explicit_threshold_wins_and_no_semantic_turns_it_off(
     flag = run_json(
         capsys, str(support_log), "--semantic-threshold", "0.97", "--embedder", "static"
     )
-    assert (flag["semantic"]["threshold"], flag["semantic"]["threshold_source"]) == (
-        0.97,
-        "--semantic-threshold",
-    )
+    near = flag["near_duplicates"]
+    assert (near["threshold"], near["threshold_source"]) == (0.97, "--semantic-threshold")
     off = run_json(capsys, str(support_log), "--no-semantic")
-    assert off["semantic"] == {"measured": False, "reason": "turned off (--no-semantic)"}
+    assert off["near_duplicates"] == {"measured": False, "reason": "turned off (--no-semantic)"}
 
 
 def test_text_and_html_outputs(
     support_log: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert run_cli(str(support_log), "--tokenizer", "chars4") == 0
+    assert run_cli(str(support_log), "--tokenizer", "chars4", "--no-semantic") == 0
     text = capsys.readouterr().out
     assert "Census" in text
     assert "Recommendation: exact → prefix" in text
+    assert "tokenizer: chars4" in text
+    assert "near-duplicate calibration: none" in text
     out = tmp_path / "report.txt"
-    assert run_cli(str(support_log), "--tokenizer", "chars4", "--out", str(out)) == 0
+    assert (
+        run_cli(str(support_log), "--tokenizer", "chars4", "--no-semantic", "--out", str(out)) == 0
+    )
     assert "\x1b[" not in out.read_text()  # no colour codes in a file
 
 

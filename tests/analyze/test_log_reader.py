@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from infercache.analyze.log_reader import Kind, LineErrors, LogReader, LogRecord
+from infercache.analyze.log_reader import Kind, LineErrors, LogReader, LogRecord, estimate_lines
 from infercache.errors import ConfigError
 from tests.analyze.conftest import RunAnalysis
 from tests.analyze.generators import write_lines
@@ -157,3 +157,39 @@ def test_progress_reports_every_byte_of_the_file_once(tmp_path: Path) -> None:
     assert sum(1 for _ in reader) == 5000
     assert len(seen) > 1
     assert sum(seen) == path.stat().st_size == reader.total_bytes()
+
+
+def test_gateway_timings_names_and_redacted_chains_are_read(tmp_path: Path) -> None:
+    lines = [
+        json.dumps({"timestamp": 1, "request": body(), "tenant": "key:ab", "tenant_name": "team-a",
+                    "layer": "miss", "latency_ms": 950, "upstream_ms": 900, "ttft_ms": 120,
+                    "prompt_tokens": 40, "cached_tokens": 16, "completion_tokens": 8}),
+        json.dumps({"timestamp": 2, "tenant": "t", "model": "m", "key_digest": "hmac-sha256:00",
+                    "prefix_hashes": [5, 6], "prefix_chunk_tokens": [4, 3],
+                    "prefix_tokenizer": "chars4", "not_cacheable": "sampled without a seed"}),
+        json.dumps({"timestamp": 3, "key_digest": "x", "prefix_hashes": [5],
+                    "prefix_chunk_tokens": []}),
+    ]  # fmt: skip
+    records, errors = read(write_lines(tmp_path / "gateway.jsonl", lines))
+    timed, redacted = records
+    assert (timed.upstream_s, timed.ttft_s, timed.cached_tokens) == (0.9, 0.12, 16)
+    assert timed.tenant_name == "team-a"
+    assert redacted.kind is Kind.REDACTED
+    assert (redacted.hash_ids, redacted.hash_chunk_tokens) == ((5, 6), (4, 3))
+    assert (redacted.prefix_tokenizer, redacted.not_cacheable) == (
+        "chars4",
+        "sampled without a seed",
+    )
+    assert errors.count == 1
+    assert "must pair up" in errors.kept[0][2]
+
+
+@pytest.mark.parametrize("gz", [False, True])
+def test_the_number_of_lines_is_estimated_from_the_head_of_each_file(
+    tmp_path: Path, gz: bool
+) -> None:
+    lines = [json.dumps(body(f"question {i} " + "x" * (i % 50))) for i in range(20_000)]
+    path = write_lines(tmp_path / "log.jsonl", lines, gz=gz)
+    estimate = estimate_lines([path], probe_bytes=64 << 10)
+    assert 0.8 * 20_000 < estimate < 1.25 * 20_000
+    assert estimate_lines([tmp_path / "missing.jsonl"]) == 0

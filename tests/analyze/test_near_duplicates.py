@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import random
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -9,10 +10,10 @@ import pytest
 
 from infercache.analyze.census import Class
 from infercache.analyze.near_duplicates import PrimedEmbedder
-from infercache.analyze.options import SemanticOptions
+from infercache.analyze.options import CandidateFilter, SemanticOptions
 from infercache.semantic.embedder import Embedder, HashingEmbedder, Matrix
 from tests.analyze.conftest import RunAnalysis
-from tests.analyze.generators import FAQS, Generated, Truth, support_bot
+from tests.analyze.generators import FAQS, WORDS, Generated, Truth, support_bot
 
 SYSTEM_A = {"role": "system", "content": "You answer questions about Acme accounts."}
 SYSTEM_B = {"role": "system", "content": "You answer questions about Globex accounts."}
@@ -69,8 +70,12 @@ def first_faq_wordings(gen: Generated) -> int:
 
 
 def classes(run_analysis: RunAnalysis, gen: Generated, tmp_path: Path, embedder: Embedder) -> Any:
+    """The analysis with no request counted shared_prefix (a share of 1 is never reached: the
+    last prompt token is always recomputed), so the near-duplicate classes stand alone."""
     path = gen.write(tmp_path / "log.jsonl")
-    return run_analysis([path], embedder=embedder, semantic=SEMANTIC, window=3)
+    return run_analysis(
+        [path], embedder=embedder, semantic=SEMANTIC, window=3, min_prefix_share=1.0
+    )
 
 
 def test_near_duplicates_need_the_same_scope_the_threshold_and_the_guards(
@@ -133,3 +138,97 @@ def test_minilm_finds_the_support_bots_paraphrases(
     # month", which the dates guard refuses), and no numbered unique question ever is.
     assert 0.6 * sum(gen.truth.paraphrase) <= near <= first_faq_wordings(gen)
     assert analysis.replays["layered"].served["semantic"] > 0
+
+
+SAMPLED = SemanticOptions(
+    threshold=0.8,
+    source="test",
+    embedder="hashing",
+    candidates=CandidateFilter("hashing-64", k=16, min_word_jaccard=0.25),
+    half_width=0.05,  # 385 requests: a sample of a 3,000-request log
+)
+
+
+def noisy_questions(seed: int, n: int) -> Generated:
+    """FAQ questions each followed by two filler words: mostly near-duplicates of earlier
+    ones, a few exact repeats."""
+    rng = random.Random(seed)
+    records: list[dict[str, Any]] = []
+    for i in range(n):
+        question = f"{rng.choice(FAQS)[0]} {' '.join(rng.choices(WORDS[:30], k=2))}"
+        records.append(
+            {
+                "timestamp": float(i),
+                "request": {
+                    "model": "m",
+                    "messages": [SYSTEM_A, {"role": "user", "content": question}],
+                    "temperature": 0,
+                },
+            }
+        )
+    return Generated(records, Truth())
+
+
+def test_a_uniform_sample_estimates_the_share_every_request_would_give(
+    tmp_path: Path, run_analysis: RunAnalysis
+) -> None:
+    log = noisy_questions(seed=3, n=3000).write(tmp_path / "log.jsonl")
+    full = run_analysis([log], embedder=HashingEmbedder(dim=256), semantic=SEMANTIC, replay=False)
+    sampled = run_analysis(
+        [log],
+        embedder=HashingEmbedder(dim=256),
+        candidate_embedder=HashingEmbedder(dim=64),
+        semantic=SAMPLED,
+        replay=False,
+    )
+    truth = full.census.total.classes[Class.NEAR_DUPLICATE] / 3000
+    assert truth > 0.5
+    total = sampled.census.total
+    assert sampled.semantic is not None
+    assert full.semantic is not None
+    assert 0.1 < sampled.semantic.sample_rate < 0.16  # 385 of ~3,000 (the length estimated)
+    assert total.checked < total.non_exact
+    low, high = total.near_interval() or (1.0, 0.0)
+    assert low <= truth <= high
+    assert high - low < 0.1  # the ±5 points the sample was sized for, and less
+    shares = total.shares()
+    assert sum(shares.values()) == pytest.approx(1.0)
+    assert shares["exact_repeat"] == full.census.total.shares()["exact_repeat"]
+    assert shares["near_duplicate"] == pytest.approx(truth, abs=0.03)
+    # the matcher embedded the sampled texts and their candidates, not the whole log
+    assert sampled.semantic.texts_embedded < full.semantic.texts_embedded
+
+
+def test_a_candidate_a_guard_vetoes_is_never_embedded_by_the_matcher(
+    tmp_path: Path, run_analysis: RunAnalysis
+) -> None:
+    matcher = CountingEmbedder()
+    records = [
+        {
+            "timestamp": float(i),
+            "request": {
+                "model": "m",
+                "messages": [SYSTEM_A, {"role": "user", "content": f"Cancel my order {n} please"}],
+                "temperature": 0,
+            },
+        }
+        for i, n in enumerate((1234, 5678, 9012))
+    ]
+    options = SemanticOptions(
+        threshold=0.8,
+        source="test",
+        embedder="hashing",
+        candidates=CandidateFilter("hashing-64", k=4, min_word_jaccard=0.25),
+        half_width=0.49,  # a sample of 5: a log this small is checked whole
+    )
+    analysis = run_analysis(
+        [Generated(records, Truth()).write(tmp_path / "log.jsonl")],
+        embedder=matcher,
+        candidate_embedder=HashingEmbedder(dim=64),
+        semantic=options,
+        replay=False,
+        min_prefix_share=1.0,
+    )
+    assert analysis.census.total.checked == 3
+    assert analysis.census.total.classes[Class.NEAR_DUPLICATE] == 0
+    assert matcher.texts == 0  # every candidate differs in its number: nothing to embed

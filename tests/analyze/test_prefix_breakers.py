@@ -77,12 +77,10 @@ def test_varying_text_at_the_end_or_unrelated_prompts_are_not_breakers() -> None
 def test_breaker_findings_reach_the_report_and_the_advice(
     tmp_path: Path, run_analysis: RunAnalysis
 ) -> None:
-    from infercache.analyze.recommend import recommend
     from infercache.analyze.reports.document import build_report
 
     analysis = run_analysis([timestamped_support(seed=2, n=120).write(tmp_path / "l.jsonl")])
-    recommendation = recommend(analysis)
-    report = build_report(analysis, recommendation)
+    report = build_report(analysis)
     assert report["prefix_breakers"][0]["kind"] == "timestamp"
     assert "⟦" in report["prefix_breakers"][0]["context"]
     assert any("timestamp" in line for line in report["recommendation"]["advice"])

@@ -51,7 +51,7 @@ def test_a_repeat_within_the_ttl_is_an_exact_hit_and_one_after_it_a_miss(
         {"timestamp": 500.0, "request": request("q")},  # the entry from t=0 expired at 100
     ]
     analysis = replay(tmp_path, run_analysis, records, ttl_s=100)
-    exact = strategy(analysis.replays["layered"], "exact")
+    exact = strategy(analysis.replays["layered"], "exact", analysis.cost)
     assert (exact["hits"], exact["lookups"]) == (1, 3)
     assert exact["misses"] == {"absent": 1, "expired": 1}
     assert exact["completion_tokens_saved"] == 30  # what the stored answer's usage says
@@ -65,8 +65,8 @@ def test_sampled_requests_are_never_served_but_still_reach_the_prefix_cache(
     records = [{"timestamp": float(t), "request": request("q", temperature=0.9)} for t in range(3)]
     analysis = replay(tmp_path, run_analysis, records)
     result = analysis.replays["layered"]
-    assert strategy(result, "exact")["misses"] == {"uncacheable": 3}
-    prefix = strategy(result, "prefix")
+    assert strategy(result, "exact", analysis.cost)["misses"] == {"uncacheable": 3}
+    prefix = strategy(result, "prefix", analysis.cost)
     assert (prefix["lookups"], prefix["hits"]) == (3, 2)
 
 
@@ -75,15 +75,15 @@ def test_requests_answered_by_a_cache_never_reach_the_engine(
 ) -> None:
     records = [{"timestamp": float(t), "request": request(f"q{t % 2}")} for t in range(6)]
     analysis = replay(tmp_path, run_analysis, records)
-    under = strategy(analysis.replays["layered"], "prefix")
-    alone = strategy(analysis.replays["prefix"], "prefix")
+    under = strategy(analysis.replays["layered"], "prefix", analysis.cost)
+    alone = strategy(analysis.replays["prefix"], "prefix", analysis.cost)
     assert analysis.replays["layered"].served["exact"] == 4
     assert under["lookups"] == 2
     assert alone["lookups"] == 6
-    figures = layered(analysis.replays["layered"])
+    figures = layered(analysis.replays["layered"], analysis.cost)
     assert figures["hit_rate"] == pytest.approx(4 / 6)
     assert figures["prompt_tokens_saved"] == (
-        strategy(analysis.replays["layered"], "exact")["prompt_tokens_saved"]
+        strategy(analysis.replays["layered"], "exact", analysis.cost)["prompt_tokens_saved"]
         + under["prompt_tokens_saved"]
     )
 
@@ -98,8 +98,8 @@ def test_a_small_exact_store_evicts_and_answers_less(
     # 20 answers of ~8 KB: all fit in 1 GiB, only a few in 40 KB (LRU, cycled: none survive)
     big = replay(tmp_path, run_analysis, records, exact_capacity_bytes=1 << 30)
     small = replay(tmp_path, run_analysis, records, exact_capacity_bytes=40_000)
-    assert strategy(big.replays["layered"], "exact")["hits"] == 180
-    assert strategy(small.replays["layered"], "exact")["hits"] == 0
+    assert strategy(big.replays["layered"], "exact", big.cost)["hits"] == 180
+    assert strategy(small.replays["layered"], "exact", small.cost)["hits"] == 0
 
 
 def test_measured_latency_is_what_a_hit_saves_and_estimates_are_counted(
@@ -109,11 +109,11 @@ def test_measured_latency_is_what_a_hit_saves_and_estimates_are_counted(
                     "latency_ms": 2500.0, "completion_tokens": 40}  # fmt: skip
     records = [gateway_miss, {"timestamp": 1.0, "request": request("q")}]
     analysis = replay(tmp_path, run_analysis, records)
-    exact = strategy(analysis.replays["layered"], "exact")
+    exact = strategy(analysis.replays["layered"], "exact", analysis.cost)
     assert exact["upstream_s_saved"] == pytest.approx(2.5)
     assert exact["completion_tokens_saved"] == 40  # from the record: the log had no response
     totals = analysis.replays["layered"].totals
-    assert totals.estimated_upstream == 1  # the second line carries no latency
+    assert totals.seconds.estimated_calls == 1  # the second line carries no latency
 
 
 def test_a_log_without_timestamps_replays_as_one_instant(
@@ -131,13 +131,14 @@ def test_sweeps_replay_each_ttl_and_capacity(tmp_path: Path, run_analysis: RunAn
         tmp_path, run_analysis, records, sweep=True, ttl_grid_s=(50.0, 1000.0, 10_000.0),
         capacity_factors=(0.5, 1.0),
     )  # fmt: skip
-    hits = [strategy(analysis.replays[f"ttl:{t}"], "exact")["hits"] for t in (50, 1000, 10000)]
+    hits = [
+        strategy(analysis.replays[f"ttl:{t}"], "exact", analysis.cost)["hits"]
+        for t in (50, 1000, 10000)
+    ]
     # Each question returns every 300 s. An entry lives TTL seconds from its miss (hits do
     # not extend it): 1000 s gives 3 hits, a miss, 3 hits, a miss, 1 hit, per question.
     assert hits == [0, 21, 27]
-    assert {"exact_capacity:0.5", "prefix_capacity:0.5", "prefix_capacity:1"} <= set(
-        analysis.replays
-    )
+    assert {"exact_capacity:0.5", "exact_capacity:1"} <= set(analysis.replays)
 
 
 def test_a_request_the_cache_refuses_is_skipped_not_fatal(

@@ -42,7 +42,7 @@ def test_unbounded_reuse_is_the_longest_common_prefix_with_any_earlier_prompt(
 def test_a_bounded_cache_stays_in_budget_and_never_reuses_more_than_unbounded(
     requests: list[tuple[str, list[int]]], capacity: int
 ) -> None:
-    bounded = SimulatedPrefixCache(capacity_tokens=capacity, evict_batch_tokens=0)
+    bounded = SimulatedPrefixCache(capacity_tokens=capacity)
     unbounded = SimulatedPrefixCache()
     for t, (namespace, raw) in enumerate(requests):
         units = tuple(raw)
@@ -54,7 +54,7 @@ def test_a_bounded_cache_stays_in_budget_and_never_reuses_more_than_unbounded(
 
 
 def test_the_least_recently_used_prefix_is_evicted_first() -> None:
-    cache = SimulatedPrefixCache(capacity_tokens=8, evict_batch_tokens=0)
+    cache = SimulatedPrefixCache(capacity_tokens=8)
     observe = cache.observe
     observe("", (1, 1, 1, 1), unit_tokens=1, prompt_tokens=4, now_s=0)
     observe("", (2, 2, 2, 2), unit_tokens=1, prompt_tokens=4, now_s=1)
@@ -84,3 +84,33 @@ def test_kv_namespaces_separate_tenants_unless_sharing_is_on() -> None:
     assert kv_namespace("a", "m1", share_across_tenants=True) != kv_namespace(
         "a", "m2", share_across_tenants=True
     )
+
+
+def test_eviction_frees_exactly_what_the_insert_needs() -> None:
+    # 100 prompts of 10 tokens fill 1,000; a 1-token prompt then evicts one leaf, not more:
+    # the tree keeps its evictable leaves up to date, so no batch of extra room is taken.
+    cache = SimulatedPrefixCache(capacity_tokens=1000)
+    for i in range(100):
+        units = tuple(range(10 * i + 1, 10 * i + 11))
+        cache.observe("", units, unit_tokens=1, prompt_tokens=10, now_s=float(i))
+    assert cache.stats().cached_tokens == 1000
+    cache.observe("", (0,), unit_tokens=1, prompt_tokens=1, now_s=100.0)
+    assert cache.stats().cached_tokens == 991
+    assert cache.stats().evicted_tokens == 10
+    first, second = tuple(range(1, 11)), tuple(range(11, 21))
+    again = cache.observe("", second, unit_tokens=1, prompt_tokens=10, now_s=101)
+    assert again.matched_tokens == 10
+    gone = cache.observe("", first, unit_tokens=1, prompt_tokens=10, now_s=102)
+    assert gone.matched_tokens == 0
+
+
+def test_units_of_their_own_sizes_count_their_tokens() -> None:
+    """Redacted logs: each prefix hash stands for its chunk's tokens."""
+    cache = SimulatedPrefixCache()
+    cache.observe("", (7, 8, 9), unit_tokens=(4, 1, 3), prompt_tokens=8, now_s=0)
+    reuse = cache.observe("", (7, 8, 5), unit_tokens=(4, 1, 2), prompt_tokens=7, now_s=1)
+    assert (reuse.matched_tokens, reuse.reused_tokens) == (5, 5)
+    assert cache.stats().cached_tokens == 10  # 4 + 1 + 3, then the new 2-token chunk
+    bounded = SimulatedPrefixCache(capacity_tokens=6)
+    bounded.observe("", (1, 2, 3), unit_tokens=(3, 2, 4), prompt_tokens=9, now_s=0)
+    assert bounded.stats().cached_tokens == 5  # only the head that fits: 3 + 2 of 9

@@ -1,57 +1,86 @@
-"""One streaming pass over the logs: read, prepare, embed a window, then census and replays.
+"""One streaming pass over the logs: read, prepare, check a window for near-duplicates, then census
+and replays, request by request in time order.
 
     LogReader (log_reader.py) ─records─▶ RequestPreparer (prepared_request.py)
-        ─requests─▶ a window of `window` requests
-        near-duplicates on: PrimedEmbedder.prime(the window's texts), one batch
-        each request, in time order: Census.observe(request, vector)
-                                     (census.py, prefix_breakers.py)
-                                   Replay.observe(event) for every replay  (replay.py)
-With `parallel`, reading and preparing run in a child process (reader_process.py). Memory is a few
-windows of events plus each consumer's bounded state; the file is never held.
+        ─requests─▶ a window of requests:
+        1. Census.remember(request): exact repeat or not                       (census.py)
+        2. NearDuplicateFinder.check(window): one embedding batch      (near_duplicates.py)
+        3. each request: Census.observe(request, repeat, near)  (census.py, prefix_breakers.py)
+                         RateFit.add(its timing)                             (cost_model.py)
+                         Replay.observe(request, census reuse) for each replay (replay.py)
+    then: CostModel.decide(fit) prices every ledger of seconds.
+With `parallel`, reading and preparing run in a child process (reader_process.py). Memory is a
+few windows of requests plus each consumer's bounded state; the file is never held.
 
-Replays (`replay=True`): `layered` (exact → semantic when configured → prefix, the TTL and
-capacities given) and `prefix` (KV reuse alone). With `options.sweep`, also the cache at each
-TTL of `ttl_grid_s` (`ttl:<s>`), the exact store at each capacity factor (`exact_capacity:<f>`)
-and the prefix cache at each factor (`prefix_capacity:<f>`): the hit-rate curves.
-Raises ConfigError when no line of any log can be used.
+Near-duplicates (`options.semantic`): with a candidate filter (the packaged public calibration)
+a uniform sample of the requests is checked, sized from the log's estimated length for a 95%
+interval of ± `half_width` (intervals.py), and windows grow so each holds ~64 sampled requests
+(one matcher batch); without one every request is embedded and the semantic layer is replayed.
+
+Replays (`replay=True`): `layered` (exact → semantic when replayed → prefix, the TTL and
+capacities given) and `prefix` (KV reuse alone). Both read the census's prefix reuse when the
+KV budget is unbounded (replay.py says why that is exact). With `options.sweep`, also the cache
+at each TTL of `ttl_grid_s` (`ttl:<s>`) and the exact store at each capacity factor
+(`exact_capacity:<f>`): the hit-rate curves. The KV budget curve comes from the census
+(kv_sweep.py). Raises ConfigError when no line of any log can be used.
 """
 
 from __future__ import annotations
 
 import contextlib
 import gc
+import math
+import random
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from infercache.analyze.census import Census, CensusResult
-from infercache.analyze.log_reader import LineErrors, Progress
-from infercache.analyze.near_duplicates import NearDuplicates, PrimedEmbedder, small_flat_index
-from infercache.analyze.options import AnalyzeOptions
+from infercache.analyze.census import NOT_CHECKED, Census, CensusResult
+from infercache.analyze.cost_model import CostModel, RateFit
+from infercache.analyze.intervals import sample_size
+from infercache.analyze.log_reader import LineErrors, Progress, estimate_lines
+from infercache.analyze.near_duplicates import (
+    CandidateStage,
+    NearDuplicateFinder,
+    PrimedEmbedder,
+    small_flat_index,
+)
+from infercache.analyze.options import AnalyzeOptions, SemanticOptions
 from infercache.analyze.prefix_breakers import Breaker, BreakerFinder
 from infercache.analyze.prepared_request import PreparedRequest
 from infercache.analyze.reader_process import ChildEvents, SourceSpec, produce
-from infercache.analyze.replay import Replay, ReplayResult, ReplaySetup, SemanticParts
+from infercache.analyze.replay import CENSUS, TREE, Replay, ReplayResult, ReplaySetup, SemanticParts
 from infercache.analyze.tokenizing.tokenizers import PromptTokenizer
 from infercache.clock import Clock, SystemClock
 from infercache.errors import ConfigError
+from infercache.metrics import PriceTable
 from infercache.semantic.embedder import Embedder
 from infercache.semantic.guards import Guard, build_guards, default_guards
 from infercache.semantic.index import IndexFactory
 from infercache.semantic.layer import SemanticConfig
 from infercache.settings import Settings
 
+SAMPLED_PER_WINDOW = 64  # sampled requests per matcher batch
+MAX_WINDOW = 16_384
+MATCHER_VECTORS_KEPT = 50_000  # sampled mode: matcher vectors remembered across windows
+
 
 @dataclass(frozen=True, slots=True)
 class SemanticRun:
     threshold: float
     source: str
-    embedder: str  # the embedder's name (model, version, settings)
+    label: str | None  # "public calibration — ..." for the packaged one
+    embedder: str  # the matcher's name (model, version, settings)
     guards: tuple[str, ...]
-    texts_embedded: int
+    sample_rate: float  # share of requests checked (1: all)
+    candidate_embedder: str | None  # the fast embedder in front, when sampling
+    min_word_jaccard: float | None
+    texts_embedded: int  # by the matcher
     chars_embedded: int
-    embed_s: float  # seconds spent embedding
+    candidate_texts_embedded: int
+    embed_s: float  # seconds spent embedding (matcher and candidates)
+    replayed: bool  # whether the semantic layer was replayed
 
 
 @dataclass
@@ -62,26 +91,31 @@ class Analysis:
     census: CensusResult
     breakers: list[Breaker]
     replays: dict[str, ReplayResult]
+    cost: CostModel
     errors: LineErrors
     lines: int
     kinds: Counter[str]
     semantic: SemanticRun | None
+    hashed_by: Counter[str]  # redacted logs: the tokenizers behind their prefix hashes
+    prices: PriceTable
     wall_s: float
     notes: list[str] = field(default_factory=list)
 
 
-def replay_setups(options: AnalyzeOptions) -> list[ReplaySetup]:
-    semantic = options.semantic is not None
-    exact, prefix, ttl = options.exact_capacity_bytes, options.prefix_capacity_tokens, options.ttl_s
+def replay_setups(options: AnalyzeOptions, *, semantic: bool) -> list[ReplaySetup]:
+    exact, budget, ttl = options.exact_capacity_bytes, options.prefix_capacity_tokens, options.ttl_s
+    alone = CENSUS if budget is None else TREE
+    under = CENSUS if budget is None and not semantic else TREE
     setups = [
-        ReplaySetup("layered", ttl, exact, prefix, semantic),
-        ReplaySetup("prefix", ttl, None, prefix),
+        ReplaySetup("layered", ttl, exact, under, budget, semantic),
+        ReplaySetup("prefix", ttl, None, alone, budget),
     ]
     if options.sweep:
-        setups += [ReplaySetup(f"ttl:{t:g}", t, exact, None, semantic) for t in options.ttl_grid_s]
+        setups += [
+            ReplaySetup(f"ttl:{t:g}", t, exact, None, None, semantic) for t in options.ttl_grid_s
+        ]
         for f in options.capacity_factors:
             setups.append(ReplaySetup(f"exact_capacity:{f:g}", ttl, max(1, int(exact * f)), None))
-            setups.append(ReplaySetup(f"prefix_capacity:{f:g}", ttl, None, max(1, int(prefix * f))))
     return setups
 
 
@@ -90,11 +124,12 @@ def guards_of(specs: tuple[str, ...] | None) -> list[Guard]:
 
 
 class Analyzer:
-    """Wires the pass; `run(paths)` does it. `embedder` is required when `options.semantic`
-    is set; `parallel` reads and prepares in a child process (reader_process.py; the tokenizer
-    factory must then be picklable); `freeze_gc` keeps the cyclic GC off the census's
-    long-lived state (process-wide while the pass runs); `clock` only times the pass and the
-    embedding."""
+    """Wires the pass; `run(paths)` does it. `embedder` (the matcher) is required when
+    `options.semantic` is set, and `candidate_embedder` too when it samples; `parallel` reads
+    and prepares in a child process (reader_process.py; the tokenizer factory must then be
+    picklable); `freeze_gc` keeps the cyclic GC off the census's long-lived state (process-wide
+    while the pass runs); `clock` only times the pass and the embedding; `rng` draws the
+    near-duplicate sample (seeded from `options.seed` by default)."""
 
     def __init__(
         self,
@@ -103,39 +138,51 @@ class Analyzer:
         settings: Settings,
         tokenizer: Callable[[], PromptTokenizer],
         embedder: Embedder | None = None,
+        candidate_embedder: Embedder | None = None,
         index_factory: IndexFactory | None = None,
         replay: bool = True,
         parallel: bool = False,
         freeze_gc: bool = False,
         clock: Clock | None = None,
+        rng: random.Random | None = None,
     ) -> None:
-        if options.semantic is not None and embedder is None:
+        s = options.semantic
+        if s is not None and embedder is None:
             raise ConfigError("measuring near-duplicates needs an embedder")
+        if s is not None and s.sampled and candidate_embedder is None:
+            raise ConfigError("sampling near-duplicates needs a candidate embedder")
         self.options = options
         self.settings = settings
         self._tokenizer = tokenizer
-        self._primed = PrimedEmbedder(embedder) if embedder is not None else None
+        self._embedder = embedder
+        self._candidate_embedder = candidate_embedder
         self._index_factory = index_factory or small_flat_index
         self._replay = replay
         self._parallel = parallel
         self._freeze_gc = freeze_gc
         self._counter: PromptTokenizer | None = None
         self._clock = clock or SystemClock()
-        self._embed_s = 0.0
+        self._rng = rng or random.Random(options.seed)
 
     def run(self, paths: Sequence[Path], *, progress: Progress | None = None) -> Analysis:
         started = self._clock.monotonic_s()
         if not paths:
             raise ConfigError("no log file given")
-        census, breakers = self._census()
-        replays = self._replays()
-        spec = self._spec(paths)
+        finder = self._finder(paths)
+        census, breakers = self._census(finder is not None)
+        replays = self._replays(finder)
+        fit = RateFit()
+        hashed_by: Counter[str] = Counter()
+        window = self._window(finder)
 
         def consume(batch: list[PreparedRequest]) -> None:
-            self._flush(batch, census, replays)
+            for start in range(0, len(batch), window):
+                self._flush(batch[start : start + window], census, finder, fit, replays)
+            hashed_by.update(e.hashed_by for e in batch if e.hashed_by is not None)
             freeze()
 
         with _long_lived_state_frozen(self._freeze_gc) as freeze:
+            spec = self._spec(paths, window)
             if self._parallel:
                 events = ChildEvents(spec, self._own_tokenizer, progress=progress)
                 for batch in events:
@@ -155,14 +202,17 @@ class Analyzer:
             census=result,
             breakers=breakers.findings(),
             replays={r.setup.name: r.result() for r in replays},
+            cost=CostModel.decide(fit, result.by_model, self.options.upstream),
             errors=summary.errors,
             lines=summary.lines,
             kinds=summary.kinds,
-            semantic=self._semantic_run(),
+            semantic=self._semantic_run(finder),
+            hashed_by=hashed_by,
+            prices=self.settings.prices,
             wall_s=self._clock.monotonic_s() - started,
         )
 
-    def _spec(self, paths: Sequence[Path]) -> SourceSpec:
+    def _spec(self, paths: Sequence[Path], window: int) -> SourceSpec:
         o = self.options
         return SourceSpec(
             paths=tuple(paths),
@@ -174,7 +224,7 @@ class Analyzer:
             with_queries=o.semantic is not None,
             keep_bodies=self._replay,
             reorder_window=o.reorder_window,
-            batch=o.window,
+            batch=window,
         )
 
     def _own_tokenizer(self) -> PromptTokenizer:
@@ -187,68 +237,110 @@ class Analyzer:
     def _count_tokens(self, text: str) -> int:
         return self._own_tokenizer().count(text)
 
-    def _census(self) -> tuple[Census, BreakerFinder]:
-        s = self.options.semantic
-        near = None
-        if s is not None:
-            near = NearDuplicates(
-                threshold=s.threshold,
-                guards=guards_of(s.guards),
-                k=s.k,
-                max_vectors=s.max_vectors,
-                index_factory=self._index_factory,
-            )
+    def _census(self, near_measured: bool) -> tuple[Census, BreakerFinder]:
         breakers = BreakerFinder(self._count_tokens)
-        return Census(self.options, near=near, breakers=breakers), breakers
+        return Census(self.options, breakers=breakers, near_measured=near_measured), breakers
 
-    def _replays(self) -> list[Replay]:
+    def _finder(self, paths: Sequence[Path]) -> NearDuplicateFinder | None:
+        s = self.options.semantic
+        if s is None or self._embedder is None:
+            return None
+        common = {
+            "threshold": s.threshold,
+            "guards": guards_of(s.guards),
+            "k": s.k,
+            "max_vectors": s.max_vectors,
+            "index_factory": self._index_factory,
+            "clock": self._clock,
+        }
+        if s.candidates is None or self._candidate_embedder is None:
+            return NearDuplicateFinder(PrimedEmbedder(self._embedder), **common)  # type: ignore[arg-type]
+        stage = CandidateStage(
+            PrimedEmbedder(self._candidate_embedder), s.candidates.k, s.candidates.min_word_jaccard
+        )
+        return NearDuplicateFinder(
+            PrimedEmbedder(self._embedder, keep=MATCHER_VECTORS_KEPT),
+            candidates=stage,
+            sample_rate=sample_rate(s, estimate_lines(paths)),
+            rng=self._rng,
+            **common,  # type: ignore[arg-type]
+        )
+
+    def _window(self, finder: NearDuplicateFinder | None) -> int:
+        base = self.options.window
+        if finder is None or finder.sample_rate >= 1:
+            return base
+        return min(MAX_WINDOW, max(base, math.ceil(SAMPLED_PER_WINDOW / finder.sample_rate)))
+
+    def _replays(self, finder: NearDuplicateFinder | None) -> list[Replay]:
         if not self._replay:
             return []
         s = self.options.semantic
         parts = None
-        if s is not None and self._primed is not None:
+        if s is not None and finder is not None and finder.candidates is None:
             parts = SemanticParts(
-                self._primed,
+                finder.matcher,
                 SemanticConfig(threshold=s.threshold, k=s.k, max_vectors=s.max_vectors),
                 tuple(guards_of(s.guards)),
                 self._index_factory,
             )
         return [
-            Replay(setup, settings=self.settings, options=self.options, semantic=parts)
-            for setup in replay_setups(self.options)
+            Replay(
+                setup,
+                settings=self.settings,
+                share_prefix_across_tenants=self.options.share_prefix_across_tenants,
+                window_s=self.options.window_s,
+                semantic=parts,
+            )
+            for setup in replay_setups(self.options, semantic=parts is not None)
         ]
 
     def _flush(
-        self, window: list[PreparedRequest], census: Census, replays: Iterable[Replay]
+        self,
+        window: list[PreparedRequest],
+        census: Census,
+        finder: NearDuplicateFinder | None,
+        fit: RateFit,
+        replays: Iterable[Replay],
     ) -> None:
-        primed = self._primed if self.options.semantic is not None else None
-        if primed is not None:
-            started = self._clock.monotonic_s()
-            primed.prime(e.query.text for e in window if e.query is not None)
-            self._embed_s += self._clock.monotonic_s() - started
-        for event in window:
-            vector = None
-            if primed is not None and event.query is not None:
-                vector = primed.vector(event.query.text)
-            census.observe(event, vector)
+        repeats = [census.remember(e) for e in window]
+        if finder is not None:
+            checks = finder.check(window, [r.seen for r in repeats])
+        else:
+            checks = [NOT_CHECKED] * len(window)
+        for event, repeat, near in zip(window, repeats, checks, strict=True):
+            seen = census.observe(event, repeat=repeat, near=near)
+            if event.timing is not None:
+                fit.add(event.model, event.timing)
             for replay in replays:
-                replay.observe(event)
+                replay.observe(event, seen.reused_tokens)
 
-    def _semantic_run(self) -> SemanticRun | None:
+    def _semantic_run(self, finder: NearDuplicateFinder | None) -> SemanticRun | None:
         s = self.options.semantic
-        if s is None or self._primed is None:
+        if s is None or finder is None:
             return None
-        guards = tuple(g.name for g in guards_of(s.guards))
-        primed = self._primed
+        stage = finder.candidates
         return SemanticRun(
-            s.threshold,
-            s.source,
-            primed.name,
-            guards,
-            primed.embedded,
-            primed.embedded_chars,
-            self._embed_s,
+            threshold=s.threshold,
+            source=s.source,
+            label=s.label,
+            embedder=finder.matcher.name,
+            guards=tuple(g.name for g in guards_of(s.guards)),
+            sample_rate=finder.sample_rate,
+            candidate_embedder=stage.embedder.name if stage is not None else None,
+            min_word_jaccard=stage.min_word_jaccard if stage is not None else None,
+            texts_embedded=finder.matcher.embedded,
+            chars_embedded=finder.matcher.embedded_chars,
+            candidate_texts_embedded=stage.embedder.embedded if stage is not None else 0,
+            embed_s=finder.embed_s,
+            replayed=stage is None and self._replay,
         )
+
+
+def sample_rate(options: SemanticOptions, estimated_requests: int) -> float:
+    """The share of requests to check for ~± `half_width` at 95% (1 for small logs)."""
+    wanted = sample_size(options.half_width)
+    return 1.0 if estimated_requests <= wanted else wanted / estimated_requests
 
 
 @contextlib.contextmanager

@@ -1,22 +1,32 @@
 """The census: every request in exactly one class, checked in this order:
 
-1. `exact_repeat`: its exact identity (prepared_request.py: the cache's exact key) was seen before;
+1. `exact_repeat`: its exact identity (prepared_request.py: the cache's exact key) was seen
+   before;
 2. `near_duplicate`: an earlier request of the same semantic scope is accepted as its
    near-duplicate at the calibrated threshold (near_duplicates.py);
-3. `shared_prefix`: at least `min_prefix_tokens` of its prompt equal an earlier prompt's
-   prefix in the same KV namespace (simulated_prefix_cache.py, the engine's radix tree, unbounded);
+3. `shared_prefix`: it reuses at least `min_prefix_share` of its prompt from earlier prompts'
+   prefixes in the same KV namespace (simulated_prefix_cache.py, the engine's radix tree,
+   unbounded); how many tokens it shares is reported beside, not used as a bar;
 4. `unique`.
 Beside the classes: `prefix_token_share`, the share of all prompt tokens an unbounded prefix
 cache would have reused (every request counts, repeats included; the last prompt token is
-always recomputed, as the engine does); the same per tenant and per model; the distribution of
-reuse distances (seconds since the request it repeats, or shares a prefix with, was last
-seen) by class; the distribution of per-request reused shares; and the share of requests the
-cache would not serve (prepared_request.py `not_cacheable`).
+always recomputed, as the engine does), and the reuse at every smaller KV budget (kv_sweep.py);
+the same per tenant, per model and, with `by`, per window of time; the distribution of reuse
+distances (seconds since the request it repeats, or shares a prefix with, was last seen) by
+class; the distribution of per-request reused shares and of shared-prefix lengths; and the
+share of requests the cache would not serve (prepared_request.py `not_cacheable`).
+
+Near-duplicates on a sample. When the near-duplicate pass checks only a uniform sample of the
+requests (large logs), a request outside it falls through to classes 3-4. Exact repeats are
+known for every request and are never near-duplicates, so the near-duplicate share is
+estimated among the other requests: p̂ = near / checked, scaled by their count; the shared-
+prefix and unique counts give back what the unchecked requests would have lost to it, in the
+proportions the sample shows (`Tally.shares`). With every request checked these are counts.
 
 Memory: one 16-byte digest and a float per distinct exact identity (at most
 `census_max_identities`, ~110 bytes each), the prefix tree (bounded by
-`census_capacity_tokens`), the near-duplicate index (bounded by `max_vectors`), at most
-`max_groups` tenants and models (later ones are pooled as "(other)").
+`census_capacity_tokens`), at most `max_groups` tenants, models and windows (later ones are
+pooled as "(other)").
 """
 
 from __future__ import annotations
@@ -25,11 +35,11 @@ import bisect
 from collections import Counter
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import Any, NamedTuple
 
-import numpy as np
-
-from infercache.analyze.near_duplicates import NearDuplicates
+from infercache.analyze.intervals import wilson_interval
+from infercache.analyze.kv_sweep import BudgetSweep
+from infercache.analyze.near_duplicates import NearCheck
 from infercache.analyze.options import AnalyzeOptions
 from infercache.analyze.prefix_breakers import BreakerFinder
 from infercache.analyze.prepared_request import PreparedRequest
@@ -43,6 +53,8 @@ OTHER = "(other)"
 # Reuse distances: 4 bins a decade, 0.1 s to ~37 days, then everything longer.
 DISTANCE_BOUNDS_S = tuple(round(10 ** (i / 4), 3) for i in range(-4, 27))
 SHARE_BOUNDS = tuple(round(0.05 * i, 2) for i in range(1, 21))  # per-request reused share
+SHARED_TOKEN_BOUNDS = tuple(float(1 << i) for i in range(4, 21))  # shared-prefix lengths
+NOT_CHECKED = NearCheck(False, None)
 
 
 class Class(StrEnum):
@@ -50,6 +62,16 @@ class Class(StrEnum):
     NEAR_DUPLICATE = "near_duplicate"
     SHARED_PREFIX = "shared_prefix"
     UNIQUE = "unique"
+
+
+class Repeat(NamedTuple):
+    seen: bool  # its exact identity was seen before
+    previous_s: float | None  # when it was last seen
+
+
+class Observation(NamedTuple):
+    cls: Class
+    reused_tokens: int  # what an unbounded prefix cache reuses of its prompt
 
 
 class RecentIdentities:
@@ -66,7 +88,7 @@ class RecentIdentities:
         self._old: dict[bytes, float | None] = {}
         self.forgot = False
 
-    def see(self, identity: bytes, now_s: float | None) -> tuple[bool, float | None]:
+    def see(self, identity: bytes, now_s: float | None) -> Repeat:
         """(seen before, when it was last seen) — and remember it as seen now."""
         new = self._new
         if identity in new:
@@ -79,7 +101,7 @@ class RecentIdentities:
         if len(new) >= self._half:
             self.forgot = self.forgot or bool(self._old)
             self._old, self._new = new, {}
-        return seen, previous
+        return Repeat(seen, previous)
 
 
 class Bins:
@@ -98,37 +120,87 @@ class Bins:
 
 @dataclass
 class Tally:
-    """Figures of one group of requests (all, one tenant, one model)."""
+    """Figures of one group of requests (all, one tenant, one model, one window)."""
 
     requests: int = 0
     classes: Counter[str] = field(default_factory=Counter)
     prompt_tokens: int = 0  # of requests whose prompt is known
     reused_tokens: int = 0
     not_cacheable: int = 0
-    long_prefix: int = 0  # requests reusing at least `min_prefix_tokens` (any class)
+    shared_tokens: int = 0  # tokens `shared_prefix` requests reuse
+    non_exact: int = 0  # requests that are not exact repeats
+    checked: int = 0  # ... whose near-duplicate status was checked
+    near: int = 0  # ... of which near-duplicates
+    near_instead: Counter[str] = field(default_factory=Counter)  # their class otherwise
 
-    def add(
-        self, cls: Class, prompt_tokens: int, reused_tokens: int, cacheable: bool, long: bool
-    ) -> None:
+    def add(self, cls: Class, prompt: int, reused: int, cacheable: bool) -> None:
         self.requests += 1
         self.classes[cls] += 1
-        self.prompt_tokens += prompt_tokens
-        self.reused_tokens += reused_tokens
+        self.prompt_tokens += prompt
+        self.reused_tokens += reused
         self.not_cacheable += not cacheable
-        self.long_prefix += long
+        if cls is Class.SHARED_PREFIX:
+            self.shared_tokens += reused
+
+    def near_check(self, checked: bool, near_instead: Class | None) -> None:
+        """A request that is not an exact repeat; `near_instead`: its class had it not been a
+        near-duplicate (None: it is none)."""
+        self.non_exact += 1
+        self.checked += checked
+        if near_instead is not None:
+            self.near += 1
+            self.near_instead[near_instead] += 1
 
     @property
     def prefix_token_share(self) -> float:
         return self.reused_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
 
+    @property
+    def all_checked(self) -> bool:
+        return self.checked == self.non_exact
+
+    def shares(self) -> dict[str, float]:
+        """The class shares, estimated from the sample when not every request was checked."""
+        n = self.requests or 1
+        if self.all_checked or not self.checked:
+            return {c.value: self.classes[c] / n for c in Class}
+        unchecked = self.non_exact - self.checked
+        moved = {c: unchecked * self.near_instead[c] / self.checked for c in Class}
+        near = self.near_rate * self.non_exact
+        return {
+            Class.EXACT_REPEAT.value: self.classes[Class.EXACT_REPEAT] / n,
+            Class.NEAR_DUPLICATE.value: near / n,
+            Class.SHARED_PREFIX.value: (
+                self.classes[Class.SHARED_PREFIX] - moved[Class.SHARED_PREFIX]
+            )
+            / n,
+            Class.UNIQUE.value: (self.classes[Class.UNIQUE] - moved[Class.UNIQUE]) / n,
+        }
+
+    @property
+    def near_rate(self) -> float:
+        """Near-duplicates among the checked requests that are not exact repeats."""
+        return self.near / self.checked if self.checked else 0.0
+
+    def near_interval(self, confidence: float = 0.95) -> tuple[float, float] | None:
+        """The near-duplicate share of all requests: its `confidence` interval (Wilson), over
+        the requests checked: the sample's uncertainty, or, when every request was checked,
+        how well this day measures the traffic it comes from."""
+        if not self.checked or not self.requests:
+            return None
+        low, high = wilson_interval(self.near, self.checked, confidence)
+        scale = self.non_exact / self.requests
+        return low * scale, high * scale
+
     def to_dict(self) -> dict[str, Any]:
         n = self.requests or 1
+        shared = self.classes[Class.SHARED_PREFIX]
         return {
             "requests": self.requests,
-            "census": {c.value: self.classes[c] / n for c in Class},
+            "census": self.shares(),
             "prompt_tokens": self.prompt_tokens,
             "prefix_token_share": self.prefix_token_share,
-            "long_prefix_share": self.long_prefix / n,
+            "shared_prefix_mean_tokens": self.shared_tokens / shared if shared else None,
             "not_cacheable_share": self.not_cacheable / n,
         }
 
@@ -138,14 +210,18 @@ class CensusResult:
     total: Tally
     by_tenant: dict[str, Tally]
     by_model: dict[str, Tally]
+    by_window: dict[int, Tally]  # window index (timestamp // window_s) → figures
+    tenant_names: dict[str, str]  # tenant → its configured name, where the log gives one
     distances: dict[Class, Bins]
     within_ttl: Counter[Class]
     reused_share: Bins
+    shared_tokens: Bins  # reused tokens of `shared_prefix` requests
     not_cacheable: Counter[str]
     prefix: PrefixStats
+    kv_sweep: BudgetSweep | None
     prefix_bounded: bool
     identities_bounded: bool  # some exact identities were forgotten: repeats a lower bound
-    without_prompt: int  # redacted requests: exact repeats only
+    without_prompt: int  # requests without a known prompt: exact repeats only
     timed: int  # requests with a timestamp
     first_s: float | None
     last_s: float | None
@@ -158,24 +234,29 @@ class Census:
         self,
         options: AnalyzeOptions,
         *,
-        near: NearDuplicates | None = None,
         breakers: BreakerFinder | None = None,
+        near_measured: bool = False,
         max_groups: int = 1000,
     ) -> None:
         self._options = options
-        self._near = near
         self._breakers = breakers
+        self._near_measured = near_measured
         self._max_groups = max_groups
-        self._prefix = SimulatedPrefixCache(capacity_tokens=options.census_capacity_tokens)
+        self._prefix = SimulatedPrefixCache(
+            capacity_tokens=options.census_capacity_tokens, sweep=True
+        )
         self._identities = RecentIdentities(options.census_max_identities)
         self._total = Tally()
         self._by_tenant: dict[str, Tally] = {}
         self._by_model: dict[str, Tally] = {}
+        self._by_window: dict[int, Tally] = {}
+        self._names: dict[str, str] = {}
         self._distances: dict[Class, Bins] = {
             c: Bins(DISTANCE_BOUNDS_S) for c in Class if c is not Class.UNIQUE
         }
         self._within_ttl: Counter[Class] = Counter()
         self._reused_share = Bins(SHARE_BOUNDS)
+        self._shared_tokens = Bins(SHARED_TOKEN_BOUNDS)
         self._not_cacheable: Counter[str] = Counter()
         self._layers: Counter[str] = Counter()
         self._without_prompt = 0
@@ -183,47 +264,64 @@ class Census:
         self._first_s: float | None = None
         self._last_s: float | None = None
 
-    def observe(self, event: PreparedRequest, vector: np.ndarray | None = None) -> Class:
+    def remember(self, event: PreparedRequest) -> Repeat:
+        """Whether `event` repeats an earlier request exactly; call once per request, in time
+        order, before `observe` (the analysis learns this first, to embed only what it must)."""
+        return self._identities.see(event.exact_id, event.timestamp_s)
+
+    def observe(
+        self,
+        event: PreparedRequest,
+        *,
+        repeat: Repeat | None = None,
+        near: NearCheck = NOT_CHECKED,
+    ) -> Observation:
         """Classify one request (in time order) and count it."""
         now = event.timestamp_s
         self._clock(now)
-        seen, previous = self._identities.see(event.exact_id, now)
-        cls, since = (Class.EXACT_REPEAT, previous) if seen else (None, None)
+        if repeat is None:
+            repeat = self.remember(event)
         namespace = kv_namespace(
             event.tenant,
             event.model,
             share_across_tenants=self._options.share_prefix_across_tenants,
         )
-        matched = reused = 0
-        if event.units is not None and event.prompt_tokens is not None:
-            reuse = self._prefix.observe(
-                namespace,
-                event.units,
-                unit_tokens=event.unit_tokens,
-                prompt_tokens=event.prompt_tokens,
-                now_s=now if now is not None else 0.0,
-            )
-            matched, reused = reuse.matched_tokens, reuse.reused_tokens
-            self._reused_share.add(reused / event.prompt_tokens if event.prompt_tokens else 0.0)
-            prefix_seen_s = reuse.last_seen_s
+        reused, prefix_seen_s = self._prefix_reuse(event, namespace, now)
+        prompt = event.prompt_tokens if event.units is not None and event.prompt_tokens else 0
+        shares = prompt and reused >= self._options.min_prefix_share * prompt
+        fallback = Class.SHARED_PREFIX if shares else Class.UNIQUE
+        if repeat.seen:
+            cls, since = Class.EXACT_REPEAT, repeat.previous_s
+        elif near.match is not None:
+            cls, since = Class.NEAR_DUPLICATE, near.match.last_seen_s
         else:
-            self._without_prompt += 1
-            prefix_seen_s = None
-        if self._near is not None and event.query is not None and vector is not None:
-            near = self._near.observe(event.query, vector, now, check=cls is None)
-            if near is not None:
-                cls, since = Class.NEAR_DUPLICATE, near.last_seen_s
-        if cls is None and matched >= self._options.min_prefix_tokens:
-            cls, since = Class.SHARED_PREFIX, prefix_seen_s if now is not None else None
-        if cls is None:
-            cls = Class.UNIQUE
-        elif now is not None and since is not None:
+            cls, since = fallback, prefix_seen_s if fallback is Class.SHARED_PREFIX else None
+        if cls is Class.SHARED_PREFIX:
+            self._shared_tokens.add(reused)
+        if now is not None and since is not None:
             self._distance(cls, now - since)
         if self._breakers is not None and event.first_message is not None:
             role, text = event.first_message
             self._breakers.observe(namespace, event.tenant, event.model, role, text)
-        self._count(event, cls, reused, matched >= self._options.min_prefix_tokens)
-        return cls
+        self._count(event, cls, prompt, reused, repeat, near, fallback)
+        return Observation(cls, reused)
+
+    def _prefix_reuse(
+        self, event: PreparedRequest, namespace: str, now: float | None
+    ) -> tuple[int, float | None]:
+        if event.units is None or event.prompt_tokens is None:
+            self._without_prompt += 1
+            return 0, None
+        reuse = self._prefix.observe(
+            namespace,
+            event.units,
+            unit_tokens=event.unit_tokens,
+            prompt_tokens=event.prompt_tokens,
+            now_s=now if now is not None else 0.0,
+        )
+        prompt = event.prompt_tokens
+        self._reused_share.add(reuse.reused_tokens / prompt if prompt else 0.0)
+        return reuse.reused_tokens, reuse.last_seen_s if now is not None else None
 
     def _clock(self, now: float | None) -> None:
         if now is None:
@@ -238,19 +336,36 @@ class Census:
         if seconds <= self._options.ttl_s:
             self._within_ttl[cls] += 1
 
-    def _count(self, event: PreparedRequest, cls: Class, reused: int, long: bool) -> None:
-        prompt = event.prompt_tokens if event.units is not None and event.prompt_tokens else 0
+    def _count(
+        self,
+        event: PreparedRequest,
+        cls: Class,
+        prompt: int,
+        reused: int,
+        repeat: Repeat,
+        near: NearCheck,
+        fallback: Class,
+    ) -> None:
         cacheable = event.not_cacheable is None
         if not cacheable:
             self._not_cacheable[event.not_cacheable or ""] += 1
         if event.layer is not None:
             self._layers[event.layer] += 1
-        for tally in (
+        if event.tenant_name and event.tenant not in self._names:
+            self._names[event.tenant] = event.tenant_name
+        groups = [
             self._total,
             self._group(self._by_tenant, event.tenant),
             self._group(self._by_model, event.model),
-        ):
-            tally.add(cls, prompt, reused, cacheable, long)
+        ]
+        window_s = self._options.window_s
+        if window_s is not None and event.timestamp_s is not None:
+            window = int(event.timestamp_s // window_s)
+            groups.append(self._by_window.setdefault(window, Tally()))
+        for tally in groups:
+            tally.add(cls, prompt, reused, cacheable)
+            if not repeat.seen:
+                tally.near_check(near.checked, fallback if near.match is not None else None)
 
     def _group(self, groups: dict[str, Tally], name: str) -> Tally:
         tally = groups.get(name)
@@ -265,11 +380,15 @@ class Census:
             total=self._total,
             by_tenant=self._by_tenant,
             by_model=self._by_model,
+            by_window=self._by_window,
+            tenant_names=self._names,
             distances=self._distances,
             within_ttl=self._within_ttl,
             reused_share=self._reused_share,
+            shared_tokens=self._shared_tokens,
             not_cacheable=self._not_cacheable,
             prefix=self._prefix.stats(),
+            kv_sweep=self._prefix.sweep,
             prefix_bounded=self._prefix.evicted,
             identities_bounded=self._identities.forgot,
             without_prompt=self._without_prompt,
@@ -277,5 +396,5 @@ class Census:
             first_s=self._first_s,
             last_s=self._last_s,
             layers=self._layers,
-            near_duplicates_measured=self._near is not None,
+            near_duplicates_measured=self._near_measured,
         )

@@ -5,9 +5,13 @@ magic bytes, not by the file name):
 - `body`: an OpenAI chat-completions request body (`{"model", "messages", ...}`). No time.
 - `record`: `{"timestamp", "request", "response"?, "tenant"?}`, timestamp in seconds. The
   gateway's request log (gateway/requestlog.py) is one, with `model`, `layer`, `status`,
-  `prompt_tokens`, `completion_tokens` and `latency_ms` besides.
-- `redacted`: a gateway line written with `redact`: `request_digest` (sha256 of the canonical
-  body) instead of `request`, no response. Only exact repeats can be counted from it.
+  `prompt_tokens`, `completion_tokens`, `cached_tokens` and `latency_ms` besides; read when
+  present: `upstream_ms` (the upstream call alone), `ttft_ms` (its time to first token) and
+  `tenant_name` (the tenant's configured name).
+- `redacted`: a line written by `serve --redact` (redaction.py): `key_digest` (an HMAC of the
+  exact key), `prefix_hashes` and `prefix_chunk_tokens` (the chained prefix hashes) instead of
+  `request`; exact repeats and prefix reuse are counted from them. An older redacted line
+  carries only `request_digest` (sha256 of the body): exact repeats only.
 - `blocks`: a block-hash trace line in the Mooncake form `{"timestamp" (ms), "input_length",
   "output_length", "hash_ids"}`: `hash_ids[i]` names prompt block i together with everything
   before it, so equal leading ids are a reusable prefix.
@@ -27,6 +31,7 @@ from __future__ import annotations
 import gzip
 import heapq
 import json
+import math
 import zlib
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -56,8 +61,15 @@ class LogRecord(NamedTuple):  # a NamedTuple: one per line, cheaper than frozen
     response: dict[str, Any] | None = None
     tenant: str | None = None  # an authenticated tenant (overrides the body's claim)
     model: str | None = None
-    digest: str | None = None  # `redacted`: sha256 of the canonical body
-    hash_ids: tuple[int, ...] | None = None  # `blocks`
+    digest: str | None = None  # `redacted`: key_digest (HMAC) or the older request_digest
+    hash_chunk_tokens: tuple[int, ...] | None = None  # `redacted`: tokens of each hash
+    prefix_tokenizer: str | None = None  # `redacted`: the tokenizer the hashes come from
+    not_cacheable: str | None = None  # `redacted`: why the exact cache would not serve it
+    tenant_name: str | None = None  # the tenant's configured name, when logged
+    upstream_s: float | None = None  # the upstream call alone (`upstream_ms`)
+    ttft_s: float | None = None  # its time to first token (`ttft_ms`)
+    cached_tokens: int | None = None  # prompt tokens the upstream served from its cache
+    hash_ids: tuple[int, ...] | None = None  # `blocks`, `redacted` (prefix hashes)
     prompt_tokens: int | None = None  # as logged (gateway usage, trace input_length)
     completion_tokens: int | None = None
     latency_s: float | None = None
@@ -140,12 +152,35 @@ def _blocks(obj: dict[str, Any], source: str, line: int) -> LogRecord:
     )
 
 
+def _ints(obj: dict[str, Any], name: str) -> tuple[int, ...]:
+    values = obj.get(name)
+    if not isinstance(values, list) or not all(
+        isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values
+    ):
+        raise Malformed(f"{name} must be a list of non-negative integers")
+    return tuple(values)
+
+
+def _seconds(obj: dict[str, Any], name: str) -> float | None:
+    ms = _number(obj, name)
+    return None if ms is None else ms / 1000
+
+
+def _prefix_chain(obj: dict[str, Any]) -> tuple[tuple[int, ...] | None, tuple[int, ...] | None]:
+    if "prefix_hashes" not in obj:
+        return None, None
+    hashes, sizes = _ints(obj, "prefix_hashes"), _ints(obj, "prefix_chunk_tokens")
+    if len(hashes) != len(sizes) or not all(sizes):
+        raise Malformed("prefix_hashes and prefix_chunk_tokens must pair up, no empty chunk")
+    return hashes, sizes
+
+
 def _record(obj: dict[str, Any], source: str, line: int) -> LogRecord:
     request = _object(obj, "request")
-    digest = _string(obj, "request_digest")
+    digest = _string(obj, "key_digest") or _string(obj, "request_digest")
     if request is None and digest is None:
-        raise Malformed("a request record needs `request` (or `request_digest` when redacted)")
-    latency_ms = _number(obj, "latency_ms")
+        raise Malformed("a request record needs `request` (or `key_digest` when redacted)")
+    hashes, sizes = _prefix_chain(obj) if request is None else (None, None)
     return LogRecord(
         source,
         line,
@@ -156,10 +191,18 @@ def _record(obj: dict[str, Any], source: str, line: int) -> LogRecord:
         tenant=_string(obj, "tenant"),
         model=_string(obj, "model"),
         digest=digest,
+        hash_ids=hashes,
+        hash_chunk_tokens=sizes,
+        prefix_tokenizer=_string(obj, "prefix_tokenizer"),
+        not_cacheable=_string(obj, "not_cacheable"),
+        tenant_name=_string(obj, "tenant_name"),
         prompt_tokens=_count(obj, "prompt_tokens"),
         completion_tokens=_count(obj, "completion_tokens"),
-        latency_s=None if latency_ms is None else latency_ms / 1000,
+        latency_s=_seconds(obj, "latency_ms"),
         layer=_string(obj, "layer"),
+        upstream_s=_seconds(obj, "upstream_ms"),
+        ttft_s=_seconds(obj, "ttft_ms"),
+        cached_tokens=_count(obj, "cached_tokens"),
     )
 
 
@@ -173,7 +216,7 @@ def parse_line(raw: bytes, source: str, line: int) -> LogRecord:
         raise Malformed(f"a line must be a JSON object, got {type(obj).__name__}")
     if "hash_ids" in obj:
         return _blocks(obj, source, line)
-    if "request" in obj or "request_digest" in obj:
+    if "request" in obj or "key_digest" in obj or "request_digest" in obj:
         return _record(obj, source, line)
     if "messages" in obj:
         return LogRecord(source, line, Kind.BODY, None, request=obj)
@@ -282,3 +325,30 @@ class LogReader:
             raise ConfigError(f"log {path} is empty")
         if self._progress is not None:
             self._progress(max(0, path.stat().st_size - position))
+
+
+def estimate_lines(paths: Iterable[Path], *, probe_bytes: int = 1 << 20) -> int:
+    """About how many lines the logs hold, from the first `probe_bytes` of each (decompressed
+    for gzip, scaled by the compression ratio seen there). Sizes a sample before the pass; an
+    unreadable file counts 0 (the pass itself reports it)."""
+    total = 0
+    for path in paths:
+        try:
+            size = path.stat().st_size
+            with path.open("rb") as raw:
+                head = raw.read(probe_bytes)
+        except OSError:
+            continue
+        if head[:2] == GZIP_MAGIC:
+            inflate = zlib.decompressobj(16 + zlib.MAX_WBITS)
+            try:
+                text = inflate.decompress(head)
+            except zlib.error:
+                continue
+            consumed = len(head) - len(inflate.unconsumed_tail) - len(inflate.unused_data)
+            ratio = len(text) / consumed if consumed else 1.0
+        else:
+            text, ratio = head, 1.0
+        lines = text.count(b"\n") or 1
+        total += math.ceil(size * ratio * lines / max(1, len(text)))
+    return total

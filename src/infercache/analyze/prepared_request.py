@@ -5,15 +5,23 @@ Per record kind (log_reader.py):
   cache would refuse is a malformed line), keyed by `keys.exact_key` exactly as the cache keys
   it, tokenised through the chat template (tokenizing/), scoped by `semantic.scope.query_of`
   when near-duplicates are measured, and checked against the cache policy.
-- `redacted`: the exact identity is (tenant, request digest); there is no prompt. The digest
-  is over the whole canonical body, so two requests the exact key would merge (differing only
-  in `stream` or `user`, say) count as different here: exact repeats are a lower bound.
+- `redacted` (redaction.py): the exact identity is the key digest (an HMAC of the exact key,
+  so repeats count exactly as on the plain log); the units are the chained prefix hashes, each
+  standing for its chunk's tokens. For the replay, a stand-in body carries the digest as its
+  only message, so the real cache serves exactly the requests the digest repeats (keeping the
+  logged reason a request was not cacheable). An older redacted line has only a digest of the
+  whole body (`request_digest`, stricter than the key: repeats are a lower bound) and no
+  prefix hashes.
 - `blocks`: the exact identity is (input_length, hash_ids); the units are the block hashes.
 
-Not cacheable (`not_cacheable`): a sampled request without a seed (policy.py, with the
+Not cacheable (`not_cacheable_reason`): a sampled request without a seed (policy.py, with the
 configured `cache_sampled` and `default_temperature`), `no-store`/`no-cache` in its
 directives, or tools marked as having side effects: a tool object, or its `function`, carrying
 `"x-side-effects": true` (the cache's own policy, `policy.has_side_effect_tools`).
+
+Timings: `upstream_s` is a measured upstream call: the log's `upstream_ms`, else its
+`latency_ms` when the live layer went upstream (`miss`, `bypass`, `uncacheable`); `timing`
+adds the time to first token and the token counts the cost model fits rates on.
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ import hashlib
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
+from infercache.analyze.cost_model import Timing
 from infercache.analyze.log_reader import Kind, LineErrors, LogRecord
 from infercache.analyze.tokenizing.chat_frames import Turn, turns_of
 from infercache.analyze.tokenizing.tokenizers import PromptTokenizer
@@ -33,6 +42,10 @@ from infercache.semantic.scope import Query, query_of
 from infercache.versions import UNVERSIONED, VersionView
 
 UPSTREAM_LAYERS = frozenset({"miss", "bypass", "uncacheable"})  # logged lines that went upstream
+SAMPLED = "sampled without a seed"
+NO_STORE = "no-store or no-cache asked"
+SIDE_EFFECTS = "tools with side effects"
+UnitTokens = int | tuple[int, ...]  # tokens per unit: one size for all, or one per unit
 
 
 class PreparedRequest(NamedTuple):  # a NamedTuple: one per request, cheaper than frozen
@@ -42,19 +55,52 @@ class PreparedRequest(NamedTuple):  # a NamedTuple: one per request, cheaper tha
     tenant: str
     model: str
     exact_id: bytes  # 16 bytes: equal ids = exact repeat
-    units: tuple[int, ...] | None  # token ids, or block hashes; None when unknown (redacted)
-    unit_tokens: int  # tokens per unit: 1, or the block size
+    units: tuple[int, ...] | None  # token ids, or block hashes; None when unknown
+    unit_tokens: UnitTokens  # 1 for token ids, the block size, or each hash's chunk size
     prompt_tokens: int | None
     completion_tokens: int | None
     not_cacheable: str | None  # why the exact cache would not serve it
-    body: dict[str, Any] | None = None  # the request as sent, for the replay
+    body: dict[str, Any] | None = None  # the request as sent (or a stand-in), for the replay
     tenant_override: str | None = None  # the logged (authenticated) tenant
     response: dict[str, Any] | None = None
-    upstream_s: float | None = None  # measured upstream seconds, when the log has them
+    upstream_s: float | None = None  # a measured upstream call, when the log has one
     query: Query | None = None  # semantic scope and text
     first_message: tuple[str, str] | None = None  # (role, text), for prefix breakers
     layer: str | None = None  # what the gateway did live
     turns: tuple[Turn, ...] | None = None  # (role, text) to tokenise, while `units` is None
+    timing: Timing | None = None  # for the cost model's fit
+    tenant_name: str | None = None  # the tenant's configured name, when logged
+    hashed_by: str | None = None  # redacted: the tokenizer behind the prefix hashes
+
+
+def not_cacheable_reason(request: ChatRequest, policy: CachePolicy) -> str | None:
+    """Why the exact cache would not serve `request` (one of three fixed phrases), or None.
+    The redacted request log records the same phrase (redaction.py)."""
+    if has_side_effect_tools(request.body):
+        return SIDE_EFFECTS
+    if policy.uncacheable_reason(request) is not None:
+        return SAMPLED
+    cc = request.directives.cache_control
+    if cc.no_store or cc.no_cache:
+        return NO_STORE
+    return None
+
+
+def stand_in_body(digest: str, model: str, not_cacheable: str | None) -> dict[str, Any]:
+    """A body the cache keys on `digest` alone, refused for the same reason as the original."""
+    body: dict[str, Any] = {
+        "model": model,
+        "messages": [{"role": "user", "content": digest}],
+        "temperature": 0,
+    }
+    if not_cacheable == SAMPLED:
+        body["temperature"] = 1.0
+    elif not_cacheable == NO_STORE:
+        body["infercache"] = {"cache_control": ["no-store"]}
+    elif not_cacheable == SIDE_EFFECTS:
+        tool = {"type": "function", "function": {"name": "act", "parameters": {}}}
+        body["tools"] = [{**tool, "x-side-effects": True}]
+    return body
 
 
 def _digest16(*parts: object) -> bytes:
@@ -69,11 +115,27 @@ def tokenized(event: PreparedRequest, tokenizer: Callable[[], PromptTokenizer]) 
     return event._replace(units=units, prompt_tokens=len(units), turns=None)
 
 
+def _measured_upstream_s(record: LogRecord) -> float | None:
+    if record.upstream_s is not None:
+        return record.upstream_s
+    if record.latency_s is not None and record.layer in UPSTREAM_LAYERS:
+        return record.latency_s
+    return None
+
+
+def _timing(record: LogRecord, completion: int | None) -> Timing | None:
+    upstream_s = _measured_upstream_s(record)
+    if upstream_s is None or record.prompt_tokens is None or completion is None:
+        return None
+    uncached = max(0, record.prompt_tokens - (record.cached_tokens or 0))
+    return Timing(upstream_s, record.ttft_s, uncached, completion)
+
+
 class RequestPreparer:
-    """Record → PreparedRequest. The tokenizer is built on the first request that needs one (a block
-    trace never loads it). Records it cannot use are added to `errors` and dropped.
-    With `tokenize=False` a request's event carries its `turns` instead of `units`, for
-    `tokenize` to finish elsewhere (reader_process.py tokenises in the process that classifies)."""
+    """Record → PreparedRequest. The tokenizer is built on the first request that needs one (a
+    block trace never loads it). Records it cannot use are added to `errors` and dropped.
+    With `tokenize=False` a request carries its `turns` instead of `units`, for `tokenize` to
+    finish elsewhere (reader_process.py tokenises in the process that classifies)."""
 
     def __init__(
         self,
@@ -130,22 +192,29 @@ class RequestPreparer:
         )
 
     def _redacted(self, record: LogRecord) -> PreparedRequest:
-        tenant = record.tenant or ""
+        assert record.digest is not None
+        tenant, model = record.tenant or "", record.model or ""
+        sizes = record.hash_chunk_tokens
+        prompt = sum(sizes) if sizes is not None else record.prompt_tokens
         return PreparedRequest(
             record.where,
             record.kind,
             record.timestamp_s,
             tenant=tenant,
-            model=record.model or "",
+            model=model,
             exact_id=_digest16("redacted", tenant, record.digest),
-            units=None,
-            unit_tokens=1,
-            prompt_tokens=record.prompt_tokens,
+            units=record.hash_ids,
+            unit_tokens=sizes if sizes is not None else 1,
+            prompt_tokens=prompt,
             completion_tokens=record.completion_tokens,
-            not_cacheable=None,
-            tenant_override=record.tenant,
-            upstream_s=self._measured_upstream_s(record),
+            not_cacheable=record.not_cacheable,
+            body=stand_in_body(record.digest, model, record.not_cacheable),
+            tenant_override=tenant,
+            upstream_s=_measured_upstream_s(record),
             layer=record.layer,
+            timing=_timing(record, record.completion_tokens),
+            tenant_name=record.tenant_name,
+            hashed_by=record.prefix_tokenizer,
         )
 
     def _request(self, record: LogRecord) -> PreparedRequest:
@@ -168,37 +237,23 @@ class RequestPreparer:
             unit_tokens=1,
             prompt_tokens=None if units is None else len(units),
             completion_tokens=completion,
-            not_cacheable=self._not_cacheable(request),
+            not_cacheable=not_cacheable_reason(request, self._policy),
             body=record.request,
             tenant_override=record.tenant,
             response=record.response,
-            upstream_s=self._measured_upstream_s(record),
+            upstream_s=_measured_upstream_s(record),
             query=self._query(request) if self._with_queries else None,
             first_message=turns[0],
             layer=record.layer,
             turns=None if units is not None else turns,
+            timing=_timing(record, completion),
+            tenant_name=record.tenant_name,
         )
 
     def tokenize(self, event: PreparedRequest) -> PreparedRequest:
-        """An event prepared with `tokenize=False`, with its prompt's token ids."""
+        """A request prepared with `tokenize=False`, with its prompt's token ids."""
         return tokenized(event, lambda: self.tokenizer)
-
-    def _not_cacheable(self, request: ChatRequest) -> str | None:
-        if has_side_effect_tools(request.body):
-            return "tools with side effects"
-        if self._policy.uncacheable_reason(request) is not None:
-            return "sampled without a seed"
-        cc = request.directives.cache_control
-        if cc.no_store or cc.no_cache:
-            return "no-store or no-cache asked"
-        return None
 
     def _query(self, request: ChatRequest) -> Query | None:
         view = VersionView(UNVERSIONED, tuple((t, 0) for t in request.directives.tags))
         return query_of(request, view, self._ignorable)
-
-    @staticmethod
-    def _measured_upstream_s(record: LogRecord) -> float | None:
-        if record.latency_s is not None and record.layer in UPSTREAM_LAYERS:
-            return record.latency_s
-        return None

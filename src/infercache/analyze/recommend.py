@@ -1,43 +1,56 @@
 """Which strategies to turn on for this traffic, in which layering, each with its measured reason.
 
-Rules (`RecommendRules`, every figure from this analysis):
-- exact: on when the replayed exact cache serves at least `min_exact_request_share` of the
-  requests. The reason quotes the census's exact-repeat share and what the replay saved.
-- semantic: only when measured (a calibrated threshold was given); on when near-duplicates
-  (the census class, beyond exact repeats) are at least `min_semantic_request_share` of the
-  requests at that threshold, otherwise "not worth its risk" (every semantic hit carries some
-  false-hit risk, exact hits none). The reason also quotes the replay.
-- prefix (KV reuse): on for the tenants where it pays: an unbounded prefix cache would reuse
-  at least `min_prefix_token_share` of their prompt tokens, and at least
-  `min_long_prefix_share` of their requests reuse a long prefix (`min_prefix_tokens` or
-  more; a short shared preamble alone saves little). When only some tenants qualify, the
-  recommendation names them (`prefix_scope`). The reason also quotes the replay at the
-  configured KV budget.
+Computed from the report document (reports/document.py), never from anything the report does
+not show: every figure a reason quotes is a `Quote` naming where the report shows it, so a
+reason cannot contradict the report (tests/analyze/test_recommend_figures.py checks every
+number of every reason over a grid of analyses). Rules (`RecommendRules`):
+- prefix (KV reuse), checked first: it never changes an answer, so it belongs under every other
+  layer whenever it saves a material share: at least `min_prefix_saving` of the prompt tokens
+  (reused by an unbounded prefix cache, the census) or of the upstream time (the prefill it
+  saves, priced by the cost model). The reason quotes the share, the prefill seconds and the
+  cut in time to first token, and the money at the cached-input price. When only some tenants
+  reach the bar on their own, it names them (`prefix_scope`). Below the bar, a prefix breaker
+  whose fix would reach it turns the advice into "fix the layout first".
+- exact: on when the replayed exact cache answers at least `min_exact_request_share` of the
+  requests; the reason quotes the census's exact-repeat share and what the replay saved.
+- semantic: only when measured. With the user's calibration: on when near-duplicates (beyond
+  exact repeats) are at least `min_semantic_request_share` of the requests. With the packaged
+  public calibration it is never turned on: the reason says whether tuning on your own pairs is
+  worth it, with the share's 95% interval and the public-calibration label.
 - layering: exact → semantic → prefix, keeping the ones turned on.
-Advice: TTL (repeats coming back after it), capacity (when the sweep shows a bigger store or KV
-budget pays), prefix breakers, traffic the cache cannot serve.
-Alarms (the misconfiguration alarm): for each strategy turned on, the hit rate measured here,
-a floor at `alarm_fraction` of it, and what falling under it means for this traffic.
+Advice: TTL (repeats coming back after it), KV budget (the sweep's knee), exact store size,
+prefix breakers, traffic the cache cannot serve. Alarms (the misconfiguration alarm): for each
+strategy turned on, the hit rate measured here, a floor at `alarm_fraction` of it, and what
+falling under it means for this traffic (reports/alerts.py writes them as Prometheus rules).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from infercache.analyze.analysis import Analysis
-from infercache.analyze.census import DISTANCE_BOUNDS_S, Class
-from infercache.analyze.reports.replay_numbers import strategy
+from infercache.analyze.census import DISTANCE_BOUNDS_S
+
+PathKey = str | int
 
 
 @dataclass(frozen=True, slots=True)
 class RecommendRules:
     min_exact_request_share: float = 0.05
     min_semantic_request_share: float = 0.05
-    min_prefix_token_share: float = 0.10
-    min_long_prefix_share: float = 0.2
+    min_prefix_saving: float = 0.10
     alarm_fraction: float = 0.5
     ttl_coverage: float = 0.8  # advise a longer TTL when fewer repeats than this come back in it
+
+
+@dataclass(frozen=True, slots=True)
+class Quote:
+    """A figure a reason shows: where the report holds it, its value, and how it is shown."""
+
+    path: tuple[PathKey, ...]
+    value: float
+    shown: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,12 +58,13 @@ class StrategyDecision:
     strategy: str
     enable: bool
     text: str
+    quotes: tuple[Quote, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
 class Alarm:
     strategy: str
-    metric: str
+    metric: str  # "hit_rate" (requests) or "token_hit_rate" (prompt tokens, prefix)
     expected: float
     alert_below: float
     meaning: str
@@ -69,7 +83,15 @@ class Recommendation:
             "strategies": list(self.strategies),
             "layering": " → ".join(self.strategies) if self.strategies else "none",
             "reasons": [
-                {"strategy": r.strategy, "enable": r.enable, "text": r.text} for r in self.reasons
+                {
+                    "strategy": r.strategy,
+                    "enable": r.enable,
+                    "text": r.text,
+                    "quotes": [
+                        {"path": list(q.path), "value": q.value, "shown": q.shown} for q in r.quotes
+                    ],
+                }
+                for r in self.reasons
             ],
             "prefix_scope": list(self.prefix_scope),
             "advice": list(self.advice),
@@ -86,217 +108,302 @@ class Recommendation:
         }
 
 
-def _pct(x: float) -> str:
-    return f"{100 * x:.0f}%" if x >= 0.095 or x == 0 else f"{100 * x:.1f}%"
+def pct(value: float) -> str:
+    """A share as every table of the report shows it."""
+    return f"{100 * value:.1f}%"
 
 
-def recommend(
-    analysis: Analysis, *, semantic_off: str | None = None, rules: RecommendRules | None = None
-) -> Recommendation:
+def seconds(value: float) -> str:
+    return f"{value:,.0f} s" if value >= 10 else f"{value:,.2f} s"
+
+
+def milliseconds(value: float) -> str:
+    return f"{value:,.0f} ms" if value >= 10 else f"{value:,.2f} ms"
+
+
+def dollars(value: float) -> str:
+    return f"${value:,.2f}"
+
+
+def tokens(value: float) -> str:
+    return f"{value:,.0f} tokens"
+
+
+def at(report: Mapping[str, Any], path: Sequence[PathKey]) -> Any:
+    """The report's value at `path` (keys and list indexes)."""
+    node: Any = report
+    for key in path:
+        node = node[key]
+    return node
+
+
+class _Phrase:
+    """Builds a reason's text while recording every figure it quotes."""
+
+    def __init__(self, report: Mapping[str, Any]) -> None:
+        self.report = report
+        self.quotes: list[Quote] = []
+
+    def show(self, path: Sequence[PathKey], fmt: Any = pct) -> str:
+        value = float(at(self.report, path))
+        shown: str = fmt(value)
+        self.quotes.append(Quote(tuple(path), value, shown))
+        return shown
+
+    def decide(self, strategy: str, enable: bool, text: str) -> StrategyDecision:
+        return StrategyDecision(strategy, enable, text, tuple(self.quotes))
+
+
+def recommend(report: Mapping[str, Any], rules: RecommendRules | None = None) -> Recommendation:
     r = rules or RecommendRules()
-    reasons = [_exact(analysis, r), _semantic(analysis, r, semantic_off)]
-    prefix_reason, scope = _prefix(analysis, r)
-    reasons.append(prefix_reason)
-    on = tuple(x.strategy for x in reasons if x.enable)
+    prefix, scope = _prefix(report, r)
+    exact = _exact(report, r)
+    semantic = _semantic(report, r)
+    on = tuple(x.strategy for x in (exact, semantic, prefix) if x.enable)
     return Recommendation(
         strategies=on,
-        reasons=tuple(reasons),
+        reasons=(exact, semantic, prefix),
         prefix_scope=scope,
-        advice=tuple(_advice(analysis, r)),
-        alarms=tuple(_alarms(analysis, r, on)),
+        advice=tuple(_advice(report, r, prefix.enable)),
+        alarms=tuple(_alarms(report, r, on)),
     )
 
 
-def _census_share(analysis: Analysis, cls: Class) -> float:
-    total = analysis.census.total
-    return total.classes[cls] / total.requests if total.requests else 0.0
+def _available(report: Mapping[str, Any], name: str) -> bool:
+    return bool((report.get("simulation") or {}).get(name, {}).get("available"))
 
 
-def _exact(analysis: Analysis, r: RecommendRules) -> StrategyDecision:
-    repeats = _census_share(analysis, Class.EXACT_REPEAT)
-    fig = strategy(analysis.replays["layered"], "exact") if "layered" in analysis.replays else {}
-    if not fig.get("available"):
-        return StrategyDecision(
+def _exact(report: Mapping[str, Any], r: RecommendRules) -> StrategyDecision:
+    p = _Phrase(report)
+    repeats = p.show(("census", "exact_repeat"))
+    if not _available(report, "exact"):
+        return p.decide(
             "exact",
             False,
-            f"{_pct(repeats)} of the prompts repeat exactly, but this log has no request "
-            "bodies to replay an exact cache with: log full requests to decide",
+            f"{repeats} of the requests repeat exactly, but this log has no request bodies "
+            "to replay an exact cache with: log full requests (or redacted ones) to decide",
         )
-    served, completion = fig["request_share"], fig["completion_token_share"]
-    ttl = analysis.options.ttl_s
-    if served >= r.min_exact_request_share:
-        return StrategyDecision(
+    served_value = report["simulation"]["exact"]["request_share"]
+    served = p.show(("simulation", "exact", "request_share"))
+    ttl = p.show(("settings", "ttl_s"), lambda v: f"{v:g} s")
+    if served_value >= r.min_exact_request_share:
+        saved = p.show(("simulation", "exact", "completion_token_share"))
+        return p.decide(
             "exact",
             True,
-            f"{_pct(repeats)} exact repeats → the exact cache (TTL {ttl:g} s) answers "
-            f"{_pct(served)} of requests and saves {_pct(completion)} of completion tokens",
+            f"{repeats} exact repeats → the exact cache (TTL {ttl}) answers {served} of "
+            f"requests and saves {saved} of completion tokens",
         )
-    return StrategyDecision(
+    return p.decide(
         "exact",
         False,
-        f"{_pct(repeats)} exact repeats → an exact cache would answer only {_pct(served)} of "
+        f"{repeats} exact repeats → an exact cache (TTL {ttl}) would answer only {served} of "
         "requests: not worth running",
     )
 
 
-def _semantic(analysis: Analysis, r: RecommendRules, off: str | None) -> StrategyDecision:
-    """Decided on the census: near-duplicates are what only a semantic layer can answer. The
-    replay's semantic hits also include repeats whose own exact entry had expired while a
-    reworded one had not; a longer TTL gets those without the risk."""
-    run = analysis.semantic
-    if run is None:
-        return StrategyDecision(
-            "semantic", False, f"not measured: {off or 'no calibrated threshold'}"
+def _semantic(report: Mapping[str, Any], r: RecommendRules) -> StrategyDecision:
+    """Decided on the census: near-duplicates are what only a semantic layer can answer."""
+    near = report["near_duplicates"]
+    p = _Phrase(report)
+    if not near["measured"]:
+        return p.decide("semantic", False, f"not measured: {near['reason']}")
+    share_value = near["share"]
+    share = p.show(("near_duplicates", "share"))
+    within = ""
+    if near.get("interval") is not None:
+        level = p.show(("near_duplicates", "confidence"), lambda v: f"{100 * v:.0f}%")
+        low = p.show(("near_duplicates", "interval", 0))
+        high = p.show(("near_duplicates", "interval", 1))
+        sample = ", on a uniform sample" if near.get("estimated") else ""
+        within = f" ({level} interval {low} to {high}{sample})"
+    threshold = p.show(("near_duplicates", "threshold"), lambda v: f"{v:g}")
+    worth = share_value >= r.min_semantic_request_share
+    if near.get("label"):
+        verdict = (
+            "worth tuning on your own labelled pairs (`infercache tune`), then a semantic "
+            "cache with live verification"
+            if worth
+            else "semantic not worth its risk"
         )
-    near = _census_share(analysis, Class.NEAR_DUPLICATE)
-    fig = strategy(analysis.replays["layered"], "semantic") if "layered" in analysis.replays else {}
-    replayed = fig.get("request_share", 0.0) if fig.get("available") else 0.0
-    at = f"at the calibrated threshold {run.threshold:g}"
-    also = f" (in the replay it answered {_pct(replayed)} of requests after exact misses)"
-    if near >= r.min_semantic_request_share:
-        return StrategyDecision(
+        return p.decide(
+            "semantic",
+            False,
+            f"near-duplicates add {share}{within} of requests beyond exact repeats at the "
+            f"threshold {threshold} ({near['label']}) → {verdict}",
+        )
+    also = ""
+    if _available(report, "semantic"):
+        replayed = p.show(("simulation", "semantic", "request_share"))
+        also = f" (in the replay it answered {replayed} of requests after exact misses)"
+    if worth:
+        return p.decide(
             "semantic",
             True,
-            f"near-duplicates add {_pct(near)} of requests beyond exact repeats {at}{also} → "
-            "semantic cache; keep live verification on to hold its false-hit rate",
+            f"near-duplicates add {share}{within} of requests beyond exact repeats at the "
+            f"calibrated threshold {threshold}{also} → semantic cache; keep live verification "
+            "on to hold its false-hit rate",
         )
-    return StrategyDecision(
+    return p.decide(
         "semantic",
         False,
-        f"near-duplicates add {_pct(near)} {at}{also} → semantic not worth its risk",
+        f"near-duplicates add {share}{within} at the calibrated threshold {threshold}{also} → "
+        "semantic not worth its risk",
     )
 
 
-def _prefix(analysis: Analysis, r: RecommendRules) -> tuple[StrategyDecision, tuple[str, ...]]:
-    total = analysis.census.total
-    share = total.reused_tokens / total.prompt_tokens if total.prompt_tokens else 0.0
-    groups = {n: t for n, t in analysis.census.by_tenant.items() if t.prompt_tokens}
-    tenants = {name: t.prefix_token_share for name, t in groups.items()}
-    paying = sorted(
-        name
-        for name, t in groups.items()
-        if t.prefix_token_share >= r.min_prefix_token_share
-        and t.long_prefix >= r.min_long_prefix_share * t.requests
-    )
-    fig = strategy(analysis.replays["prefix"], "prefix") if "prefix" in analysis.replays else {}
-    at_budget = ""
-    if fig.get("available"):
-        budget = analysis.options.prefix_capacity_tokens
-        at_budget = (
-            f"; with a {budget:,}-token KV budget the replay reuses "
-            f"{_pct(fig['token_hit_rate'])} of prompt tokens"
+def _prefix(
+    report: Mapping[str, Any], r: RecommendRules
+) -> tuple[StrategyDecision, tuple[str, ...]]:
+    p = _Phrase(report)
+    share_value = report["prefix_token_share"]
+    share = p.show(("prefix_token_share",))
+    time_value = 0.0
+    saving = ""
+    if _available(report, "prefix"):
+        sim = report["simulation"]["prefix"]
+        time_value = sim["upstream_share"]
+        prefill = p.show(("simulation", "prefix", "upstream_s_saved"), seconds)
+        time_share = p.show(("simulation", "prefix", "upstream_share"))
+        ttft = p.show(("simulation", "prefix", "ttft_saved_ms_mean"), milliseconds)
+        money = p.show(("simulation", "prefix", "money_saved_usd"), dollars)
+        saving = (
+            f": it saves {prefill} of prefill ({time_share} of upstream time; {ttft} off the "
+            f"mean time to first token) and {money} at the cached-input price"
         )
-    if not paying:
-        return StrategyDecision("prefix", False, _prefix_off(analysis, share, r)), ()
+    if max(share_value, time_value) < r.min_prefix_saving:
+        return p.decide("prefix", False, _prefix_off(report, p, share, saving, r)), ()
+    tenants = {name: g for name, g in report["breakdown"]["tenant"].items() if g["prompt_tokens"]}
+    paying = sorted(n for n, g in tenants.items() if g["prefix_token_share"] >= r.min_prefix_saving)
     scope: tuple[str, ...] = ()
     where = ""
-    if len(paying) < len(tenants):
+    if paying and len(paying) < len(tenants):
         scope = tuple(paying)
         skipped = sorted(set(tenants) - set(paying))
+        names = report.get("tenant_names", {})
         where = (
-            f"; only where prefixes are shared: tenant(s) {_names(paying, tenants)}, not "
-            f"{_names(skipped, tenants)}"
+            f"; only where prefixes are shared: tenant(s) {_names(p, paying, names)}, not "
+            f"{_names(p, skipped, names)}"
         )
-    return StrategyDecision(
+    under = ""
+    layered = (report.get("simulation") or {}).get("layered", {})
+    below = layered.get("prefix_under_caches", {})
+    if below.get("available") and (report["simulation"]["exact"].get("hits") or 0):
+        reused = p.show(("simulation", "layered", "prefix_under_caches", "token_hit_rate"))
+        under = (
+            f"; under the exact cache it reuses {reused} of the prompt tokens still reaching "
+            "the engine"
+        )
+    return p.decide(
         "prefix",
         True,
-        f"{_pct(share)} of prompt tokens sit in shared prefixes → KV reuse{where}{at_budget}",
+        f"{share} of prompt tokens reuse an earlier prompt's prefix → KV reuse under every "
+        f"other layer (it never changes an answer){saving}{under}{where}",
     ), scope
 
 
-def _prefix_off(analysis: Analysis, share: float, r: RecommendRules) -> str:
+def _prefix_off(
+    report: Mapping[str, Any], p: _Phrase, share: str, saving: str, r: RecommendRules
+) -> str:
     text = (
-        f"only {_pct(share)} of prompt tokens sit in shared prefixes → KV reuse would save little"
+        f"only {share} of prompt tokens reuse an earlier prompt's prefix{saving} → KV reuse "
+        "would save little"
     )
-    total = analysis.census.total.prompt_tokens
-    lost = sum(b.tokens_lost for b in analysis.breakers)
-    if total and analysis.breakers and share + lost / total >= r.min_prefix_token_share:
-        top = analysis.breakers[0]
+    fixed = report.get("prefix_breakers_summary") or {}
+    breakers = report.get("prefix_breakers") or []
+    if breakers and fixed.get("share_if_fixed", 0.0) >= r.min_prefix_saving:
+        top = breakers[0]
+        better = p.show(("prefix_breakers_summary", "share_if_fixed"))
         text += (
-            f" as prompts are laid out now; moving the {top.kind} in the {top.role} message to "
-            f"the end would raise that to {_pct(min(1.0, share + lost / total))} → fix the "
-            "layout first, then turn on KV reuse"
+            f" as prompts are laid out now; moving the {top['kind']} in the {top['role']} "
+            f"message to the end would raise that to {better} → fix the layout first, then "
+            "turn on KV reuse"
         )
     return text
 
 
-def _names(names: list[str], shares: dict[str, float]) -> str:
-    shown = [f"{n or '(none)'} ({_pct(shares[n])})" for n in names[:5]]
-    return ", ".join(shown) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+def _names(p: _Phrase, tenants: list[str], names: Mapping[str, str]) -> str:
+    shown = []
+    for t in tenants[:5]:
+        tenant_share = p.show(("breakdown", "tenant", t, "prefix_token_share"))
+        shown.append(f"{names.get(t, t) or '(none)'} ({tenant_share})")
+    return ", ".join(shown) + (f" and {len(tenants) - 5} more" if len(tenants) > 5 else "")
 
 
-def _advice(analysis: Analysis, r: RecommendRules) -> list[str]:
-    out: list[str] = []
-    ttl = analysis.options.ttl_s
-    repeats = analysis.census.total.classes[Class.EXACT_REPEAT]
-    bins = analysis.census.distances[Class.EXACT_REPEAT]
-    timed = sum(bins.counts)
-    if timed and analysis.census.within_ttl[Class.EXACT_REPEAT] < r.ttl_coverage * timed:
-        running, better = 0, None
-        for bound, count in zip(DISTANCE_BOUNDS_S, bins.counts, strict=False):
-            running += count
-            if running >= 0.9 * timed:
-                better = bound
-                break
-        covered = analysis.census.within_ttl[Class.EXACT_REPEAT] / timed
-        hint = f"; a TTL of {better:g} s would cover 90%" if better is not None else ""
+def _advice(report: Mapping[str, Any], r: RecommendRules, prefix_on: bool) -> list[str]:
+    out = _ttl_advice(report, r)
+    names = report.get("tenant_names", {})
+    for b in (report.get("prefix_breakers") or [])[:3]:
+        tenant = names.get(b["tenant"], b["tenant"])
+        who = f"tenant {tenant!r}, model {b['model']!r}" if b["tenant"] else f"model {b['model']!r}"
+        examples = ", ".join(repr(e) for e in b["examples"][:2])
         out.append(
-            f"only {_pct(covered)} of the {repeats} exact repeats come back within the "
-            f"{ttl:g} s TTL{hint} (if the answers stay valid that long)"
+            f"prefix breaker ({who}): the {b['role']} message varies at character "
+            f"{b['break_char']} with a {b['kind']} ({examples}); moving it to the end would let "
+            f"{b['requests']:,} requests reuse {b['tail_tokens']:,} more tokens each"
         )
-    for b in analysis.breakers[:3]:
-        who = f"tenant {b.tenant!r}, model {b.model!r}" if b.tenant else f"model {b.model!r}"
-        out.append(
-            f"prefix breaker ({who}): the {b.role} message varies at character "
-            f"{b.break_char} with a {b.kind} ({', '.join(repr(e) for e in b.examples[:2])}); "
-            f"moving it to the end would let {b.requests} requests reuse {b.tail_tokens} more "
-            "tokens each"
-        )
-    not_cacheable = analysis.census.not_cacheable
-    total = analysis.census.total.requests
-    for why, n in not_cacheable.most_common():
+    total = report["requests"]
+    for why, n in report["not_cacheable"]["reasons"].items():
         if n / total >= 0.1:
-            out.append(
-                f"{_pct(n / total)} of requests are not cacheable ({why}); if they do not "
-                "need a fresh sample, send temperature 0 or a seed"
+            hint = (
+                "; if they do not need a fresh sample, send temperature 0 or a seed"
                 if why.startswith("sampled")
-                else f"{_pct(n / total)} of requests are not cacheable ({why})"
+                else ""
             )
-    out += _capacity_advice(analysis)
+            out.append(f"{pct(n / total)} of requests are not cacheable ({why}){hint}")
+    if prefix_on:
+        out += _kv_advice(report)
+    out += _exact_capacity_advice(report)
     return out
 
 
-def _capacity_advice(analysis: Analysis) -> list[str]:
-    out = []
-    replays = analysis.replays
-    total = analysis.census.total
-    unbounded = total.reused_tokens / total.prompt_tokens if total.prompt_tokens else 0.0
-    alone = strategy(replays["prefix"], "prefix") if "prefix" in replays else {}
-    if alone.get("available") and alone["token_hit_rate"] < 0.8 * unbounded:
-        out.append(
-            f"with a {analysis.options.prefix_capacity_tokens:,}-token KV budget the replay "
-            f"reuses {_pct(alone['token_hit_rate'])} of prompt tokens against "
-            f"{_pct(unbounded)} with no bound: a larger KV budget pays (see --sweep)"
-        )
-    exact_now, exact_big = replays.get("exact_capacity:1"), replays.get("exact_capacity:4")
-    if exact_now is not None and exact_big is not None:
-        now, big = (strategy(x, "exact").get("request_share", 0.0) for x in (exact_now, exact_big))
-        if big - now >= 0.02:
-            out.append(
-                f"a 4× larger exact store would answer {_pct(big)} instead of {_pct(now)} of "
-                "requests"
-            )
-    prefix_now, prefix_big = replays.get("prefix_capacity:1"), replays.get("prefix_capacity:4")
-    if prefix_now is not None and prefix_big is not None:
-        now, big = (
-            strategy(x, "prefix").get("token_hit_rate", 0.0) for x in (prefix_now, prefix_big)
-        )
-        if big - now >= 0.02:
-            out.append(
-                f"a 4× larger KV budget would reuse {_pct(big)} instead of {_pct(now)} of "
-                "prompt tokens"
-            )
-    return out
+def _ttl_advice(report: Mapping[str, Any], r: RecommendRules) -> list[str]:
+    distances = report["reuse_distance_s"]
+    counts = distances.get("exact_repeat") or []
+    timed = sum(counts)
+    within = distances["within_ttl"].get("exact_repeat")
+    if not timed or within is None or within >= r.ttl_coverage:
+        return []
+    running, better = 0, None
+    for bound, count in zip(DISTANCE_BOUNDS_S, counts, strict=False):
+        running += count
+        if running >= 0.9 * timed:
+            better = bound
+            break
+    hint = f"; a TTL of {better:g} s would cover 90%" if better is not None else ""
+    return [
+        f"only {pct(within)} of the {report['census_counts']['exact_repeat']:,} exact repeats "
+        f"come back within the {distances['ttl_s']:g} s TTL{hint} (if the answers stay valid "
+        "that long)"
+    ]
+
+
+def _kv_advice(report: Mapping[str, Any]) -> list[str]:
+    sweep = report.get("kv_sweep") or {}
+    knee = sweep.get("knee")
+    if not knee:
+        return []
+    budget = report["settings"]["capacity"]["prefix_tokens"]
+    text = (
+        f"KV budget: {knee['budget_tokens']:,} tokens (the knee of the sweep) reuse "
+        f"{pct(knee['token_share'])} of prompt tokens, against "
+        f"{pct(sweep['unbounded_token_share'])} with no bound; past the knee each doubling "
+        "adds less"
+    )
+    if budget is not None:
+        text += f" (the replay used {budget:,} tokens)"
+    return [text]
+
+
+def _exact_capacity_advice(report: Mapping[str, Any]) -> list[str]:
+    rows = (report.get("sweeps") or {}).get("exact_capacity") or []
+    by_factor = {row["factor"]: row.get("exact_hit_rate") or 0.0 for row in rows}
+    now, big = by_factor.get(1.0), by_factor.get(4.0)
+    if now is not None and big is not None and big - now >= 0.02:
+        return [
+            f"a 4× larger exact store would answer {pct(big)} instead of {pct(now)} of requests"
+        ]
+    return []
 
 
 _MEANING = {
@@ -317,26 +424,32 @@ _MEANING = {
 }
 
 
-def _alarms(analysis: Analysis, r: RecommendRules, on: tuple[str, ...]) -> list[Alarm]:
+def _alarms(report: Mapping[str, Any], r: RecommendRules, on: tuple[str, ...]) -> list[Alarm]:
+    sim = report.get("simulation") or {}
     alarms = []
     for name in on:
-        replay = analysis.replays.get("prefix" if name == "prefix" else "layered")
-        if replay is None:
-            continue
-        fig = strategy(replay, name)
+        if name == "prefix":
+            # What the engine's own metrics will show: below the exact cache when it is on.
+            fig = (
+                sim.get("layered", {}).get("prefix_under_caches", {})
+                if "exact" in on
+                else sim.get("prefix", {})
+            )
+            metric = "token_hit_rate"
+        else:
+            fig, metric = sim.get(name, {}), "hit_rate"
         if not fig.get("available"):
             continue
-        metric = "token_hit_rate" if name == "prefix" else "hit_rate"
         expected = float(fig[metric])
+        floor = r.alarm_fraction * expected
         alarms.append(
             Alarm(
                 name,
                 metric,
                 expected,
-                r.alarm_fraction * expected,
-                f"alert when the {name} {metric.replace('_', ' ')} stays under "
-                f"{_pct(r.alarm_fraction * expected)} (measured here: {_pct(expected)}): "
-                + _MEANING[name],
+                floor,
+                f"alert when the {name} {metric.replace('_', ' ')} stays under {pct(floor)} "
+                f"(measured here: {pct(expected)}): " + _MEANING[name],
             )
         )
     return alarms

@@ -1,72 +1,162 @@
-"""The analysis as one JSON-able dict: what `--format json` prints and the other formats render.
+"""The analysis as one JSON-able dict: what `--format json` prints, what the other formats render,
+and what the recommendation (recommend.py) is computed from, so every figure a reason quotes is
+one the report shows.
 
-Top-level keys (schema `infercache.analyze/1`):
+Top-level keys (schema `infercache.analyze/2`):
     requests                 requests analysed
-    census                   {exact_repeat, near_duplicate, shared_prefix, unique}: shares, sum 1
-    census_counts            the same as counts
+    census                   {exact_repeat, near_duplicate, shared_prefix, unique}: shares,
+                             sum 1 (estimated from the sample when near-duplicates were sampled)
+    census_counts            the classes as counted (a near-duplicate only when checked)
     prefix_token_share       prompt tokens an unbounded prefix cache reuses / all prompt tokens
     prompt_tokens            prompt tokens of requests whose prompt is known
+    shared_prefix            {min_share, requests, mean_tokens, tokens_histogram}: the
+                             `shared_prefix` class and how long its shared parts are
+    near_duplicates          {measured, reason | label, share, interval, sample_rate, ...}
     not_cacheable            {share, count, reasons{why: count}}
     breakdown                {tenant{name: figures}, model{name: figures}}
+    tenant_names             {tenant: the name to show}
     reuse_distance_s         {bounds, <class>: counts, within_ttl{<class>: share}, ttl_s}
     prefix_share_histogram   per-request reused share: {bounds, counts}
     prefix_breakers          [{tenant, model, role, kind, break_char, break_tokens,
                                tail_tokens, requests, tokens_lost, token_share_lost, examples,
                                context}]
     simulation               {exact, semantic, prefix, layered} (replay_numbers.py)
-    sweeps                   {ttl[...], exact_capacity[...], prefix_capacity[...]} or null
+    kv_sweep                 {curve[{budget_tokens, token_share, hit_share}], knee, ...}
+    sweeps                   {ttl[...], exact_capacity[...]} or null
+    windows                  {by, rows[...]} or null
+    cost_model               {profile, models{model: rates and where they come from}}
     recommendation           {strategies, layering, reasons, prefix_scope, advice, alarms}
-    inputs, settings, semantic, observed_layers, notes, timing
+    inputs, settings, observed_layers, notes, timing
 """
 
 from __future__ import annotations
 
+import datetime
+from collections import Counter
 from typing import Any
 
 from infercache.analyze.analysis import Analysis
-from infercache.analyze.census import Class
-from infercache.analyze.recommend import Recommendation
+from infercache.analyze.census import Class, Tally
+from infercache.analyze.log_reader import Kind
+from infercache.analyze.recommend import RecommendRules, recommend
 from infercache.analyze.reports.replay_numbers import layered, strategy
 
-SCHEMA = "infercache.analyze/1"
+SCHEMA = "infercache.analyze/2"
 
 
 def build_report(
-    analysis: Analysis, recommendation: Recommendation, *, semantic_off: str | None = None
+    analysis: Analysis,
+    *,
+    semantic_off: str | None = None,
+    rules: RecommendRules | None = None,
 ) -> dict[str, Any]:
+    """The document, its recommendation computed from its own figures (recommend.py)."""
+    report = figures(analysis, semantic_off=semantic_off)
+    report["recommendation"] = recommend(report, rules).to_dict()
+    return report
+
+
+def figures(analysis: Analysis, *, semantic_off: str | None = None) -> dict[str, Any]:
+    """The document without its recommendation."""
     c = analysis.census
     total = c.total
     n = total.requests
+    shared = total.classes[Class.SHARED_PREFIX]
     return {
         "schema": SCHEMA,
         "requests": n,
-        "census": {cls.value: total.classes[cls] / n for cls in Class},
+        "census": total.shares(),
         "census_counts": {cls.value: total.classes[cls] for cls in Class},
-        "prefix_token_share": total.reused_tokens / total.prompt_tokens
-        if total.prompt_tokens
-        else 0.0,
+        "census_estimated": not total.all_checked and c.near_duplicates_measured,
+        "prefix_token_share": total.prefix_token_share,
         "prompt_tokens": total.prompt_tokens,
+        "shared_prefix": {
+            "min_share": analysis.options.min_prefix_share,
+            "requests": shared,
+            "mean_tokens": total.shared_tokens / shared if shared else None,
+            "tokens_histogram": c.shared_tokens.to_dict(),
+        },
+        "near_duplicates": _near_duplicates(analysis, semantic_off),
         "not_cacheable": {
             "share": total.not_cacheable / n,
             "count": total.not_cacheable,
             "reasons": dict(c.not_cacheable.most_common()),
         },
         "breakdown": {
-            "tenant": {name: t.to_dict() for name, t in sorted(c.by_tenant.items())},
-            "model": {name: t.to_dict() for name, t in sorted(c.by_model.items())},
+            "tenant": {name: _group(t) for name, t in sorted(c.by_tenant.items())},
+            "model": {name: _group(t) for name, t in sorted(c.by_model.items())},
         },
+        "tenant_names": {t: display_name(t, c.tenant_names) for t in sorted(c.by_tenant)},
         "reuse_distance_s": _distances(analysis),
         "prefix_share_histogram": c.reused_share.to_dict(),
         "prefix_breakers": _breakers(analysis),
+        "prefix_breakers_summary": _breakers_summary(analysis),
         "simulation": _simulation(analysis),
+        "kv_sweep": _kv_sweep(analysis),
         "sweeps": _sweeps(analysis) if analysis.options.sweep else None,
-        "recommendation": recommendation.to_dict(),
+        "windows": _windows(analysis),
+        "cost_model": _cost_model(analysis),
         "inputs": _inputs(analysis),
         "settings": _settings(analysis),
-        "semantic": _semantic(analysis, semantic_off),
         "observed_layers": dict(c.layers.most_common()),
         "notes": notes(analysis, semantic_off),
         "timing": {"wall_s": analysis.wall_s},
+    }
+
+
+def display_name(tenant: str, configured: dict[str, str]) -> str:
+    """The name to show for a tenant: its configured name when the log gives one; for an
+    open-mode tenant narrowed by a claim (`key:<hash>/acme`), the claim with the key's head."""
+    if tenant in configured:
+        return configured[tenant]
+    if tenant.startswith("key:") and "/" in tenant:
+        base, _, claim = tenant.partition("/")
+        return f"{claim} ({base[:12]}…)"
+    return tenant or "(none)"
+
+
+def _group(t: Tally) -> dict[str, Any]:
+    out = t.to_dict()
+    interval = t.near_interval()
+    out["near_duplicate_interval"] = list(interval) if interval is not None else None
+    return out
+
+
+def _near_duplicates(analysis: Analysis, off: str | None) -> dict[str, Any]:
+    run = analysis.semantic
+    total = analysis.census.total
+    if run is None:
+        return {"measured": False, "reason": off or "no calibrated threshold"}
+    if total.checked == 0 and total.non_exact > 0:
+        return {
+            "measured": False,
+            "reason": "near-duplicates cannot be measured without text: this log has no "
+            "request text (redacted lines or block-hash traces)",
+        }
+    interval = total.near_interval()
+    return {
+        "measured": True,
+        "label": run.label,
+        "share": total.shares()[Class.NEAR_DUPLICATE.value],
+        "interval": list(interval) if interval is not None else None,
+        "confidence": 0.95,
+        "estimated": not total.all_checked,
+        "sample_rate": run.sample_rate,
+        "checked": total.checked,
+        "near_duplicates_found": total.near,
+        "threshold": run.threshold,
+        "threshold_source": run.source,
+        "embedder": run.embedder,
+        "guards": list(run.guards),
+        "candidate_stage": None
+        if run.candidate_embedder is None
+        else {"embedder": run.candidate_embedder, "min_word_jaccard": run.min_word_jaccard},
+        "texts_embedded": run.texts_embedded,
+        "candidate_texts_embedded": run.candidate_texts_embedded,
+        "chars_embedded": run.chars_embedded,
+        "embed_s": run.embed_s,
+        "texts_per_s": run.texts_embedded / run.embed_s if run.embed_s else None,
+        "replayed": run.replayed,
     }
 
 
@@ -104,27 +194,64 @@ def _breakers(analysis: Analysis) -> list[dict[str, Any]]:
     ]
 
 
+def _breakers_summary(analysis: Analysis) -> dict[str, float]:
+    """What fixing every breaker's layout would give: the prefix share plus what they lose."""
+    total = analysis.census.total
+    lost = sum(b.tokens_lost for b in analysis.breakers)
+    lost_share = lost / total.prompt_tokens if total.prompt_tokens else 0.0
+    return {
+        "token_share_lost": lost_share,
+        "share_if_fixed": min(1.0, total.prefix_token_share + lost_share),
+    }
+
+
 def _simulation(analysis: Analysis) -> dict[str, Any]:
-    replays = analysis.replays
+    replays, cost = analysis.replays, analysis.cost
     if "layered" not in replays:
         return {}
     sim = {
-        "exact": strategy(replays["layered"], "exact"),
-        "semantic": strategy(replays["layered"], "semantic"),
-        "prefix": strategy(replays["prefix"], "prefix"),
-        "layered": layered(replays["layered"]),
+        "exact": strategy(replays["layered"], "exact", cost),
+        "semantic": strategy(replays["layered"], "semantic", cost),
+        "prefix": strategy(replays["prefix"], "prefix", cost),
+        "layered": layered(replays["layered"], cost),
     }
-    if analysis.semantic is None:
-        sim["semantic"] = {"available": False, "reason": "not measured"}
+    if analysis.semantic is None or not analysis.semantic.replayed:
+        why = "not measured" if analysis.semantic is None else "not replayed"
+        sim["semantic"] = {"available": False, "reason": why}
     return sim
 
 
+def _kv_sweep(analysis: Analysis) -> dict[str, Any] | None:
+    sweep = analysis.census.kv_sweep
+    if sweep is None:
+        return None
+    curve = sweep.curve()
+    knee = sweep.knee(curve)
+    return {
+        "curve": [
+            {
+                "budget_tokens": p.budget_tokens,
+                "token_share": p.token_share,
+                "hit_share": p.hit_share,
+            }
+            for p in curve
+        ],
+        "knee": None
+        if knee is None
+        else {"budget_tokens": knee.budget_tokens, "token_share": knee.token_share},
+        "unbounded_token_share": analysis.census.total.prefix_token_share,
+        "working_set_tokens": analysis.census.prefix.cached_tokens,
+        "bounded_by_census_memory": analysis.census.prefix_bounded,
+    }
+
+
 def _sweeps(analysis: Analysis) -> dict[str, list[dict[str, Any]]]:
-    out: dict[str, list[dict[str, Any]]] = {"ttl": [], "exact_capacity": [], "prefix_capacity": []}
+    cost = analysis.cost
+    out: dict[str, list[dict[str, Any]]] = {"ttl": [], "exact_capacity": []}
     for name, replay in analysis.replays.items():
         kind, _, value = name.partition(":")
         if kind == "ttl":
-            exact, sem = strategy(replay, "exact"), strategy(replay, "semantic")
+            exact, sem = strategy(replay, "exact", cost), strategy(replay, "semantic", cost)
             out["ttl"].append(
                 {
                     "ttl_s": replay.setup.ttl_s,
@@ -137,20 +264,57 @@ def _sweeps(analysis: Analysis) -> dict[str, list[dict[str, Any]]]:
                 {
                     "factor": float(value),
                     "capacity_bytes": replay.setup.exact_capacity_bytes,
-                    "exact_hit_rate": strategy(replay, "exact").get("request_share"),
-                }
-            )
-        elif kind == "prefix_capacity":
-            out["prefix_capacity"].append(
-                {
-                    "factor": float(value),
-                    "capacity_tokens": replay.setup.prefix_capacity_tokens,
-                    "token_hit_rate": strategy(replay, "prefix").get("token_hit_rate"),
+                    "exact_hit_rate": strategy(replay, "exact", cost).get("request_share"),
                 }
             )
     for rows in out.values():
         rows.sort(key=lambda row: row.get("ttl_s") or row.get("factor") or 0.0)
     return out
+
+
+def _windows(analysis: Analysis) -> dict[str, Any] | None:
+    width = analysis.options.window_s
+    if width is None:
+        return None
+    layered_windows = analysis.replays["layered"].by_window if "layered" in analysis.replays else {}
+    rows = []
+    for index, tally in sorted(analysis.census.by_window.items()):
+        replayed = layered_windows.get(index) or Counter()
+        requests, seen = replayed["requests"], replayed["prefix_seen"]
+        start = datetime.datetime.fromtimestamp(index * width, datetime.UTC)
+        rows.append(
+            {
+                "start_s": index * width,
+                "start": start.isoformat(timespec="minutes"),
+                "requests": tally.requests,
+                "census": tally.shares(),
+                "prefix_token_share": tally.prefix_token_share,
+                "exact_hit_rate": replayed["exact"] / requests if requests else None,
+                "semantic_hit_rate": replayed["semantic"] / requests if requests else None,
+                "prefix_token_hit_rate": replayed["prefix_reused"] / seen if seen else None,
+            }
+        )
+    return {"by": analysis.options.by, "window_s": width, "rows": rows}
+
+
+def _cost_model(analysis: Analysis) -> dict[str, Any]:
+    cost = analysis.cost
+    profile = cost.profile.rates
+    return {
+        "profile": "auto" if profile is None else profile.name,
+        "models": {
+            model: {
+                "source": m.source,
+                "fitted": m.fitted,
+                "timed_records": m.timed_records,
+                "rates": m.rates.name,
+                "overhead_s": m.rates.overhead_s,
+                "prefill_tokens_per_s": m.rates.prefill_tokens_per_s,
+                "decode_tokens_per_s": m.rates.decode_tokens_per_s,
+            }
+            for model, m in sorted(cost.by_model.items())
+        },
+    }
 
 
 def _inputs(analysis: Analysis) -> dict[str, Any]:
@@ -171,8 +335,21 @@ def _inputs(analysis: Analysis) -> dict[str, Any]:
     }
 
 
+def tokenizer_of(analysis: Analysis) -> str | None:
+    """What counted the tokens: the analysis's tokenizer, the one behind a redacted log's
+    hashes, or the block size of a block trace."""
+    names = []
+    if analysis.tokenizer is not None:
+        names.append(analysis.tokenizer)
+    names += [f"{name} (the redacted log's prefix hashes)" for name in analysis.hashed_by]
+    if analysis.kinds.get(Kind.BLOCKS.value):
+        names.append(f"block-hash trace, {analysis.options.block_tokens} tokens a block")
+    return "; ".join(names) or None
+
+
 def _settings(analysis: Analysis) -> dict[str, Any]:
     o = analysis.options
+    prices = analysis.replays["layered"].totals.cost_usd if "layered" in analysis.replays else 0
     return {
         "ttl_s": o.ttl_s,
         "capacity": {
@@ -180,33 +357,22 @@ def _settings(analysis: Analysis) -> dict[str, Any]:
             "prefix_tokens": o.prefix_capacity_tokens,
             "semantic_vectors": o.semantic.max_vectors if o.semantic else None,
         },
-        "min_prefix_tokens": o.min_prefix_tokens,
+        "min_prefix_share": o.min_prefix_share,
         "block_tokens": o.block_tokens,
         "share_prefix_across_tenants": o.share_prefix_across_tenants,
-        "tokenizer": analysis.tokenizer,
-        "latency_model": {
-            "overhead_s": o.latency.overhead_s,
-            "prefill_tokens_per_s": o.latency.prefill_tokens_per_s,
-            "decode_tokens_per_s": o.latency.decode_tokens_per_s,
-        },
+        "tokenizer": tokenizer_of(analysis),
+        "calibration": _calibration(analysis),
+        "priced": bool(prices),
     }
 
 
-def _semantic(analysis: Analysis, off: str | None) -> dict[str, Any]:
+def _calibration(analysis: Analysis) -> str:
     run = analysis.semantic
     if run is None:
-        return {"measured": False, "reason": off or "no calibrated threshold"}
-    return {
-        "measured": True,
-        "threshold": run.threshold,
-        "threshold_source": run.source,
-        "embedder": run.embedder,
-        "guards": list(run.guards),
-        "texts_embedded": run.texts_embedded,
-        "chars_embedded": run.chars_embedded,
-        "embed_s": run.embed_s,
-        "texts_per_s": run.texts_embedded / run.embed_s if run.embed_s else None,
-    }
+        return "none (near-duplicates not measured)"
+    if run.label is not None:
+        return f"{run.label}: threshold {run.threshold:g} ({run.embedder.split(';')[0]})"
+    return f"threshold {run.threshold:g} from {run.source}"
 
 
 def notes(analysis: Analysis, semantic_off: str | None) -> list[str]:
@@ -220,13 +386,13 @@ def notes(analysis: Analysis, semantic_off: str | None) -> list[str]:
             f"{c.total.requests - c.timed} request(s) have no timestamp: they take the time of "
             "the line before them; TTL effects and reuse distances are not measured for them"
         )
-    if kinds.get("redacted"):
+    if kinds.get(Kind.REDACTED.value):
         out.append(
-            f"{kinds['redacted']} redacted line(s) carry only a digest of the whole body: "
-            "counted for exact repeats (stricter than the exact key, so a lower bound) and as "
-            "unique otherwise; not replayed"
+            f"{kinds[Kind.REDACTED.value]} redacted line(s): exact repeats from the key digest, "
+            "prefix reuse from the chained prefix hashes; near-duplicates and prefix breakers "
+            "cannot be measured without text"
         )
-    if kinds.get("blocks"):
+    if kinds.get(Kind.BLOCKS.value):
         out.append(
             "block-hash traces carry no request bodies: exact repeats are identical prompts "
             "(same hash_ids and length); exact and semantic caches cannot be replayed"
@@ -237,26 +403,32 @@ def notes(analysis: Analysis, semantic_off: str | None) -> list[str]:
         out.append(
             "the census prefix tree reached its memory bound: prefix figures are lower bounds"
         )
-    if analysis.semantic is None:
+    run = analysis.semantic
+    if run is None:
         out.append(f"near-duplicates not measured: {semantic_off or 'no calibrated threshold'}")
-    out += _replay_notes(analysis)
+    elif run.label is not None:
+        out.append(f"near-duplicates: {run.label}")
+    out += _cost_notes(analysis)
     return out
 
 
-def _replay_notes(analysis: Analysis) -> list[str]:
+def _cost_notes(analysis: Analysis) -> list[str]:
     out: list[str] = []
     replay = analysis.replays.get("layered")
     if replay is None:
         return out
-    t, o = replay.totals, analysis.options.latency
-    if t.estimated_upstream:
-        out.append(
-            f"upstream seconds estimated for {t.estimated_upstream} request(s): "
-            f"{o.overhead_s:g} s + prompt at {o.prefill_tokens_per_s:g} tok/s + completion at "
-            f"{o.decode_tokens_per_s:g} tok/s"
-        )
+    for model, m in sorted(analysis.cost.by_model.items()):
+        out.append(f"upstream time of {model or '(no model)'}: {m.source}; {m.rates.describe()}")
+    t = replay.totals
     if t.completion_unknown:
         out.append(f"completion tokens unknown for {t.completion_unknown} request(s): counted as 0")
     if not t.cost_usd:
         out.append("no prices given (--price or [prices] in --config): money figures are 0")
+    elif any(
+        analysis.prices.price(m).cached_input_usd_per_mtok is None for m in analysis.cost.by_model
+    ):
+        out.append(
+            "no cached-input price for some models (--price MODEL=IN,OUT,CACHED): prefix reuse "
+            "is shown saving no money there, only time"
+        )
     return out

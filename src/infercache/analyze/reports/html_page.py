@@ -1,6 +1,7 @@
 """One self-contained HTML page of a report dict (document.py), to forward to a team.
 
-Everything is inline: CSS, the plots as base64 PNG `<img>`s (plots.py), and a few lines of
+Everything is inline: CSS, the plots the report has data for as base64 PNG `<img>`s (plots.py),
+and a few lines of
 script that, once the page has loaded, set `data-ready="true"` on `<body>` when every image
 decoded (`naturalWidth > 0`) and `data-plots-decoded` to how many did: a headless browser's
 `--dump-dom` shows whether the page rendered with every plot. No external request is made.
@@ -12,8 +13,8 @@ import base64
 import html
 from typing import Any
 
-from infercache.analyze.reports.plots import PLOTS
-from infercache.analyze.reports.text import CLASS_NAMES, pct
+from infercache.analyze.reports.plots import plots_for, png
+from infercache.analyze.reports.text import CLASS_NAMES, header_lines, near_duplicate_cell, pct
 
 STYLE = """
 body{font:15px/1.45 system-ui,sans-serif;margin:2rem auto;max-width:1000px;color:#212529;
@@ -22,7 +23,7 @@ padding:0 1rem}h1{font-size:1.5rem}h2{font-size:1.15rem;margin-top:2rem;border-b
 border-bottom:1px solid #f1f3f5}td:first-child,th:first-child{text-align:left}.rec{background:
 #f8f9fa;border-left:4px solid #2b8a3e;padding:.6rem 1rem}.on{color:#2b8a3e;font-weight:600}
 .off{color:#c92a2a;font-weight:600}figure{margin:1rem 0}img{max-width:100%}.note{color:#868e96}
-code{background:#f1f3f5;padding:0 .2rem}
+code{background:#f1f3f5;padding:0 .2rem}.warn{color:#e67700;font-weight:600}
 """
 
 READY_SCRIPT = """
@@ -64,16 +65,27 @@ def _recommendation(rec: dict[str, Any]) -> str:
 
 def _census(report: dict[str, Any]) -> str:
     within = report["reuse_distance_s"]["within_ttl"]
-    rows = [
-        [name, f"{report['census_counts'][k]:,}", pct(report["census"][k]), pct(within.get(k))]
-        if k != "near_duplicate" or report["semantic"]["measured"]
-        else [name, "not measured", "", ""]
-        for k, name in CLASS_NAMES.items()
-    ]
-    return _table(["class", "requests", "share", "within TTL"], rows) + (
-        f"<p>Prefix token share: <b>{pct(report['prefix_token_share'])}</b> of "
-        f"{report['prompt_tokens']:,} prompt tokens. Not cacheable: "
-        f"{pct(report['not_cacheable']['share'])}.</p>"
+    rows = []
+    for k, name in CLASS_NAMES.items():
+        if k == "near_duplicate":
+            count, share = near_duplicate_cell(report)
+        else:
+            count, share = f"{report['census_counts'][k]:,}", pct(report["census"][k])
+        rows.append([name, count, share, pct(within.get(k))])
+    near = report["near_duplicates"]
+    label = (
+        f"<p class=warn>Near-duplicates: {_e(near['label'])}.</p>"
+        if near["measured"] and near.get("label")
+        else ""
+    )
+    mean = report["shared_prefix"]["mean_tokens"]
+    return (
+        _table(["class", "requests", "share", "within TTL"], rows)
+        + label
+        + f"<p>Prefix token share: <b>{pct(report['prefix_token_share'])}</b> of "
+        f"{report['prompt_tokens']:,} prompt tokens"
+        + (f"; shared-prefix requests share {mean:,.0f} tokens on average" if mean else "")
+        + f". Not cacheable: {pct(report['not_cacheable']['share'])}.</p>"
     )
 
 
@@ -104,9 +116,10 @@ def _simulation(report: dict[str, Any]) -> str:
 def _breakers(report: dict[str, Any]) -> str:
     if not report["prefix_breakers"]:
         return "<p>None found.</p>"
+    names = report.get("tenant_names", {})
     rows = [
         [
-            f"{b['tenant'] or '-'} / {b['model']}",
+            f"{names.get(b['tenant'], b['tenant']) or '-'} / {b['model']}",
             f"{b['kind']} in the {b['role']} message",
             f"char {b['break_char']} (token ~{b['break_tokens']})",
             f"{b['tail_tokens']:,}",
@@ -120,10 +133,10 @@ def _breakers(report: dict[str, Any]) -> str:
     return _table(header, rows)
 
 
-def _groups(groups: dict[str, Any], kind: str) -> str:
+def _groups(groups: dict[str, Any], kind: str, names: dict[str, str]) -> str:
     ranked = sorted(groups.items(), key=lambda item: -item[1]["requests"])[:20]
     rows = [
-        [name or "(none)", f"{g['requests']:,}"]
+        [names.get(name, name) or "(none)", f"{g['requests']:,}"]
         + [pct(g["census"][k]) for k in CLASS_NAMES]
         + [pct(g["prefix_token_share"])]
         for name, g in ranked
@@ -131,29 +144,79 @@ def _groups(groups: dict[str, Any], kind: str) -> str:
     return _table([kind, "requests", *CLASS_NAMES.values(), "prefix tokens"], rows)
 
 
+def _kv(report: dict[str, Any]) -> str:
+    sweep = report.get("kv_sweep") or {}
+    knee = sweep.get("knee")
+    if not sweep.get("curve") or not knee:
+        return "<p>No prompt tokens to reuse.</p>"
+    return (
+        f"<p>The knee of the sweep is at <b>{knee['budget_tokens']:,} tokens</b>: "
+        f"{pct(knee['token_share'])} of prompt tokens reused, against "
+        f"{pct(sweep['unbounded_token_share'])} unbounded (working set "
+        f"{sweep['working_set_tokens']:,} tokens).</p>"
+    )
+
+
+def _windows(report: dict[str, Any]) -> str:
+    windows = report.get("windows")
+    if not windows:
+        return ""
+    rows = [
+        [
+            r["start"],
+            f"{r['requests']:,}",
+            pct(r["census"]["exact_repeat"]),
+            pct(r["census"]["shared_prefix"]),
+            pct(r["prefix_token_share"]),
+            pct(r["exact_hit_rate"]),
+            pct(r["prefix_token_hit_rate"]),
+        ]
+        for r in windows["rows"]
+    ]
+    header = ["from (UTC)", "requests", "exact", "shared prefix", "prefix tokens",
+              "exact hit rate", "prefix token hit rate"]  # fmt: skip
+    return f"<h2>By {_e(windows['by'])}</h2>" + _table(header, rows)
+
+
+def _cost(report: dict[str, Any]) -> str:
+    rows = [
+        [
+            model or "(none)",
+            m["source"],
+            f"{m['overhead_s']:g} s",
+            f"{m['prefill_tokens_per_s']:,.0f} tok/s",
+            f"{m['decode_tokens_per_s']:,.1f} tok/s",
+        ]
+        for model, m in report["cost_model"]["models"].items()
+    ]
+    return _table(["model", "rates from", "overhead", "prefill", "decode"], rows)
+
+
 def render_html(report: dict[str, Any]) -> str:
     figures = "".join(
         f"<figure><img id=plot-{key} alt='{_e(title)}' src='data:image/png;base64,"
-        f"{base64.b64encode(draw(report)).decode()}'><figcaption>{_e(title)}</figcaption>"
+        f"{base64.b64encode(png(draw(report))).decode()}'><figcaption>{_e(title)}</figcaption>"
         "</figure>"
-        for key, title, draw in PLOTS
+        for key, title, draw in plots_for(report)
     )
-    inputs = report["inputs"]
     notes = "".join(f"<li class=note>{_e(n)}</li>" for n in report["notes"])
+    header = "".join(f"<p class=note>{_e(line)}</p>" for line in header_lines(report))
+    names = report.get("tenant_names", {})
     return (
         "<!DOCTYPE html><html lang=en><head><meta charset=utf-8>"
         "<meta name=viewport content='width=device-width,initial-scale=1'>"
         f"<title>infercache traffic analysis</title><style>{STYLE}</style></head><body>"
-        f"<h1>Traffic analysis: {report['requests']:,} requests</h1>"
-        f"<p class=note>{_e(', '.join(inputs['files']))}; {inputs['malformed']['count']} "
-        f"malformed line(s); tokenizer {_e(report['settings']['tokenizer'])}</p>"
+        f"<h1>Traffic analysis: {report['requests']:,} requests</h1>{header}"
         f"<h2>Recommendation</h2>{_recommendation(report['recommendation'])}"
         f"<h2>Census</h2>{_census(report)}"
         f"<h2>Plots</h2>{figures}"
         f"<h2>Replay</h2>{_simulation(report)}"
+        f"<h2>KV budget</h2>{_kv(report)}"
+        f"{_windows(report)}"
+        f"<h2>Upstream time</h2>{_cost(report)}"
         f"<h2>Prefix breakers</h2>{_breakers(report)}"
-        f"<h2>By tenant</h2>{_groups(report['breakdown']['tenant'], 'tenant')}"
-        f"<h2>By model</h2>{_groups(report['breakdown']['model'], 'model')}"
+        f"<h2>By tenant</h2>{_groups(report['breakdown']['tenant'], 'tenant', names)}"
+        f"<h2>By model</h2>{_groups(report['breakdown']['model'], 'model', {})}"
         f"<h2>Notes</h2><ul>{notes}</ul>"
         f"<script>{READY_SCRIPT}</script></body></html>"
     )

@@ -1,127 +1,147 @@
 """The report's plots as PNG bytes, drawn from a report dict (document.py) with matplotlib's
-object API (no pyplot, so no global figure state). Each function returns one figure:
-census bar, hit rate vs TTL, hit rate vs capacity, prefix-share distribution, reuse-distance
-CDF. A plot whose data was not computed says so inside the figure rather than disappearing.
+object API (no pyplot, so no global figure state).
+
+Each function returns a `Figure`; `png(figure)` renders it. `plots_for(report)` lists the plots
+the report has data for, and only those: a strategy the
+replay table calls not available gets no plot (a flat line at 0 would read as a measurement).
+Census bar; hit rate vs TTL (exact, semantic when replayed); exact hit rate vs store size; KV
+reuse vs budget (the sweep, its knee marked); prefix-share distribution; reuse-distance CDF;
+per window of time (`--by`). Every rate axis starts at 0; legends sit outside the axes, below
+them, in a constrained layout that makes room for them.
 """
 
 from __future__ import annotations
 
+import datetime
 import io
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 CLASS_ORDER = ("exact_repeat", "near_duplicate", "shared_prefix", "unique")
 CLASS_COLORS = ("#2b8a3e", "#1971c2", "#f08c00", "#868e96")
-SIZE_IN = (6.4, 3.4)
+SIZE_IN = (6.4, 3.6)
+Draw = Callable[[dict[str, Any]], Any]  # report → a matplotlib Figure
 
 
-def _figure() -> Any:
+def _figure(size: tuple[float, float] = SIZE_IN) -> Any:
     from matplotlib.figure import Figure
 
-    return Figure(figsize=SIZE_IN, dpi=100, layout="constrained")
+    return Figure(figsize=size, dpi=100, layout="constrained")
 
 
-def _png(fig: Any) -> bytes:
+def png(fig: Any) -> bytes:
     buf = io.BytesIO()
     fig.savefig(buf, format="png")
     return buf.getvalue()
 
 
-def _empty(ax: Any, why: str) -> None:
-    ax.text(0.5, 0.5, why, ha="center", va="center", transform=ax.transAxes, color="#868e96")
-    ax.set_xticks([])
-    ax.set_yticks([])
+def _legend_below(fig: Any, ax: Any, ncols: int = 4) -> None:
+    handles, labels = ax.get_legend_handles_labels()
+    if handles:
+        fig.legend(handles, labels, loc="outside lower center", ncols=ncols, fontsize="small")
 
 
-def census_bar(report: dict[str, Any]) -> bytes:
+def _rate_axis(ax: Any, top: float = 100.0) -> None:
+    ax.set_ylim(0, top)
+
+
+def census_bar(report: dict[str, Any]) -> Any:
     """Class shares overall and, when there are several, per tenant (stacked bars)."""
     fig = _figure()
     ax = fig.add_subplot()
     rows: list[tuple[str, dict[str, float]]] = [("all", report["census"])]
     tenants = report["breakdown"]["tenant"]
+    names = report.get("tenant_names", {})
     if 1 < len(tenants) <= 12:
-        rows += [(name or "(none)", g["census"]) for name, g in sorted(tenants.items())]
+        rows += [(names.get(t, t) or "(none)", g["census"]) for t, g in sorted(tenants.items())]
     labels = [name for name, _ in rows]
     left = [0.0] * len(rows)
+    measured = report["near_duplicates"]["measured"]
     for cls, color in zip(CLASS_ORDER, CLASS_COLORS, strict=True):
         widths = [100 * shares[cls] for _, shares in rows]
-        ax.barh(labels, widths, left=left, color=color, label=cls.replace("_", " "))
+        label = cls.replace("_", " ")
+        if cls == "near_duplicate" and not measured:
+            label += " (not measured)"
+        ax.barh(labels, widths, left=left, color=color, label=label)
         left = [a + b for a, b in zip(left, widths, strict=True)]
     ax.invert_yaxis()
     ax.set_xlim(0, 100)
     ax.set_xlabel("share of requests (%)")
     ax.set_title("Census: each request in exactly one class")
-    ax.legend(loc="lower center", bbox_to_anchor=(0.5, 1.08), ncols=4, fontsize="small")
-    return _png(fig)
+    _legend_below(fig, ax)
+    return fig
 
 
-def hit_rate_vs_ttl(report: dict[str, Any]) -> bytes:
+def hit_rate_vs_ttl(report: dict[str, Any]) -> Any:
     fig = _figure()
     ax = fig.add_subplot()
-    rows = (report.get("sweeps") or {}).get("ttl") or []
-    if not rows:
-        _empty(ax, "TTL sweep not computed (run with --sweep)")
-        return _png(fig)
+    rows = report["sweeps"]["ttl"]
     ttl = [r["ttl_s"] for r in rows]
     ax.plot(ttl, [100 * (r["exact_hit_rate"] or 0) for r in rows], "o-", label="exact")
-    if any(r["semantic_hit_rate"] is not None for r in rows):
+    if report["simulation"]["semantic"].get("available"):
         ax.plot(ttl, [100 * (r["semantic_hit_rate"] or 0) for r in rows], "s-", label="semantic")
     ax.axvline(report["settings"]["ttl_s"], color="#868e96", linestyle="--", label="TTL given")
     ax.set_xscale("log")
     ax.set_xlabel("TTL (s)")
     ax.set_ylabel("requests answered (%)")
+    _rate_axis(ax)
     ax.set_title("Hit rate vs TTL (replay)")
-    ax.legend(fontsize="small")
-    return _png(fig)
+    _legend_below(fig, ax)
+    return fig
 
 
-def hit_rate_vs_capacity(report: dict[str, Any]) -> bytes:
+def exact_hit_rate_vs_capacity(report: dict[str, Any]) -> Any:
     fig = _figure()
-    sweeps = report.get("sweeps") or {}
-    exact_rows, prefix_rows = (
-        sweeps.get("exact_capacity") or [],
-        sweeps.get("prefix_capacity") or [],
+    ax = fig.add_subplot()
+    rows = report["sweeps"]["exact_capacity"]
+    ax.plot(
+        [r["capacity_bytes"] / 2**20 for r in rows],
+        [100 * (r["exact_hit_rate"] or 0) for r in rows],
+        "o-",
+        label="exact cache",
     )
-    left, right = fig.subplots(1, 2)
-    if exact_rows:
-        left.plot(
-            [r["capacity_bytes"] / 2**20 for r in exact_rows],
-            [100 * (r["exact_hit_rate"] or 0) for r in exact_rows],
-            "o-",
-        )
-        left.set_xscale("log")
-        left.set_xlabel("exact store (MiB)")
-        left.set_ylabel("requests answered (%)")
-        left.set_title("exact cache", fontsize="medium")
-    else:
-        _empty(left, "not computed")
-    if prefix_rows:
-        right.plot(
-            [r["capacity_tokens"] for r in prefix_rows],
-            [100 * (r["token_hit_rate"] or 0) for r in prefix_rows],
-            "o-",
-            color="#f08c00",
-        )
-        right.set_xscale("log")
-        right.set_xlabel("KV budget (tokens)")
-        right.set_ylabel("prompt tokens reused (%)")
-        right.set_title("KV prefix reuse", fontsize="medium")
-    else:
-        _empty(right, "not computed")
-    fig.suptitle("Hit rate vs capacity (replay)")
-    return _png(fig)
+    ax.set_xscale("log")
+    ax.set_xlabel("exact store (MiB)")
+    ax.set_ylabel("requests answered (%)")
+    _rate_axis(ax)
+    ax.set_title("Exact hit rate vs store size (replay)")
+    _legend_below(fig, ax)
+    return fig
 
 
-def prefix_share_distribution(report: dict[str, Any]) -> bytes:
+def kv_reuse_vs_budget(report: dict[str, Any]) -> Any:
+    fig = _figure()
+    ax = fig.add_subplot()
+    sweep = report["kv_sweep"]
+    curve = sweep["curve"]
+    budgets = [p["budget_tokens"] for p in curve]
+    ax.plot(budgets, [100 * p["token_share"] for p in curve], "o-", color="#f08c00",
+            label="prompt tokens reused")  # fmt: skip
+    ax.plot(budgets, [100 * p["hit_share"] for p in curve], "s--", color="#1971c2",
+            label="requests reusing a prefix")  # fmt: skip
+    knee = sweep.get("knee")
+    if knee is not None:
+        ax.axvline(knee["budget_tokens"], color="#c92a2a", linestyle=":",
+                   label=f"knee: {knee['budget_tokens']:,} tokens")  # fmt: skip
+    budget = report["settings"]["capacity"]["prefix_tokens"]
+    if budget is not None:
+        ax.axvline(budget, color="#868e96", linestyle="--", label="budget given")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("KV budget (tokens)")
+    ax.set_ylabel("share (%)")
+    _rate_axis(ax)
+    ax.set_title("KV prefix reuse vs budget (LRU, one pass)")
+    _legend_below(fig, ax, ncols=2)
+    return fig
+
+
+def prefix_share_distribution(report: dict[str, Any]) -> Any:
     fig = _figure()
     ax = fig.add_subplot()
     hist = report["prefix_share_histogram"]
     counts: Sequence[int] = hist["counts"][: len(hist["bounds"])]
     total = sum(counts)
-    if not total:
-        _empty(ax, "no prompt known")
-        return _png(fig)
     bounds = [0.0, *hist["bounds"]]
     ax.bar(
         [100 * b for b in bounds[:-1]],
@@ -132,18 +152,18 @@ def prefix_share_distribution(report: dict[str, Any]) -> bytes:
         edgecolor="white",
     )
     ax.set_xlim(0, 100)
+    ax.set_ylim(bottom=0)
     ax.set_xlabel("share of the request's prompt an unbounded prefix cache reuses (%)")
     ax.set_ylabel("requests (%)")
     ax.set_title(f"Prefix share per request (overall {100 * report['prefix_token_share']:.1f}%)")
-    return _png(fig)
+    return fig
 
 
-def reuse_distance_cdf(report: dict[str, Any]) -> bytes:
+def reuse_distance_cdf(report: dict[str, Any]) -> Any:
     fig = _figure()
     ax = fig.add_subplot()
     distances = report["reuse_distance_s"]
     bounds = distances["bounds"]
-    drawn = False
     for cls, color in zip(CLASS_ORDER[:3], CLASS_COLORS, strict=False):
         counts = distances.get(cls) or []
         total = sum(counts)
@@ -154,24 +174,63 @@ def reuse_distance_cdf(report: dict[str, Any]) -> bytes:
             running += count
             ys.append(100 * running / total)
         ax.step(bounds, ys, where="post", color=color, label=cls.replace("_", " "))
-        drawn = True
-    if not drawn:
-        _empty(ax, "no repeats with timestamps")
-        return _png(fig)
     ax.axvline(distances["ttl_s"], color="#868e96", linestyle="--", label="TTL")
     ax.set_xscale("log")
-    ax.set_ylim(0, 100)
+    _rate_axis(ax)
     ax.set_xlabel("time since the request it reuses (s)")
     ax.set_ylabel("cumulative share (%)")
     ax.set_title("Reuse distance CDF")
-    ax.legend(fontsize="small")
-    return _png(fig)
+    _legend_below(fig, ax)
+    return fig
 
 
-PLOTS = (
-    ("census", "Census", census_bar),
-    ("ttl", "Hit rate vs TTL", hit_rate_vs_ttl),
-    ("capacity", "Hit rate vs capacity", hit_rate_vs_capacity),
-    ("prefix-share", "Prefix share distribution", prefix_share_distribution),
-    ("reuse-distance", "Reuse distance CDF", reuse_distance_cdf),
-)
+def per_window(report: dict[str, Any]) -> Any:
+    fig = _figure((7.2, 3.8))
+    ax = fig.add_subplot()
+    rows = report["windows"]["rows"]
+    x = list(range(len(rows)))
+    ax.plot(x, [100 * r["census"]["exact_repeat"] for r in rows], "o-", color=CLASS_COLORS[0],
+            label="exact repeats")  # fmt: skip
+    ax.plot(x, [100 * r["prefix_token_share"] for r in rows], "s-", color=CLASS_COLORS[2],
+            label="prefix token share")  # fmt: skip
+    if any(r["exact_hit_rate"] is not None for r in rows):
+        ax.plot(x, [100 * (r["exact_hit_rate"] or 0) for r in rows], "^--",
+                color="#2f9e44", label="exact hit rate (replay)")  # fmt: skip
+    if any(r["prefix_token_hit_rate"] is not None for r in rows):
+        ax.plot(x, [100 * (r["prefix_token_hit_rate"] or 0) for r in rows], "v--",
+                color="#e8590c", label="prefix token hit rate (replay)")  # fmt: skip
+    step = max(1, len(rows) // 8)
+    daily = report["windows"]["by"] == "day"
+    labels = [_utc(r["start_s"], "%Y-%m-%d" if daily else "%m-%d %H:%M") for r in rows]
+    ax.set_xticks(x[::step], labels[::step], rotation=20, fontsize="small")
+    _rate_axis(ax)
+    ax.set_ylabel("share (%)")
+    ax.set_title(f"Per {report['windows']['by']} (UTC)")
+    _legend_below(fig, ax, ncols=2)
+    return fig
+
+
+def _utc(seconds: float, fmt: str) -> str:
+    return datetime.datetime.fromtimestamp(seconds, datetime.UTC).strftime(fmt)
+
+
+def plots_for(report: dict[str, Any]) -> list[tuple[str, str, Draw]]:
+    """(key, title, draw) of every plot the report has data for."""
+    sim = report.get("simulation") or {}
+    sweeps = report.get("sweeps") or {}
+    exact = bool(sim.get("exact", {}).get("available"))
+    out: list[tuple[str, str, Draw]] = [("census", "Census", census_bar)]
+    if exact and sweeps.get("ttl"):
+        out.append(("ttl", "Hit rate vs TTL", hit_rate_vs_ttl))
+    if exact and sweeps.get("exact_capacity"):
+        out.append(("exact-capacity", "Exact hit rate vs store size", exact_hit_rate_vs_capacity))
+    if (report.get("kv_sweep") or {}).get("curve"):
+        out.append(("kv-budget", "KV prefix reuse vs budget", kv_reuse_vs_budget))
+    if sum(report["prefix_share_histogram"]["counts"]):
+        out.append(("prefix-share", "Prefix share distribution", prefix_share_distribution))
+    distances = report["reuse_distance_s"]
+    if any(sum(distances.get(c) or []) for c in CLASS_ORDER[:3]):
+        out.append(("reuse-distance", "Reuse distance CDF", reuse_distance_cdf))
+    if (report.get("windows") or {}).get("rows"):
+        out.append(("windows", f"Per {report['windows']['by']}", per_window))
+    return out

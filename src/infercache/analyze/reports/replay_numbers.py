@@ -3,10 +3,13 @@
 Per strategy (`exact`, `semantic`, `prefix`): the strategy's own `Metrics` snapshot (hits,
 lookups, misses by reason, what its hits saved), plus shares of what the replayed traffic would
 cost with no cache at all: `request_share` (hits / requests), `prompt_token_share`,
-`completion_token_share`, `upstream_share`, `money_share`; and for the answer caches the age
-distribution of what they served (staleness exposure). `exact` and `semantic` come from the
-layered replay (exact is on top, so that is also exact alone; semantic is what it adds below
-exact); `prefix` from the replay with KV reuse alone. `layered` sums the layered replay.
+`completion_token_share`, `upstream_share`, `money_share`; for the answer caches the age
+distribution of what they served (staleness exposure); for prefix reuse the prefill seconds
+saved and the mean time-to-first-token cut per request reaching the engine. Seconds come from
+the replay's ledgers priced by the analysis's cost model (cost_model.py). `exact` and
+`semantic` come from the layered replay (exact is on top, so that is also exact alone;
+semantic is what it adds below exact); `prefix` from the replay with KV reuse alone.
+`layered` sums the layered replay.
 """
 
 from __future__ import annotations
@@ -14,9 +17,8 @@ from __future__ import annotations
 from typing import Any
 
 from infercache.analyze.census import Bins
-from infercache.analyze.replay import ReplayResult
-
-ANSWER_LAYERS = ("exact", "semantic")
+from infercache.analyze.cost_model import CostModel
+from infercache.analyze.replay import ANSWER_LAYERS, ReplayResult
 
 
 def _share(part: float, whole: float) -> float:
@@ -46,12 +48,14 @@ def ages(result: ReplayResult, layer: str) -> dict[str, Any]:
     }
 
 
-def strategy(result: ReplayResult, name: str) -> dict[str, Any]:
+def strategy(result: ReplayResult, name: str, cost: CostModel) -> dict[str, Any]:
     snap = result.strategies.get(name)
     t = result.totals
     if snap is None or not snap["lookups"]:
         return {"available": False}
     money = snap["money_saved_usd"]
+    total_s = t.seconds.total_s(cost)
+    saved_s = result.seconds_saved[name].total_s(cost)
     out = {
         "available": True,
         "lookups": snap["lookups"],
@@ -63,8 +67,8 @@ def strategy(result: ReplayResult, name: str) -> dict[str, Any]:
         "prompt_token_share": _share(snap["prompt_tokens_saved"], t.prompt_tokens),
         "completion_tokens_saved": snap["completion_tokens_saved"],
         "completion_token_share": _share(snap["completion_tokens_saved"], t.completion_tokens),
-        "upstream_s_saved": snap["upstream_s_saved"],
-        "upstream_share": _share(snap["upstream_s_saved"], t.upstream_s),
+        "upstream_s_saved": saved_s,
+        "upstream_share": _share(saved_s, total_s),
         "money_saved_usd": money,
         "money_share": _share(money, t.cost_usd),
         "counters": snap["counters"],
@@ -72,20 +76,23 @@ def strategy(result: ReplayResult, name: str) -> dict[str, Any]:
     }
     if name == "prefix":
         out["token_hit_rate"] = snap["token_hit_rate"]  # reused / prompt tokens reaching it
+        out["prompt_tokens_seen"] = snap["prompt_tokens_seen"]
+        out["ttft_saved_ms_mean"] = 1000 * saved_s / snap["lookups"]
     if name in ANSWER_LAYERS:
         out["age_s"] = ages(result, name)
     return out
 
 
-def layered(result: ReplayResult) -> dict[str, Any]:
+def layered(result: ReplayResult, cost: CostModel) -> dict[str, Any]:
     t = result.totals
-    parts = {name: strategy(result, name) for name in (*ANSWER_LAYERS, "prefix")}
+    parts = {name: strategy(result, name, cost) for name in (*ANSWER_LAYERS, "prefix")}
     live = [p for p in parts.values() if p["available"]]
 
     def total(key: str) -> float:
         return float(sum(p[key] for p in live))
 
     answered = sum(result.served.values())
+    total_s = t.seconds.total_s(cost)
     return {
         "requests": t.requests,
         "answered_by": {**{k: result.served.get(k, 0) for k in ANSWER_LAYERS}},
@@ -96,15 +103,15 @@ def layered(result: ReplayResult) -> dict[str, Any]:
         "completion_tokens_saved": total("completion_tokens_saved"),
         "completion_token_share": _share(total("completion_tokens_saved"), t.completion_tokens),
         "upstream_s_saved": total("upstream_s_saved"),
-        "upstream_share": _share(total("upstream_s_saved"), t.upstream_s),
+        "upstream_share": _share(total("upstream_s_saved"), total_s),
         "money_saved_usd": total("money_saved_usd"),
         "money_share": _share(total("money_saved_usd"), t.cost_usd),
         "totals_without_cache": {
             "prompt_tokens": t.prompt_tokens,
             "completion_tokens": t.completion_tokens,
-            "upstream_s": t.upstream_s,
+            "upstream_s": total_s,
             "cost_usd": t.cost_usd,
-            "upstream_s_estimated_for": t.estimated_upstream,
+            "upstream_s_estimated_for": t.seconds.estimated_calls,
             "completion_tokens_unknown_for": t.completion_unknown,
         },
         "skipped": dict(result.skipped),

@@ -1,4 +1,5 @@
-"""The terminal summary of a report dict (document.py): rich tables, plain when not a terminal."""
+"""The terminal summary of a report dict (document.py): rich tables, plain when not a terminal.
+Shares are shown as `pct` (recommend.py), the same format the reasons quote them in."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ from typing import IO, Any
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+
+from infercache.analyze.recommend import pct as _pct
 
 CLASS_NAMES = {
     "exact_repeat": "exact repeat",
@@ -17,12 +20,10 @@ CLASS_NAMES = {
 
 
 def pct(value: float | None) -> str:
-    if value is None:
-        return "—"
-    return f"{100 * value:.1f}%"
+    return "—" if value is None else _pct(value)
 
 
-def _seconds(value: float | None) -> str:
+def seconds_span(value: float | None) -> str:
     if value is None:
         return "—"
     if value >= 86_400:
@@ -34,6 +35,38 @@ def _seconds(value: float | None) -> str:
     return f"{value:.3g} s"
 
 
+def header_lines(report: dict[str, Any]) -> list[str]:
+    """What the report is about: files, span, tokenizer, calibration (text and HTML)."""
+    inputs, settings = report["inputs"], report["settings"]
+    return [
+        f"{report['requests']:,} requests from {', '.join(inputs['files'])} over "
+        f"{seconds_span(inputs['span_s'])}; {inputs['malformed']['count']} malformed line(s)",
+        f"tokenizer: {settings['tokenizer'] or 'none needed'}",
+        f"near-duplicate calibration: {settings['calibration']}",
+        "KV budget: "
+        + (
+            "unbounded (the sweep shows smaller budgets)"
+            if settings["capacity"]["prefix_tokens"] is None
+            else f"{settings['capacity']['prefix_tokens']:,} tokens"
+        ),
+    ]
+
+
+def near_duplicate_cell(report: dict[str, Any]) -> tuple[str, str]:
+    """(count cell, share cell) of the near-duplicate row."""
+    near = report["near_duplicates"]
+    if not near["measured"]:
+        return "not measured", "—"
+    share = pct(near["share"])
+    if near.get("interval"):
+        low, high = near["interval"]
+        share = f"{share} [{pct(low)}, {pct(high)}]"
+    if near.get("estimated"):
+        count = f"~{near['share'] * report['requests']:,.0f} (sample of {near['checked']:,})"
+        return count, share
+    return f"{report['census_counts']['near_duplicate']:,}", share
+
+
 def render_text(report: dict[str, Any], out: IO[str], *, color: bool | None = None) -> None:
     console = Console(
         file=out,
@@ -42,17 +75,18 @@ def render_text(report: dict[str, Any], out: IO[str], *, color: bool | None = No
         width=None if out.isatty() else 120,
         highlight=False,
     )
-    inputs = report["inputs"]
-    console.print(
-        f"[bold]infercache analyze[/bold]: {report['requests']:,} requests from "
-        f"{', '.join(inputs['files'])} over {_seconds(inputs['span_s'])}; "
-        f"{inputs['malformed']['count']} malformed line(s)"
-    )
+    lines = header_lines(report)
+    console.print(f"[bold]infercache analyze[/bold]: {escape(lines[0])}")
+    for line in lines[1:]:
+        console.print(f"  {escape(line)}")
     _census(console, report)
-    _groups(console, report["breakdown"]["tenant"], "tenant")
-    _groups(console, report["breakdown"]["model"], "model")
+    names = report.get("tenant_names", {})
+    _groups(console, report["breakdown"]["tenant"], "tenant", names)
+    _groups(console, report["breakdown"]["model"], "model", {})
     _simulation(console, report)
-    _breakers(console, report["prefix_breakers"])
+    _kv(console, report)
+    _windows(console, report)
+    _breakers(console, report["prefix_breakers"], names)
     _recommendation(console, report["recommendation"])
     for note in report["notes"]:
         console.print(f"[dim]note: {escape(note)}[/dim]")
@@ -66,22 +100,30 @@ def _census(console: Console, report: dict[str, Any]) -> None:
     table.add_column("within TTL", justify="right")
     within = report["reuse_distance_s"]["within_ttl"]
     for key, name in CLASS_NAMES.items():
-        count = report["census_counts"][key]
-        if key == "near_duplicate" and not report["semantic"]["measured"]:
-            table.add_row(name, "not measured", "—", "—")
+        if key == "near_duplicate":
+            count, share = near_duplicate_cell(report)
+            table.add_row(name, count, share, pct(within.get(key)))
             continue
-        table.add_row(name, f"{count:,}", pct(report["census"][key]), pct(within.get(key)))
+        count_text = f"{report['census_counts'][key]:,}"
+        if report.get("census_estimated") and key in ("shared_prefix", "unique"):
+            count_text = f"~{report['census'][key] * report['requests']:,.0f}"
+        table.add_row(name, count_text, pct(report["census"][key]), pct(within.get(key)))
     console.print(table)
-    nc = report["not_cacheable"]
+    nc, shared = report["not_cacheable"], report["shared_prefix"]
+    mean = shared["mean_tokens"]
     console.print(
         f"prefix token share: [bold]{pct(report['prefix_token_share'])}[/bold] of "
-        f"{report['prompt_tokens']:,} prompt tokens reusable by an unbounded prefix cache; "
-        f"not cacheable: {pct(nc['share'])}"
+        f"{report['prompt_tokens']:,} prompt tokens reusable by an unbounded prefix cache"
+        + (f"; shared-prefix requests share {mean:,.0f} tokens on average" if mean else "")
+        + f"; not cacheable: {pct(nc['share'])}"
         + (f" ({', '.join(f'{k}: {v}' for k, v in nc['reasons'].items())})" if nc["count"] else "")
     )
+    near = report["near_duplicates"]
+    if near["measured"] and near.get("label"):
+        console.print(f"[yellow]near-duplicates: {escape(near['label'])}[/yellow]")
 
 
-def _groups(console: Console, groups: dict[str, Any], kind: str) -> None:
+def _groups(console: Console, groups: dict[str, Any], kind: str, names: dict[str, str]) -> None:
     if len(groups) < 2:
         return
     table = Table(title=f"By {kind} (largest 10)", title_justify="left")
@@ -91,7 +133,7 @@ def _groups(console: Console, groups: dict[str, Any], kind: str) -> None:
     for name, g in ranked:
         c = g["census"]
         table.add_row(
-            name or "(none)",
+            names.get(name, name) or "(none)",
             f"{g['requests']:,}",
             pct(c["exact_repeat"]),
             pct(c["near_duplicate"]),
@@ -107,10 +149,12 @@ def _simulation(console: Console, report: dict[str, Any]) -> None:
     if not sim:
         return
     s = report["settings"]
+    budget = s["capacity"]["prefix_tokens"]
     table = Table(
         title=(
-            f"Replay (TTL {_seconds(s['ttl_s'])}, exact store {s['capacity']['exact_bytes']:,} B, "
-            f"KV {s['capacity']['prefix_tokens']:,} tokens); saved:"
+            f"Replay (TTL {seconds_span(s['ttl_s'])}, exact store "
+            f"{s['capacity']['exact_bytes']:,} B, KV "
+            f"{'unbounded' if budget is None else f'{budget:,} tokens'}); saved:"
         ),
         title_justify="left",
         caption="prefix hit rate: share of prompt tokens reaching the engine that were reused",
@@ -122,7 +166,7 @@ def _simulation(console: Console, report: dict[str, Any]) -> None:
     for name in ("exact", "semantic", "prefix", "layered"):
         f = sim[name]
         if name != "layered" and not f.get("available"):
-            table.add_row(name, "—", "—", "—", "—", "—", "—")
+            table.add_row(name, "not available", "—", "—", "—", "—", "—")
             continue
         age = f.get("age_s") or {}
         table.add_row(
@@ -132,20 +176,62 @@ def _simulation(console: Console, report: dict[str, Any]) -> None:
             pct(f["completion_token_share"]),
             f"{f['upstream_s_saved']:,.0f} ({pct(f['upstream_share'])})",
             f"${f['money_saved_usd']:,.2f}",
-            f"{_seconds(age.get('p50_s_at_most'))}/{_seconds(age.get('p90_s_at_most'))}"
+            f"{seconds_span(age.get('p50_s_at_most'))}/{seconds_span(age.get('p90_s_at_most'))}"
             if age
             else "—",
         )
     console.print(table)
+    prefix = sim["prefix"]
+    if prefix.get("available"):
+        console.print(
+            f"prefix reuse: {prefix['ttft_saved_ms_mean']:,.0f} ms off the mean time to first "
+            "token of a request reaching the engine"
+        )
 
 
-def _breakers(console: Console, breakers: list[dict[str, Any]]) -> None:
+def _kv(console: Console, report: dict[str, Any]) -> None:
+    sweep = report.get("kv_sweep") or {}
+    knee = sweep.get("knee")
+    if not sweep.get("curve") or not knee:
+        return
+    console.print(
+        f"KV sweep: the knee is at {knee['budget_tokens']:,} tokens ({pct(knee['token_share'])} "
+        f"of prompt tokens reused; {pct(sweep['unbounded_token_share'])} unbounded, working set "
+        f"{sweep['working_set_tokens']:,} tokens)"
+    )
+
+
+def _windows(console: Console, report: dict[str, Any]) -> None:
+    windows = report.get("windows")
+    if not windows:
+        return
+    table = Table(title=f"By {windows['by']}", title_justify="left")
+    for column in ("from (UTC)", "requests", "exact", "near-dup", "prefix", "prefix tokens",
+                   "exact hit", "prefix token hit"):  # fmt: skip
+        table.add_column(column, justify="left" if column.startswith("from") else "right")
+    for row in windows["rows"]:
+        c = row["census"]
+        table.add_row(
+            row["start"],
+            f"{row['requests']:,}",
+            pct(c["exact_repeat"]),
+            pct(c["near_duplicate"]),
+            pct(c["shared_prefix"]),
+            pct(row["prefix_token_share"]),
+            pct(row["exact_hit_rate"]),
+            pct(row["prefix_token_hit_rate"]),
+        )
+    console.print(table)
+
+
+def _breakers(console: Console, breakers: list[dict[str, Any]], names: dict[str, str]) -> None:
     if not breakers:
         return
     console.print("[bold]Prefix breakers[/bold]")
     for b in breakers[:5]:
+        tenant = names.get(b["tenant"], b["tenant"]) or "-"
         console.print(
-            f"  {b['kind']} in the {b['role']} message ({b['tenant'] or '-'} / {b['model']}): ",
+            f"  {b['kind']} in the {b['role']} message ({tenant} / {b['model']}): ",
             markup=False,
             end="",
         )

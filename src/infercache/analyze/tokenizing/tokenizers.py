@@ -26,7 +26,7 @@ Token ids are interned (one int object per id) so stored prompts share them.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Container, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -63,6 +63,12 @@ class PromptTokenizer(Protocol):
         """Tokens in a plain text (no template)."""
         ...
 
+    @property
+    def boundary_ids(self) -> Container[int]:
+        """Ids of the tokens a prompt's structure breaks after: the special (added) tokens, a
+        chat template's turn markers among them, and every token holding a newline."""
+        ...
+
 
 class TemplateTokenizer:
     """A Hugging Face `tokenizer.json` and its chat template (see the module docstring)."""
@@ -79,6 +85,8 @@ class TemplateTokenizer:
             not (t.lstrip or t.rstrip or t.single_word or t.normalized) for t in added.values()
         )
         specials = {t.content: i for i, t in added.items()}
+        self._special_ids = frozenset(specials.values())
+        self._boundaries: frozenset[int] | None = None
         self._segments = (
             CachedRunEncoder(self._encode_run, specials, cache_chars=cache_chars)
             if verbatim and specials
@@ -99,6 +107,14 @@ class TemplateTokenizer:
     def _encode_run(self, text: str) -> Ids:
         ids = self.hf.encode(text, add_special_tokens=False).ids
         return tuple(map(self._ints.__getitem__, ids))
+
+    @property
+    def boundary_ids(self) -> frozenset[int]:
+        """Built on first use: every id of the vocabulary decoded once."""
+        if self._boundaries is None:
+            newline = {i for i in range(len(self._ints)) if "\n" in self.hf.decode([i])}
+            self._boundaries = self._special_ids | newline
+        return self._boundaries
 
     def encode_text(self, text: str) -> Ids:
         if self._segments is not None:
@@ -151,6 +167,7 @@ class Chars4Tokenizer:
     def __init__(self, *, cache_chars: int = 64 << 20) -> None:
         self._intern: dict[int, int] = {}
         specials = {s: _CHARS4_SPECIAL_BASE + i for i, s in enumerate(CHATML_SPECIALS)}
+        self.boundary_ids = _Chars4Boundaries(frozenset(specials.values()))
         self._segments = CachedRunEncoder(self._encode_run, specials, cache_chars=cache_chars)
         self.renderer = ChatMLRenderer()
 
@@ -171,6 +188,25 @@ class Chars4Tokenizer:
 
     def count(self, text: str) -> int:
         return -(-len(text.encode("utf-8", "surrogatepass")) // 4)
+
+
+class _Chars4Boundaries:
+    """chars4's special markers and the pieces holding a newline byte."""
+
+    def __init__(self, specials: frozenset[int]) -> None:
+        self._specials = specials
+
+    def __contains__(self, token_id: object) -> bool:
+        if not isinstance(token_id, int):
+            return False
+        if token_id in self._specials:
+            return True
+        if token_id >= _CHARS4_PARTIAL_BASE:  # a 1-3 byte tail: length << 24 | its bytes
+            piece = token_id - _CHARS4_PARTIAL_BASE
+            data = (piece & 0xFFFFFF).to_bytes(3, "little")[: piece >> 24]
+        else:
+            data = token_id.to_bytes(4, "little")
+        return b"\n" in data
 
 
 TOKENIZER_HELP = (
