@@ -20,6 +20,12 @@ ever adds time, so the minimum is the figure least disturbed by it.
   (HF's decode time = generate(64) − generate(1)).
 - KV bytes per token, and peak RSS while 12 unique 1024-token prompts stream through a 32 MiB
   KV budget (measured first, before the HF model is loaded).
+- Under load: TTFT of a 1024-token cached prefix + 16 new tokens against the same prompt with a
+  prefix never seen (a full prefill, cut into the engine's 256-token chunks), while `--streams`
+  other sequences keep decoding in the same batch (the engine's scheduler, one step at a time).
+The single-request sections run the runner with a step budget above the longest prompt, so a
+prompt is prefilled in one forward as before continuous batching; the load section uses the
+engine's default budget.
 Everything printed is also written to `<out>/results-<threads>t-<dtype>.md`.
 """
 
@@ -41,7 +47,7 @@ from typing import Any, TextIO
 import torch
 
 from infercache.clock import SystemClock
-from infercache.engine.config import default_data_dir
+from infercache.engine.config import BatchLimits, default_data_dir
 from infercache.engine.model import LlamaModel
 from infercache.engine.prefix_cache import PrefixCache
 from infercache.engine.runner import Runner
@@ -87,7 +93,9 @@ class Bench:
                 samples[name].append(fn())
         return {name: self.pick(values) for name, values in samples.items()}
 
-    def runner(self, *, cache: bool, max_kv_bytes: int = 1 << 30) -> Runner:
+    def runner(
+        self, *, cache: bool, max_kv_bytes: int = 1 << 30, max_step_tokens: int = CONTEXT
+    ) -> Runner:
         prefix = PrefixCache(self.model.kv_shape, max_kv_bytes=max_kv_bytes) if cache else None
         return Runner(
             self.model,
@@ -95,6 +103,7 @@ class Bench:
             prefix_cache=prefix,
             clock=SystemClock(),
             max_context_tokens=CONTEXT,
+            limits=BatchLimits(max_step_tokens=max_step_tokens),
         )
 
     def tokens(self, n: int, offset: int) -> tuple[int, ...]:
@@ -284,6 +293,42 @@ def decode_section(b: Bench) -> tuple[float, float]:
     return r["ours"], r["hf"]
 
 
+def load_section(b: Bench, streams: int) -> dict[str, float]:
+    """TTFT of 1024 cached + 16 new tokens vs a full prefill, while `streams` others decode."""
+    runner = b.runner(cache=True, max_step_tokens=256)
+    prefix = b.tokens(1024, 1024)
+    b.ttft_s(runner, prefix + b.fresh(16))  # cache the prefix once
+    others = [  # long answers: they decode through every probe below
+        runner.submit(GenerationRequest(b.fresh(64), SamplingParams(3000, temperature=0)))
+        for _ in range(streams)
+    ]
+    while any(s.pending is None for s in others):
+        runner.step()
+
+    def probe(prompt: tuple[int, ...], reused: int) -> float:
+        seq = runner.submit(GenerationRequest(prompt, SamplingParams(1, temperature=0)))
+        decoding = 0
+        while seq.first_token_s is None:
+            decoding = max(decoding, runner.step().decode_tokens)
+        assert seq.reused_tokens == reused, (seq.reused_tokens, reused)
+        assert decoding >= streams, "the other streams were not decoding"
+        return seq.first_token_s - seq.arrived_s
+
+    r = b.interleaved(
+        {
+            "reuse": lambda: probe(prefix + b.fresh(16), 1024),
+            "full": lambda: probe(b.fresh(1024 + 16), 0),
+        }
+    )
+    print(f"\n## Prefix reuse under load ({streams} other streams decoding in the same batch)")
+    print(
+        f"1024 cached + 16 new tokens: TTFT {r['reuse'] * 1e3:.1f} ms; the same prompt with an "
+        f"uncached prefix (full prefill, in 256-token chunks): {r['full'] * 1e3:.1f} ms "
+        f"({r['full'] / r['reuse']:.1f}×)"
+    )
+    return r
+
+
 class _Tee(io.StringIO):
     """Prints and keeps what is printed."""
 
@@ -304,8 +349,9 @@ def main() -> None:
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     parser.add_argument("--stat", choices=sorted(STATS), default="min")
     parser.add_argument(
-        "--sections", default="memory,ttft,overhead,decode", help="comma-separated subset"
+        "--sections", default="memory,ttft,overhead,decode,load", help="comma-separated subset"
     )
+    parser.add_argument("--streams", type=int, default=7, help="decoding streams under load")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "out" / "prefix")
     args = parser.parse_args()
     tee = _Tee(sys.stdout)
@@ -342,6 +388,12 @@ def run(args: argparse.Namespace) -> None:
     if "decode" in sections:
         ours, hf = decode_section(b)
         targets.append(f"decode ours / HF = {ours / hf:.2f}× (target ≥ 1×)")
+    if "load" in sections:
+        loaded = load_section(b, args.streams)
+        targets.append(
+            f"under load, 1024+16 full prefill / reuse = {loaded['full'] / loaded['reuse']:.1f}× "
+            "(target ≥ 5×)"
+        )
     print("\n## Targets")
     print("\n".join(targets))
     print(f"load average at the end {os.getloadavg()[0]:.1f}")

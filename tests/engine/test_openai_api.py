@@ -47,6 +47,8 @@ def test_fields_are_parsed() -> None:
             stream=True,
             stream_options={"include_usage": True},
             user="alice",
+            cache_salt="pepper",
+            ignore_eos=True,
             n=1,
             messages=[
                 {"role": "developer", "content": "be terse"},
@@ -60,12 +62,20 @@ def test_fields_are_parsed() -> None:
     assert (req.max_tokens, req.temperature, req.top_p, req.seed) == (5, 0.0, 0.5, 3)
     assert (req.stop, req.stream, req.include_usage, req.user) == (("END",), True, True, "alice")
     assert req.messages == (("system", "be terse"), ("user", "ab"))
+    assert (req.cache_salt, req.ignore_eos) == ("pepper", True)
+    assert (parse_chat_request(body()).cache_salt, parse_chat_request(body()).ignore_eos) == (
+        None,
+        False,
+    )
 
 
 @pytest.mark.parametrize(
     ("bad", "param"),
     [
         ({"model": 3}, "model"),
+        ({"cache_salt": ""}, "cache_salt"),
+        ({"cache_salt": 7}, "cache_salt"),
+        ({"ignore_eos": "yes"}, "ignore_eos"),
         ({"messages": []}, "messages"),
         ({"messages": "hi"}, "messages"),
         ({"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role"),

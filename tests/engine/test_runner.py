@@ -194,6 +194,10 @@ def test_end_of_sequence_token_finishes_with_stop(parts: Parts) -> None:
     assert result.finish_reason == "stop"
     assert result.text == ""
     assert result.token_ids == (first,)
+    ignoring = runner(parts, tokenizer=eos_is_first).generate(
+        GenerationRequest(p, greedy(6, ignore_eos=True))
+    )
+    assert (ignoring.finish_reason, len(ignoring.token_ids)) == ("length", 6)
 
 
 def test_cancellation_stops_between_steps(parts: Parts) -> None:

@@ -4,9 +4,10 @@
 bad parameter. Supported: `model`, `messages` (roles system/developer/user/assistant; content a
 string or a list of text parts), `max_tokens` / `max_completion_tokens`, `temperature` (0–2,
 default 1 as OpenAI), `top_p` (0–1), `seed`, `stop` (a string or up to 4), `n` = 1, `stream`,
-`stream_options.include_usage`, `user`, and vLLM's `cache_salt` (a non-empty string mixed into
-the prefix-cache namespace: equal prompts with different salts never share KV, equal salts
-do). Refused with a 400 (rather than silently ignored, since
+`stream_options.include_usage`, `user`, and two of vLLM's extensions: `cache_salt` (a
+non-empty string mixed into the prefix-cache namespace: equal prompts with different salts never
+share KV, equal salts do) and `ignore_eos` (keep generating past the end-of-sequence token, up
+to `max_tokens`: what benchmarks use). Refused with a 400 (rather than silently ignored, since
 they change the answer): `n` > 1, tools/functions, logprobs, non-zero penalties, `logit_bias`,
 a non-text `response_format`, non-text content parts. Other fields are ignored.
 
@@ -54,6 +55,7 @@ class ChatBody:
     include_usage: bool
     user: str | None
     cache_salt: str | None = None
+    ignore_eos: bool = False
 
     def message_dicts(self) -> list[dict[str, str]]:
         return [{"role": role, "content": content} for role, content in self.messages]
@@ -106,6 +108,7 @@ def parse_chat_request(body: Any) -> ChatBody:
         include_usage=bool(include_usage),
         user=user or None,
         cache_salt=salt,
+        ignore_eos=bool(_optional_bool(body, "ignore_eos")),
     )
 
 
@@ -257,7 +260,9 @@ def prepare_chat(
             param="messages",
         )
     seed = chat.seed if chat.seed is not None else rng.getrandbits(63)
-    sampling = SamplingParams(max_tokens, chat.temperature, chat.top_p, seed, chat.stop)
+    sampling = SamplingParams(
+        max_tokens, chat.temperature, chat.top_p, seed, chat.stop, ignore_eos=chat.ignore_eos
+    )
     meta = ResponseMeta(
         id=f"chatcmpl-{rng.getrandbits(96):024x}",
         created=int(clock.now_s()),

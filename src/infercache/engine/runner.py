@@ -10,7 +10,8 @@ One `step()`:
                                   its own workspace; logits of every decode and of every
                                   prompt's last chunk
     sample, per sequence          its own sampler, stop strings, text deltas to its sink
-    finish                        stop: end-of-sequence token or stop string; length:
+    finish                        stop: end-of-sequence token (unless `ignore_eos`) or stop
+                                  string; length:
                                   `max_tokens` or the context; the prompt and generated tokens
                                   cached below the leased node, the lease released, the
                                   workspace dropped
@@ -260,7 +261,8 @@ class Runner:
         if seq.first_token_s is None:
             seq.first_token_s = self.clock.monotonic_s()
         full = len(seq.tokens) + 1 > self.max_context_tokens  # no room to feed it
-        if token in self.tokenizer.eos_token_ids or seq.output.add(token):
+        eos = token in self.tokenizer.eos_token_ids and not seq.request.sampling.ignore_eos
+        if eos or seq.output.add(token):
             self._finish(seq, "stop")
         elif len(seq.generated) >= seq.request.sampling.max_tokens or full:
             self._finish(seq, "length")

@@ -21,6 +21,7 @@ class SamplingParams:
     top_p: float = 1.0
     seed: int | None = None
     stop: tuple[str, ...] = ()
+    ignore_eos: bool = False  # vLLM's extension: generate max_tokens whatever (benchmarks)
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
