@@ -10,26 +10,30 @@
          is fresh and passes threshold and guards                        (semantic/layer.py)
          hit → its answer, `semantic`, with age and similarity; maybe verified in background
       6. `only-if-cached` and no hit → NotCachedError
-    then the caller fetches the Miss upstream — identical misses in flight in this process
-    share one call (single-flight) and the waiters count as hits — and calls
-    finish(miss, response): count it; store it only if complete and not `no-store` (and index
-    it for the semantic layer)
-    abandon(miss): the upstream failed or the stream was cut; count it, store nothing.
+    A `Miss` is a lease its owner closes exactly once (a second close does nothing):
+      miss.close(response): fetched: count it; store it only if complete and not `no-store`
+                            (and index it for the semantic layer)
+      miss.close(None):     the upstream failed or the stream was cut: count it, store nothing
+      miss.close_shared(leader | None): an identical request in flight fetched it (flight.py):
+                            a coalesced hit, or a miss when that call failed
     The engine's KV prefix reuse sits underneath, inside the upstream.
 
-`complete` (threads) and `acomplete` (asyncio) are begin → fetch → finish with coalescing; the
-gateway runs the same steps around its streaming upstream calls.
+`complete` (threads) and `acomplete` (asyncio) are begin → lead or join the flight for the key
+→ fetch → close, on the same coalescing primitive (flight.py) the gateway uses around its
+streaming upstream calls.
 
 The upstream is any function from a chat-completions body (directives stripped) to a response
 body: an HTTP client, an in-process engine, a test double. Its exceptions propagate unchanged and
 nothing is stored. A store failure is never the caller's problem: a counted miss.
 
-`complete` and `acomplete` share every step but the upstream call and the coalescing.
+`complete` and `acomplete` share every step but the upstream call itself.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import threading
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -40,6 +44,7 @@ import orjson
 from infercache.clock import Clock, SystemClock
 from infercache.errors import InvalidRequestError, NotCachedError, StoreError
 from infercache.exact import ExactCache, Lookup
+from infercache.flight import Flight, FlightTable
 from infercache.metrics import Metrics, MissReason
 from infercache.policy import usage_tokens
 from infercache.request import ChatRequest, parse_request
@@ -54,14 +59,14 @@ from infercache.semantic.layer import (
 )
 from infercache.semantic.verify import Verifier
 from infercache.settings import Settings
-from infercache.singleflight import AsyncSingleFlight, SingleFlight
 from infercache.stores import Backend, open_store
 
 log = logging.getLogger(__name__)
 
 Response = dict[str, Any]
-Upstream = Callable[[dict[str, Any]], Response]
-AsyncUpstream = Callable[[dict[str, Any]], Awaitable[Response]]
+# What the library calls on a miss: a chat-completions body in, a response body out.
+ChatFn = Callable[[dict[str, Any]], Response]
+AsyncChatFn = Callable[[dict[str, Any]], Awaitable[Response]]
 
 
 class Layer(StrEnum):
@@ -83,20 +88,68 @@ class Completion:
     similarity: float | None = None  # cosine similarity in [-1, 1] of a semantic hit
 
 
-@dataclass(frozen=True, slots=True)
 class Miss:
-    """A request no cache layer answered: the caller fetches it upstream, then `finish`es it
-    (or `abandon`s it if the upstream failed or the stream was cut)."""
+    """A request no cache layer answered: a lease on its lookup that its owner closes exactly
+    once, with the fetched response (`close`), the answer of an identical request in flight
+    (`close_shared`), or None when there is no answer. Later closes do nothing and return None.
+    """
 
-    request: ChatRequest
-    layer: Layer  # MISS, BYPASS or UNCACHEABLE
-    lookup: Lookup | None  # None when the request is not cacheable
-    probe: Probe | None = None  # the semantic lookup's embedding, reused to index the answer
+    __slots__ = ("_cache", "_closed", "_lock", "layer", "lookup", "probe", "request")
+
+    def __init__(
+        self,
+        cache: Cache,
+        request: ChatRequest,
+        layer: Layer,
+        lookup: Lookup | None,
+        probe: Probe | None = None,
+    ) -> None:
+        self.request = request
+        self.layer = layer  # MISS, BYPASS or UNCACHEABLE
+        self.lookup = lookup  # None when the request is not cacheable
+        self.probe = probe  # the semantic lookup's embedding, reused to index the answer
+        self._cache = cache
+        self._lock = threading.Lock()
+        self._closed = False
 
     @property
     def flight_key(self) -> str | None:
         """Identical in-flight misses share one upstream call under this key (None: never)."""
         return self.lookup.key if self.layer is Layer.MISS and self.lookup is not None else None
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def _claim(self) -> bool:
+        with self._lock:
+            first, self._closed = not self._closed, True
+            return first
+
+    def close(
+        self,
+        response: Response | None,
+        *,
+        upstream_s: float = 0.0,
+        produced_by: str | None = None,
+    ) -> Completion | None:
+        """The upstream answered (`response`) or did not (None). `produced_by`: the model
+        version the upstream says produced it (see ExactCache.store)."""
+        if not self._claim():
+            return None
+        if response is None:
+            self._cache._abandon(self)
+            return None
+        return self._cache._finish(self, response, upstream_s, produced_by)
+
+    def close_shared(self, leader: Completion | None) -> Completion | None:
+        """An identical request in flight fetched `leader` for this one (None: it failed)."""
+        if not self._claim():
+            return None
+        if leader is None:
+            self._cache._abandon(self)
+            return None
+        return self._cache._shared(self, leader)
 
 
 class Cache:
@@ -132,8 +185,7 @@ class Cache:
             metrics=self._exact_metrics,
             ignorable_fields=settings.ignorable_fields,
         )
-        self._flights: SingleFlight[Completion] = SingleFlight()
-        self._aflights: AsyncSingleFlight[Completion] = AsyncSingleFlight()
+        self.flights: FlightTable[Completion] = FlightTable()
         self.semantic: SemanticLayer | None = None
 
     def enable_semantic(
@@ -168,41 +220,68 @@ class Cache:
 
     # -- the request path, for library callers --
 
-    def complete(self, request: dict[str, Any], upstream: Upstream) -> Completion:
+    def complete(self, request: dict[str, Any], upstream: ChatFn) -> Completion:
         outcome = self.begin(request, verify=upstream)
         if isinstance(outcome, Completion):
             return outcome
         miss = outcome
-
-        def fetch() -> Completion:
+        flight, leader = self.flights.lead_or_join(miss.flight_key)
+        if not leader:
+            return self._join(miss, flight.wait)
+        done: Completion | None = None
+        error: BaseException | None = None
+        try:
             started = self.clock.monotonic_s()
             response = upstream(dict(miss.request.body))
-            return self.finish(miss, response, upstream_s=self.clock.monotonic_s() - started)
-
-        try:
-            done, shared = self._flights.do_or_run(miss.flight_key, fetch)
-        except Exception:
-            self.abandon(miss)
+            done = miss.close(response, upstream_s=self.clock.monotonic_s() - started)
+            return _closed(done)
+        except BaseException as exc:
+            error = exc
             raise
-        return self.shared(miss, done) if shared else done
+        finally:
+            miss.close(None)  # no-op unless the upstream (or the close) raised
+            flight.settle(done, error)
 
-    async def acomplete(self, request: dict[str, Any], upstream: AsyncUpstream) -> Completion:
+    async def acomplete(self, request: dict[str, Any], upstream: AsyncChatFn) -> Completion:
         outcome = self.begin(request)
         if isinstance(outcome, Completion):
             return outcome
         miss = outcome
+        flight, leader = self.flights.lead_or_join(miss.flight_key)
+        if not leader:
+            try:
+                return _closed(miss.close_shared(await flight.result()))
+            finally:
+                miss.close_shared(None)  # no-op unless the flight failed or we were cancelled
+        # The fetch runs as its own task: a caller that is cancelled (a client hanging up)
+        # cancels only its own wait, never the call the others are waiting on.
+        task = asyncio.ensure_future(self._afetch(miss, flight, upstream))
+        task.add_done_callback(_retrieve)
+        return await asyncio.shield(task)
 
-        async def fetch() -> Completion:
+    async def _afetch(
+        self, miss: Miss, flight: Flight[Completion], upstream: AsyncChatFn
+    ) -> Completion:
+        done: Completion | None = None
+        error: BaseException | None = None
+        try:
             started = self.clock.monotonic_s()
             response = await upstream(dict(miss.request.body))
-            return self.finish(miss, response, upstream_s=self.clock.monotonic_s() - started)
-
-        try:
-            done, shared = await self._aflights.do_or_run(miss.flight_key, fetch)
-        except Exception:
-            self.abandon(miss)
+            done = miss.close(response, upstream_s=self.clock.monotonic_s() - started)
+            return _closed(done)
+        except BaseException as exc:
+            error = exc
             raise
-        return self.shared(miss, done) if shared else done
+        finally:
+            miss.close(None)
+            flight.settle(done, error)
+
+    def _join(self, miss: Miss, wait: Callable[[], Completion]) -> Completion:
+        """Wait for an identical request's answer: a coalesced hit (or its error)."""
+        try:
+            return _closed(miss.close_shared(wait()))
+        finally:
+            miss.close_shared(None)
 
     # -- the steps, shared by complete, acomplete and the gateway's streaming path --
 
@@ -211,7 +290,7 @@ class Cache:
         body: dict[str, Any],
         *,
         tenant: str | None = None,
-        verify: Upstream | None = None,
+        verify: ChatFn | None = None,
     ) -> Completion | Miss:
         """Parse, apply the policy, look the request up in each layer, top-down.
 
@@ -232,10 +311,10 @@ class Cache:
             self._exact_metrics.miss(MissReason.UNCACHEABLE)
             if cc.only_if_cached:
                 raise NotCachedError(f"request is not cacheable: {why_not}")
-            return Miss(req, Layer.UNCACHEABLE, None)
+            return Miss(self, req, Layer.UNCACHEABLE, None)
         if cc.no_cache:
             self._exact_metrics.miss(MissReason.BYPASSED)
-            return Miss(req, Layer.BYPASS, self.exact.lookup(req, read_entry=False))
+            return Miss(self, req, Layer.BYPASS, self.exact.lookup(req, read_entry=False))
         lookup = self.exact.lookup(req)
         if lookup.entry is not None:
             return self._exact_hit(lookup)
@@ -248,24 +327,21 @@ class Cache:
         if cc.only_if_cached:
             self._exact_metrics.miss(lookup.miss_reason or MissReason.ABSENT)
             raise NotCachedError("no fresh cached answer (only-if-cached)")
-        return Miss(req, Layer.MISS, lookup, probe)
+        return Miss(self, req, Layer.MISS, lookup, probe)
 
-    def finish(
-        self,
-        miss: Miss,
-        response: Response,
-        *,
-        upstream_s: float,
-        produced_by: str | None = None,
+    def finish(self, miss: Miss, response: Response, *, upstream_s: float) -> Completion:
+        """`miss.close(response)` for callers that replay a log (the analyzer)."""
+        return _closed(miss.close(response, upstream_s=upstream_s))
+
+    # -- closing a Miss (called by Miss.close and Miss.close_shared, once per Miss) --
+
+    def _finish(
+        self, miss: Miss, response: Response, upstream_s: float, produced_by: str | None
     ) -> Completion:
-        """The upstream answered `miss`: count it, store it if allowed, return it.
-        `produced_by`: the model version the upstream says produced it (see ExactCache.store).
-        """
         self._exact_metrics.prompt_tokens(usage_tokens(response)[0])
-        if miss.layer is Layer.MISS:
-            assert miss.lookup is not None
-            self._exact_metrics.miss(miss.lookup.miss_reason or MissReason.ABSENT)
         lookup = miss.lookup
+        if miss.layer is Layer.MISS and lookup is not None:
+            self._exact_metrics.miss(lookup.miss_reason or MissReason.ABSENT)
         if lookup is not None and not miss.request.directives.cache_control.no_store:
             stored_under = self.exact.store(
                 lookup, miss.request, response, upstream_s=upstream_s, produced_by=produced_by
@@ -273,20 +349,14 @@ class Cache:
             if stored_under is not None and self.semantic is not None:
                 self.semantic.store(miss.request, stored_under, lookup.key, miss.probe)
         return Completion(
-            response,
-            miss.layer,
-            key=miss.lookup.key if miss.lookup else None,
-            upstream_s=upstream_s,
+            response, miss.layer, key=lookup.key if lookup else None, upstream_s=upstream_s
         )
 
-    def abandon(self, miss: Miss) -> None:
-        """The upstream failed or the stream was cut: count the miss, store nothing."""
-        if miss.layer is Layer.MISS:
-            assert miss.lookup is not None
+    def _abandon(self, miss: Miss) -> None:
+        if miss.layer is Layer.MISS and miss.lookup is not None:
             self._exact_metrics.miss(miss.lookup.miss_reason or MissReason.ABSENT)
 
-    def shared(self, miss: Miss, leader: Completion) -> Completion:
-        """`miss` waited on an identical request in flight and got its answer: a hit."""
+    def _shared(self, miss: Miss, leader: Completion) -> Completion:
         prompt_tokens, completion_tokens = usage_tokens(leader.response)
         self._exact_metrics.hit(
             prompt_tokens=prompt_tokens,
@@ -300,7 +370,7 @@ class Cache:
         return Completion(leader.response, Layer.EXACT, age_s=0.0, key=leader.key, coalesced=True)
 
     def _semantic_hit(
-        self, req: ChatRequest, lookup: Lookup, hit: SemanticHit, verify: Upstream | None
+        self, req: ChatRequest, lookup: Lookup, hit: SemanticHit, verify: ChatFn | None
     ) -> Completion:
         assert self.semantic is not None
         response: Response = orjson.loads(hit.entry.response)
@@ -353,3 +423,17 @@ class Cache:
 
     def close(self) -> None:
         self.backend.close()
+
+
+def _retrieve(task: asyncio.Future[Completion]) -> None:
+    """Mark a fetch's exception retrieved: its caller may have been cancelled meanwhile, and
+    the error already reached every waiter through the flight."""
+    if not task.cancelled():
+        task.exception()
+
+
+def _closed(done: Completion | None) -> Completion:
+    """The Completion a first close returned (a Miss is closed once, by its owner)."""
+    if done is None:
+        raise RuntimeError("a Miss was closed twice")
+    return done

@@ -15,6 +15,9 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
+# One `chat.completion.chunk` body, as streamed.
+StreamChunk = dict[str, Any]
+
 SSE_DONE = b"data: [DONE]\n\n"
 # Finish reasons of an answer that is complete and safe to reuse. `content_filter` is a refusal by
 # policy and `None` means the answer was cut off: neither is ever stored.

@@ -73,10 +73,9 @@ def exception_handlers() -> dict[Any, Handler]:
     return {InfercacheError: _on_infercache_error, HTTPException: _on_http_error}
 
 
-def internal_error_body() -> bytes:
-    return orjson.dumps(
-        openai_error_body("internal server error", error_type="server_error", code=None)
-    )
+def internal_error_body() -> dict[str, Any]:
+    """What a client is told about a failure we did not foresee (the details are logged)."""
+    return openai_error_body("internal server error", error_type="server_error", code=None)
 
 
 class CatchAll:
@@ -105,7 +104,7 @@ class CatchAll:
             log.exception("unexpected error on %s %s", scope.get("method"), scope.get("path"))
             if started:
                 return
-            body = internal_error_body()
+            body = orjson.dumps(internal_error_body())
             await send(
                 {
                     "type": "http.response.start",

@@ -101,3 +101,12 @@ def usage_tokens(response: Mapping[str, Any]) -> tuple[int, int]:
         prompt if isinstance(prompt, int) else 0,
         completion if isinstance(completion, int) else 0,
     )
+
+
+def cached_tokens(response: Mapping[str, Any]) -> int:
+    """Prompt tokens the upstream served from its prefix cache (`usage.prompt_tokens_details
+    .cached_tokens`); zero when absent."""
+    usage = response.get("usage")
+    details = usage.get("prompt_tokens_details") if isinstance(usage, Mapping) else None
+    value = details.get("cached_tokens") if isinstance(details, Mapping) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0

@@ -20,22 +20,32 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 
-@contextlib.contextmanager
-def serve(app: Any) -> Iterator[str]:
-    """Run `app` on a loopback port in a thread; yield its base URL.
+class _Server(uvicorn.Server):
+    """A uvicorn server that says when its start-up (the app's lifespan included) is done."""
 
-    The socket is bound and listening before the thread starts, so a client may connect at
-    once: the kernel queues the connection until uvicorn accepts it. No polling, no sleeping.
-    """
+    def __init__(self, config: uvicorn.Config) -> None:
+        super().__init__(config)
+        self.ready = threading.Event()
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets=sockets)
+        self.ready.set()
+
+
+@contextlib.contextmanager
+def serve(app: Any, **config: Any) -> Iterator[str]:
+    """Run `app` on a loopback port in a thread; yield its base URL once it has started: the
+    app's lifespan has run and the server accepts connections. No polling, no sleeping."""
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     sock.listen(128)
     port = sock.getsockname()[1]
-    config = uvicorn.Config(app, log_level="warning", lifespan="on")
-    server = uvicorn.Server(config)
+    server = _Server(uvicorn.Config(app, log_level="warning", lifespan="on", **config))
     thread = threading.Thread(target=lambda: asyncio.run(server.serve(sockets=[sock])))
     thread.start()
     try:
+        if not server.ready.wait(60) or not server.started:
+            raise RuntimeError("the test server did not start")
         yield f"http://127.0.0.1:{port}"
     finally:
         server.should_exit = True

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
+
+import pytest
 
 from infercache.gateway.router import PrefixRouter, RouterConfig, block_hashes
 
@@ -40,9 +43,8 @@ def test_a_shared_prefix_goes_back_to_the_replica_that_saw_it() -> None:
 
 def test_unrelated_prompts_spread_by_load() -> None:
     router = PrefixRouter(["r0", "r1"])
-    a, _ = router.route("t", req("alpha " * 300, "q"))
-    router.started(a)
-    b, _ = router.route("t", req("beta " * 300, "q"))
+    with router.lease("t", req("alpha " * 300, "q")) as a:
+        b, _ = router.route("t", req("beta " * 300, "q"))
     assert b != a
 
 
@@ -56,11 +58,20 @@ def test_tenants_do_not_share_warmth() -> None:
 def test_an_overloaded_warm_replica_is_skipped() -> None:
     router = PrefixRouter(["r0", "r1"], RouterConfig(balance_factor=1.0))
     warm, _ = router.route("t", req(SYSTEM, "q0"))
-    for _ in range(5):
-        router.started(warm)
-    index, _ = router.route("t", req(SYSTEM, "q1"))
-    assert index != warm
-    assert router.in_flight()[warm] == 5
+    with contextlib.ExitStack() as held:
+        for i in range(2):  # warm until in flight > balance_factor x the idle replica's + 1
+            assert held.enter_context(router.lease("t", req(SYSTEM, f"warm {i}"))) == warm
+        index, _ = router.route("t", req(SYSTEM, "q1"))
+        assert index != warm
+        assert router.in_flight()[warm] == 2
+    assert router.in_flight() == [0, 0]  # every lease gave its count back
+
+
+def test_a_lease_is_returned_when_the_call_fails() -> None:
+    router = PrefixRouter(["r0", "r1"])
+    with pytest.raises(RuntimeError), router.lease("t", req(SYSTEM, "q")):
+        raise RuntimeError("upstream down")
+    assert router.in_flight() == [0, 0]
 
 
 def test_memory_per_replica_is_bounded() -> None:

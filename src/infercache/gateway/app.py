@@ -28,10 +28,11 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from infercache.errors import InfercacheError, InvalidRequestError, UpstreamUnavailableError
-from infercache.gateway.auth import Auth, tenant_of_token
+from infercache.gateway.auth import Auth, resolve_tenant
 from infercache.gateway.controls import apply_header_controls
 from infercache.gateway.service import Gateway, JSONReply
-from infercache.http_errors import exception_handlers, middleware, read_json
+from infercache.gateway.stats import gateway_stats
+from infercache.http_errors import exception_handlers, json_object, middleware, read_json
 
 log = logging.getLogger(__name__)
 
@@ -45,17 +46,9 @@ def create_app(
 ) -> Starlette:
     async def chat(request: Request) -> Response:
         caller = auth.caller(request.headers.get("authorization"))
-        body = await read_json(request, max_body_bytes)
-        if not isinstance(body, dict):
-            raise InvalidRequestError("the request body must be a JSON object")
-        body = apply_header_controls(
-            body, request.headers, allow_tenant_header=caller.tenant is None
-        )
-        tenant = caller.tenant
-        if tenant is None:
-            claimed = (body.get("infercache") or {}).get("tenant")
-            if not claimed and caller.bearer:
-                tenant = tenant_of_token(caller.bearer)
+        body = json_object(await read_json(request, max_body_bytes))
+        tenant = resolve_tenant(caller, request.headers, body)
+        body = apply_header_controls(body, request.headers)
         reply = await gateway.chat(body, tenant=tenant, bearer=caller.bearer)
         if isinstance(reply, JSONReply):
             return Response(
@@ -85,7 +78,7 @@ def create_app(
         )
 
     async def stats(request: Request) -> Response:
-        return JSONResponse(gateway.stats())
+        return JSONResponse(gateway_stats(gateway))
 
     async def healthz(request: Request) -> Response:
         return JSONResponse({"status": "ok"})

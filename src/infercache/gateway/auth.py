@@ -1,11 +1,17 @@
-"""API keys → tenants, and the admin token.
+"""Who is calling: API keys → tenants, the admin token, and the one tenant resolver.
 
-With keys configured (`--api-key KEY=TENANT`), every request needs `Authorization: Bearer KEY`
-with a known key (else 401), and the key's tenant scopes every layer; whatever tenant the body
-or a header claims is ignored. Without keys the gateway is open: the tenant is the one the
-request names (`x-infercache-tenant` or `infercache.tenant`), else one derived from the bearer
-token (sha256, so two callers with different provider keys never share answers), else "".
+`resolve_tenant(caller, headers, body)` is the only place a tenant is read from a key, a header
+(`x-infercache-tenant`) or a directive (`infercache.tenant` in the body). It decides:
 
+    base   with API keys (`--api-key KEY=TENANT`): the key's tenant (an unknown key is a 401)
+           open mode with a bearer token: `key:` + sha256(token)[:16], so two callers with
+           different provider keys never share answers
+           open mode without a bearer: `open`
+    claim  a header or directive tenant may only *narrow* the base, to a sub-namespace:
+           `base/claim`; it can never name another base (a claim is not a base, and every
+           narrowed tenant contains a `/`, which no base does)
+
+So a caller reaches exactly the answers of its own key (or of the keyless), whatever it claims.
 Admin endpoints need the separate admin token: none → 401, a tenant key → 403, and with no
 admin token configured they are disabled (403). Comparisons are constant-time.
 """
@@ -16,14 +22,20 @@ import hashlib
 import hmac
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
-from infercache.errors import AuthenticationError, PermissionDeniedError
+from infercache.errors import AuthenticationError, InvalidRequestError, PermissionDeniedError
+from infercache.request import DIRECTIVES_FIELD
+
+TENANT_HEADER = "x-infercache-tenant"
+OPEN_TENANT = "open"
+_MAX_CLAIM_CHARS = 256
 
 
 @dataclass(frozen=True, slots=True)
 class Caller:
-    tenant: str | None  # None: not fixed by authentication (the request may name one)
-    bearer: str | None  # the raw token, for passing through to the upstream
+    tenant: str | None  # the key's tenant; None in open mode (no keys configured)
+    bearer: str | None  # the raw token, never forwarded upstream unless configured to
 
 
 def bearer_token(authorization: str | None) -> str | None:
@@ -39,14 +51,44 @@ def tenant_of_token(token: str) -> str:
     return "key:" + hashlib.sha256(token.encode()).hexdigest()[:16]
 
 
+def _claim(headers: Mapping[str, str], body: Mapping[str, Any]) -> str | None:
+    """The tenant a request names, from its directive, else its header; validated."""
+    directives = body.get(DIRECTIVES_FIELD)
+    claimed: object = None
+    if isinstance(directives, dict):
+        claimed = directives.get("tenant")
+    if claimed is None:
+        claimed = headers.get(TENANT_HEADER)
+    if claimed is None or claimed == "":
+        return None
+    if not isinstance(claimed, str):
+        raise InvalidRequestError(
+            f"infercache.tenant must be a string, got {claimed!r}", param="infercache.tenant"
+        )
+    if len(claimed) > _MAX_CLAIM_CHARS or not claimed.isprintable():
+        raise InvalidRequestError(
+            f"a tenant is at most {_MAX_CLAIM_CHARS} printable characters",
+            param="infercache.tenant",
+        )
+    return claimed
+
+
+def resolve_tenant(caller: Caller, headers: Mapping[str, str], body: Mapping[str, Any]) -> str:
+    """The tenant that scopes every cache layer for this request (see the module docstring)."""
+    if caller.tenant is not None:
+        base = caller.tenant
+    elif caller.bearer is not None:
+        base = tenant_of_token(caller.bearer)
+    else:
+        base = OPEN_TENANT
+    claim = _claim(headers, body)
+    return base if claim is None else f"{base}/{claim}"
+
+
 class Auth:
     def __init__(self, api_keys: Mapping[str, str], admin_token: str | None) -> None:
         self._keys = dict(api_keys)
         self._admin_token = admin_token
-
-    @property
-    def keys_required(self) -> bool:
-        return bool(self._keys)
 
     def caller(self, authorization: str | None) -> Caller:
         token = bearer_token(authorization)

@@ -46,9 +46,11 @@ def build(
     if upstreams is None:
         upstreams = _upstreams(settings, config, cache, engine_config)
     request_log = (
-        RequestLog(config.request_log, redact=config.redact) if config.request_log else None
+        RequestLog(config.request_log, clock=clock, redact=config.redact)
+        if config.request_log
+        else None
     )
-    gateway = Gateway(cache, upstreams, clock=clock, tracker=tracker, request_log=request_log)
+    gateway = Gateway(cache, upstreams, tracker=tracker, request_log=request_log)
     if settings.semantic.enabled:
         from infercache.semantic.setup import enable_from_settings
 

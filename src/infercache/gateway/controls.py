@@ -3,7 +3,8 @@
     Cache-Control: no-cache | no-store | only-if-cached | max-age=N   (comma-separated)
     x-infercache-tags: kb:pricing, kb:faq
     x-infercache-context: <opaque version string or digest>
-    x-infercache-tenant: acme          (only honoured when no API keys are configured)
+
+(The tenant header is read by `auth.resolve_tenant`, the one place that decides the tenant.)
 
 A field the body's `infercache` object already sets wins over its header; cache-control
 directives from both are combined. Unknown Cache-Control directives are ignored, as HTTP says;
@@ -29,7 +30,7 @@ def _cache_control(value: str) -> tuple[list[str], float | None]:
             flags.append(part)
         elif part.startswith("max-age="):
             raw = part.split("=", 1)[1].strip('"')
-            if not raw.isdigit():
+            if not (raw.isascii() and raw.isdigit()):
                 raise InvalidRequestError(
                     f"Cache-Control max-age must be whole seconds, got {raw!r}",
                     param="cache-control",
@@ -38,9 +39,7 @@ def _cache_control(value: str) -> tuple[list[str], float | None]:
     return flags, max_age
 
 
-def apply_header_controls(
-    body: dict[str, Any], headers: Mapping[str, str], *, allow_tenant_header: bool
-) -> dict[str, Any]:
+def apply_header_controls(body: dict[str, Any], headers: Mapping[str, str]) -> dict[str, Any]:
     """`body` with header controls merged into its `infercache` object (a new dict)."""
     raw = body.get(DIRECTIVES_FIELD)
     directives: dict[str, Any] = dict(raw) if isinstance(raw, dict) else {}
@@ -65,9 +64,6 @@ def apply_header_controls(
         changed = True
     if "x-infercache-context" in headers and "context" not in directives:
         directives["context"] = headers["x-infercache-context"]
-        changed = True
-    if allow_tenant_header and "x-infercache-tenant" in headers and "tenant" not in directives:
-        directives["tenant"] = headers["x-infercache-tenant"]
         changed = True
     if not changed:
         return body

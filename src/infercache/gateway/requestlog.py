@@ -4,47 +4,99 @@
      "layer": "exact-hit", "status": 200, "stream": false, "prompt_tokens": 412,
      "completion_tokens": 38, "cached_tokens": 384, "latency_ms": 1.9, "response": {...}}
 
-`request` is the body as the client sent it; with `redact` only `request_digest` (its exact
-cache key) is written, and no response. Lines are appended and flushed one at a time under a
-lock, so a crash loses at most the line being written.
+`RequestLog.open(tenant, body)` starts a `LogEntry` when a request arrives; the request path
+closes it exactly once, with the status and the answer, when the reply is complete (for a
+stream: when the stream ends). `request` is the body as the client sent it; with `redact` only
+`request_digest` (its exact cache key) is written, and no response. Lines are appended and
+flushed one at a time under a lock, so a crash loses at most the line being written.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import threading
 from pathlib import Path
 from typing import Any, TextIO
 
+from infercache.clock import Clock
+from infercache.keys import canonical_json
+from infercache.policy import cached_tokens, usage_tokens
+
 
 class RequestLog:
-    def __init__(self, path: Path, *, redact: bool = False) -> None:
+    def __init__(self, path: Path, *, clock: Clock, redact: bool = False) -> None:
         self.path = path
         self.redact = redact
+        self._clock = clock
         path.parent.mkdir(parents=True, exist_ok=True)
         self._file: TextIO = path.open("a", encoding="utf-8")
         self._lock = threading.Lock()
 
-    def write(
-        self,
-        record: dict[str, Any],
-        *,
-        request: dict[str, Any] | None,
-        digest: str | None,
-        response: dict[str, Any] | None,
-    ) -> None:
-        out = dict(record)
+    def open(self, tenant: str, body: dict[str, Any]) -> LogEntry:
+        return LogEntry(self, tenant, body, self._clock.now_s(), self._clock.monotonic_s())
+
+    def _record(self, entry: LogEntry, status: int, response: dict[str, Any] | None) -> None:
+        prompt_tokens, completion_tokens = usage_tokens(response) if response else (0, 0)
+        record: dict[str, Any] = {
+            "timestamp": entry.started_s,
+            "tenant": entry.tenant,
+            "model": entry.body.get("model"),
+            "layer": entry.layer,
+            "status": status,
+            "stream": entry.body.get("stream") is True,
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "cached_tokens": cached_tokens(response) if response else 0,
+            "latency_ms": round((self._clock.monotonic_s() - entry.started_mono_s) * 1000, 3),
+        }
         if self.redact:
-            out["request_digest"] = digest
+            digest = hashlib.sha256(canonical_json(entry.body)).hexdigest()
+            record["request_digest"] = "sha256:" + digest
         else:
-            out["request"] = request
+            record["request"] = entry.body
             if response is not None:
-                out["response"] = response
-        line = json.dumps(out, separators=(",", ":"), ensure_ascii=False)
+                record["response"] = response
+        line = json.dumps(record, separators=(",", ":"), ensure_ascii=False)
         with self._lock:
-            self._file.write(line + "\n")
-            self._file.flush()
+            if not self._file.closed:
+                self._file.write(line + "\n")
+                self._file.flush()
 
     def close(self) -> None:
         with self._lock:
             self._file.close()
+
+
+class LogEntry:
+    """One request's line, written once by `close`; a second close does nothing."""
+
+    __slots__ = ("_closed", "_log", "body", "layer", "started_mono_s", "started_s", "tenant")
+
+    def __init__(
+        self,
+        log: RequestLog | None,
+        tenant: str,
+        body: dict[str, Any],
+        started_s: float,
+        started_mono_s: float,
+    ) -> None:
+        self._log = log
+        self.tenant = tenant
+        self.body = body
+        self.started_s = started_s
+        self.started_mono_s = started_mono_s
+        self.layer: str | None = None  # which layer answered, once known
+        self._closed = False
+
+    def close(self, *, status: int, response: dict[str, Any] | None = None) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._log is not None:
+            self._log._record(self, status, response)
+
+
+def unlogged(tenant: str, body: dict[str, Any]) -> LogEntry:
+    """An entry for a gateway without a request log: closing it writes nothing."""
+    return LogEntry(None, tenant, body, 0.0, 0.0)

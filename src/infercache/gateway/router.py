@@ -15,6 +15,9 @@ blocks (so new prefixes spread over the replicas' caches instead of piling onto 
 Then record the prompt's blocks for the chosen replica, evicting its least recently routed
 blocks past `max_blocks_per_replica`.
 
+In-flight accounting has one owner: `lease(tenant, body)` routes and counts the request on its
+replica until the `with` block ends, however it ends.
+
 Parameters: `block_chars` (256), `min_match_blocks` (1), `balance_factor` (2.0),
 `max_blocks_per_replica` (200_000). Pure: no I/O; hashing is sha256 over a chain, never `hash()`.
 Thread-safety: none; the gateway uses it from its event loop.
@@ -22,10 +25,11 @@ Thread-safety: none; the gateway uses it from its event loop.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -107,14 +111,19 @@ class PrefixRouter(Generic[R]):
         self._record(self._replicas[chosen], hashes)
         return chosen, matched
 
+    @contextlib.contextmanager
+    def lease(self, tenant: str, body: Mapping[str, Any]) -> Iterator[int]:
+        """Route the request and count it in flight on its replica for the `with` block."""
+        index, _ = self.route(tenant, body)
+        replica = self._replicas[index]
+        replica.in_flight += 1
+        try:
+            yield index
+        finally:
+            replica.in_flight -= 1
+
     def in_flight(self) -> list[int]:
         return [r.in_flight for r in self._replicas]
-
-    def started(self, index: int) -> None:
-        self._replicas[index].in_flight += 1
-
-    def finished(self, index: int) -> None:
-        self._replicas[index].in_flight -= 1
 
     def _record(self, replica: _Replica[R], hashes: Sequence[bytes]) -> None:
         blocks = replica.blocks

@@ -1,40 +1,45 @@
-"""The gateway's request path: the cache's layers, then a shared upstream call, then the reply.
+"""The gateway's request path, top-down in `Gateway.chat`; its miss path in `_fetch`.
 
-    chat(body, tenant):
-      Cache.begin(body, tenant)            the same layers and policy as the library (cache.py)
-        answered → replay it: JSON, or SSE chunks in the OpenAI schema; `x-infercache: *-hit`
-        Miss     → route to a replica (router.py) and join the Flight for this key, or start one
-                   (flight.py): one upstream call for every identical request in flight,
-                   streaming or not. The leader's Miss is `finish`ed (counted, stored if
-                   complete) when the flight completes, `abandon`ed if it fails or every client
-                   leaves; each waiter counts as a coalesced hit, or abandons its own Miss.
-    Every answer from upstream feeds the model-version tracker (system_fingerprint) and, unless
-    the upstream records it itself, the `prefix` strategy from `usage.cached_tokens`.
+    chat(body, tenant, bearer)              tenant: auth.resolve_tenant's, the only decision
+      entry = log.open(tenant, body)        one request-log line, closed once (requestlog.py)
+      outcome = cache.begin(body, tenant)   the library's layers and policy (cache.py); off the
+                                            event loop when the semantic layer embeds
+      a Completion → reply: JSON, or its SSE replay; `x-infercache: exact-hit | semantic-hit`
+      a Miss → flights.lead_or_join(key)    one upstream call per key in flight (flight.py)
+        leader: start _fetch(miss, flight) as a task, which owns the leader's Miss:
+                  router.lease → a replica, counted in flight while the call runs (router.py)
+                  the upstream call, streamed or not; every chunk published to the flight
+                  tracker.observe_response (swap detection), prefix usage (prefix_usage.py)
+                  finally: miss.close(response | None); flight.settle(completion | error)
+        leader and waiters alike then read the flight:
+          not streaming: await flight.result() → JSON
+          streaming: wait for its first event (a refusal keeps its own HTTP status), then SSE
+        a waiter owns its own Miss: miss.close_shared(the leader's completion | None)
+      entry.close(status, answer)
 
+The fetch runs as its own task so the leader's client hanging up does not cut the answer the
+waiters are reading; when every reader has left, the flight cancels it and nothing is stored.
 Replies are plain values (`JSONReply`, `StreamReply`) so app.py only does HTTP.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from infercache.cache import Cache, Completion, Layer, Miss
-from infercache.chat import SSE_DONE, chunks_from_completion, sse_event
-from infercache.clock import Clock
-from infercache.errors import InfercacheError, UpstreamError
-from infercache.gateway.flight import Flight
-from infercache.gateway.requestlog import RequestLog
+from infercache.chat import SSE_DONE, CompletionAssembler, chunks_from_completion, sse_event
+from infercache.errors import InfercacheError, UpstreamAbortedError, UpstreamError
+from infercache.flight import Flight
+from infercache.gateway.prefix_usage import UpstreamPrefixUsage
+from infercache.gateway.requestlog import LogEntry, RequestLog, unlogged
 from infercache.gateway.router import PrefixRouter, RouterConfig
 from infercache.gateway.upstream import Upstream
 from infercache.gateway.versions import ModelVersionTracker
-from infercache.keys import canonical_json
-from infercache.metrics import MissReason
-from infercache.policy import usage_tokens
+from infercache.http_errors import internal_error_body
 
 log = logging.getLogger(__name__)
 
@@ -58,34 +63,6 @@ class JSONReply:
 class StreamReply:
     headers: dict[str, str]
     events: AsyncIterator[bytes]
-
-
-@dataclass
-class _Shared:
-    """A flight and what its leader's Miss became."""
-
-    flight: Flight
-    replica: int
-    completion: Completion | None = None
-    waiters: int = 0
-
-
-@dataclass
-class _Trace:
-    """What the request log says about one request."""
-
-    started_s: float
-    started_mono_s: float
-    tenant: str
-    body: dict[str, Any]
-    record: dict[str, Any] = field(default_factory=dict)
-
-
-def cached_tokens(response: dict[str, Any]) -> int:
-    usage = response.get("usage") or {}
-    details = usage.get("prompt_tokens_details") or {}
-    value = details.get("cached_tokens")
-    return value if isinstance(value, int) else 0
 
 
 def _reply_headers(done: Completion) -> dict[str, str]:
@@ -114,7 +91,6 @@ class Gateway:
         cache: Cache,
         upstreams: Sequence[Upstream],
         *,
-        clock: Clock,
         tracker: ModelVersionTracker,
         request_log: RequestLog | None = None,
         router_config: RouterConfig | None = None,
@@ -123,10 +99,12 @@ class Gateway:
         self.upstreams = list(upstreams)
         self.router: PrefixRouter[Upstream] = PrefixRouter(self.upstreams, router_config)
         self.tracker = tracker
-        self._clock = clock
-        self._log = request_log
-        self._flights: dict[str, _Shared] = {}
-        self._prefix = cache.metrics.strategy("prefix")
+        self.request_log = request_log
+        self.flights = cache.flights
+        self._clock = cache.clock
+        self._prefix_usage = UpstreamPrefixUsage(
+            cache.metrics.strategy("prefix"), cache.metrics.prices
+        )
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def attach_loop(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -139,75 +117,62 @@ class Gateway:
         """A blocking upstream call for background threads (live verification of semantic
         hits, the LLM judge): it runs on the gateway's loop and never on a request's path."""
 
+        async def call(body: dict[str, Any]) -> dict[str, Any]:
+            with self.router.lease(tenant, body) as replica:
+                return await self.upstreams[replica].complete(body, tenant=tenant, api_key=bearer)
+
         def fetch(body: dict[str, Any]) -> dict[str, Any]:
             if self._loop is None:
                 raise RuntimeError("the gateway is not serving yet")
-            replica, _ = self.router.route(tenant, body)
-            call = self.upstreams[replica].complete(body, tenant=tenant, api_key=bearer)
-            return asyncio.run_coroutine_threadsafe(call, self._loop).result(600)
+            return asyncio.run_coroutine_threadsafe(call(body), self._loop).result(600)
 
         return fetch
 
     # -- the request path --
 
     async def chat(
-        self, body: dict[str, Any], *, tenant: str | None, bearer: str | None
+        self, body: dict[str, Any], *, tenant: str, bearer: str | None
     ) -> JSONReply | StreamReply:
-        """`tenant`: the authenticated tenant, or None to take the one the body names."""
-        if tenant is None:
-            claimed = body.get("infercache")
-            tenant_name = claimed.get("tenant") if isinstance(claimed, dict) else None
-            shown = tenant_name if isinstance(tenant_name, str) else ""
-        else:
-            shown = tenant
-        trace = _Trace(self._clock.now_s(), self._clock.monotonic_s(), shown, body)
+        entry = self.request_log.open(tenant, body) if self.request_log else unlogged(tenant, body)
         try:
-            reply = await self._chat(body, tenant, bearer, trace)
-        except InfercacheError as exc:
-            self._write_log(trace, status=exc.status_code, layer=trace.record.get("layer"))
+            outcome = await self._begin(body, tenant, bearer)
+            if isinstance(outcome, Completion):
+                entry.layer = LAYER_HEADER[outcome.layer]
+                reply = self._replay(outcome, body)
+                entry.close(status=200, response=outcome.response)
+                return reply
+            miss = outcome
+            entry.layer = LAYER_HEADER[miss.layer]
+            flight, leader = self.flights.lead_or_join(miss.flight_key)
+            if leader:
+                # The task starts before any reader below can wait and leave (call_soon
+                # order), so an idle cancel always reaches a running `_fetch`.
+                task = asyncio.ensure_future(self._fetch(miss, flight, bearer))
+                flight.cancel_when_idle(task)
+            if miss.request.stream:
+                return await self._stream(miss, flight, leader, entry)
+            done = await self._answer(miss, flight, leader)
+            entry.close(status=200, response=done.response)
+            return JSONReply(200, done.response, _reply_headers(done))
+        except BaseException as exc:
+            entry.close(status=_status_of(exc))
             raise
-        if isinstance(reply, JSONReply):
-            self._write_log(trace, status=reply.status, response=reply.body)
-        elif not trace.record.get("log_when_stream_ends"):
-            self._write_log(trace, status=200, response=trace.record.get("response"))
-        return reply
 
-    async def _chat(
-        self, body: dict[str, Any], tenant: str | None, bearer: str | None, trace: _Trace
-    ) -> JSONReply | StreamReply:
-        stream = body.get("stream") is True
-        include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+    async def _begin(
+        self, body: dict[str, Any], tenant: str, bearer: str | None
+    ) -> Completion | Miss:
         if self.cache.semantic is None:
-            outcome = self.cache.begin(body, tenant=tenant)
-        else:
-            # Embedding the query takes milliseconds: off the event loop, so other requests
-            # (exact hits above all) are not held up behind it.
-            verify = self.background_fetch(trace.tenant, bearer)
-            outcome = await asyncio.to_thread(self.cache.begin, body, tenant=tenant, verify=verify)
-        if isinstance(outcome, Completion):
-            trace.record["layer"] = LAYER_HEADER[outcome.layer]
-            trace.record["response"] = outcome.response
-            return self._reply(outcome, stream, include_usage)
-        miss = outcome
-        trace.record["layer"] = LAYER_HEADER[miss.layer]
-        shared, leader = self._join(miss, miss.request.directives.tenant, bearer, stream)
-        if stream:
-            trace.record["log_when_stream_ends"] = True
-            return await self._stream(shared, miss, leader, include_usage, trace)
-        try:
-            await shared.flight.result()
-        except Exception:
-            if not leader:
-                self.cache.abandon(miss)
-            raise
-        return self._reply(self._completion_of(shared, miss, leader), False, include_usage)
+            return self.cache.begin(body, tenant=tenant)
+        # Embedding the query takes milliseconds: off the event loop, so other requests
+        # (exact hits above all) are not held up behind it.
+        verify = self.background_fetch(tenant, bearer)
+        return await asyncio.to_thread(self.cache.begin, body, tenant=tenant, verify=verify)
 
-    def _reply(
-        self, done: Completion, stream: bool, include_usage: bool
-    ) -> JSONReply | StreamReply:
+    def _replay(self, done: Completion, body: dict[str, Any]) -> JSONReply | StreamReply:
         headers = _reply_headers(done)
-        if not stream:
+        if body.get("stream") is not True:
             return JSONReply(200, done.response, headers)
+        include_usage = _include_usage(body)
 
         async def replay() -> AsyncIterator[bytes]:
             for chunk in chunks_from_completion(done.response, include_usage=include_usage):
@@ -216,185 +181,124 @@ class Gateway:
 
         return StreamReply(headers, replay())
 
-    def _completion_of(self, shared: _Shared, miss: Miss, leader: bool) -> Completion:
-        assert shared.completion is not None
-        return shared.completion if leader else self.cache.shared(miss, shared.completion)
+    async def _answer(self, miss: Miss, flight: Flight[Completion], leader: bool) -> Completion:
+        """The flight's answer, not streamed. The leader's Miss is closed by its fetch."""
+        if leader:
+            return await flight.result()
+        try:
+            return _first_close(miss.close_shared(await flight.result()))
+        finally:
+            miss.close_shared(None)  # no-op unless the flight failed or we were cancelled
 
     async def _stream(
-        self, shared: _Shared, miss: Miss, leader: bool, include_usage: bool, trace: _Trace
+        self, miss: Miss, flight: Flight[Completion], leader: bool, entry: LogEntry
     ) -> StreamReply:
-        flight = shared.flight
-        # Wait for the first chunk so an upstream refusal still gets its own HTTP status.
-        await flight.first_chunk.wait()
+        # Wait for the first event, so an upstream refusal still gets its own HTTP status.
+        await flight.first_event()
         refusal = flight.error_before_chunks
         if refusal is not None:
             if not leader:
-                self.cache.abandon(miss)
+                miss.close_shared(None)
             raise refusal
         headers = {"x-infercache": LAYER_HEADER[miss.layer if leader else Layer.EXACT]}
         if not leader:
             headers.update({"age": "0", "x-infercache-coalesced": "true"})
+        include_usage = _include_usage(miss.request.body)
 
         async def events() -> AsyncIterator[bytes]:
-            completed = False
+            done: Completion | None = None
             try:
                 async for chunk in flight.chunks():
                     out = _for_client(chunk, include_usage)
                     if out is not None:
                         yield sse_event(out)
-                completed = True
+                done = flight.outcome()
                 yield SSE_DONE
-            except UpstreamError as exc:  # FlightAborted included: the stream was cut upstream
+            except UpstreamError as exc:  # cut off upstream, or every other reader left
                 yield sse_event(exc.to_openai())
+            except Exception:  # logged; the client gets an error event
+                log.exception("the answer for %s failed mid-stream", miss.flight_key)
+                yield sse_event(internal_error_body())
             finally:
-                self._stream_ended(shared, miss, leader, completed, trace)
+                if not leader:
+                    miss.close_shared(done)
+                entry.close(
+                    status=200 if done is not None else 499,
+                    response=done.response if done is not None else None,
+                )
 
         return StreamReply(headers, events())
 
-    def _stream_ended(
-        self, shared: _Shared, miss: Miss, leader: bool, completed: bool, trace: _Trace
-    ) -> None:
-        response = shared.completion.response if shared.completion is not None else None
-        if not leader:
-            if completed and shared.completion is not None:
-                self.cache.shared(miss, shared.completion)
-            else:
-                self.cache.abandon(miss)
-        self._write_log(trace, status=200 if completed else 499, response=response)
+    # -- the miss path --
 
-    # -- flights --
+    async def _fetch(self, miss: Miss, flight: Flight[Completion], bearer: str | None) -> None:
+        """Fetch the leader's Miss upstream, publish every chunk, close the Miss, settle the
+        flight: the one function that owns the leader's lease, closed exactly once."""
+        done: Completion | None = None
+        error: BaseException | None = None
+        tenant = miss.request.directives.tenant
+        try:
+            with self.router.lease(tenant, miss.request.body) as replica:
+                upstream = self.upstreams[replica]
+                started = self._clock.monotonic_s()
+                response = await self._call(upstream, miss, flight, bearer)
+                upstream_s = self._clock.monotonic_s() - started
+                produced_by = self.tracker.observe_response(miss.request.model, response)
+                if not upstream.records_prefix_metrics:
+                    self._prefix_usage.count(response)
+                done = miss.close(response, upstream_s=upstream_s, produced_by=produced_by)
+        except asyncio.CancelledError:
+            error = UpstreamAbortedError("every client left before the answer completed")
+            raise
+        except Exception as exc:  # noqa: BLE001 - handed to every reader through the flight
+            error = exc
+            log.info("upstream call for %s ended without an answer: %r", miss.flight_key, exc)
+        finally:
+            miss.close(None)  # no-op unless the call or the close failed
+            flight.settle(done, error)
 
-    def _join(
-        self, miss: Miss, tenant: str, bearer: str | None, stream: bool
-    ) -> tuple[_Shared, bool]:
-        key = miss.flight_key
-        existing = self._flights.get(key) if key is not None else None
-        if existing is not None:
-            existing.waiters += 1
-            return existing, False
-        replica, _matched = self.router.route(tenant, miss.request.body)
-        upstream = self.upstreams[replica]
+    async def _call(
+        self, upstream: Upstream, miss: Miss, flight: Flight[Completion], bearer: str | None
+    ) -> dict[str, Any]:
+        """One upstream call, its chunks published as they come; the complete answer."""
+        tenant = miss.request.directives.tenant
         body = dict(miss.request.body)
-        started = self._clock.monotonic_s()
-
-        def on_done(response: dict[str, Any]) -> None:
-            self._landed(key, shared, miss, response, self._clock.monotonic_s() - started)
-
-        def on_abort(error: BaseException | None) -> None:
-            self._landed(key, shared, miss, None, 0.0)
-            log.info("upstream call for %s ended without an answer: %r", key, error)
-
-        if stream:
-            body["stream_options"] = {"include_usage": True}
-            flight = Flight(
-                lambda: upstream.stream(body, tenant=tenant, api_key=bearer),
-                on_done=on_done,
-                on_abort=on_abort,
-            )
-        else:
+        if not miss.request.stream:
             body.pop("stream", None)
             body.pop("stream_options", None)
-            flight = Flight(
-                call=lambda: upstream.complete(body, tenant=tenant, api_key=bearer),
-                on_done=on_done,
-                on_abort=on_abort,
-            )
-        shared = _Shared(flight, replica)
-        if key is not None:
-            self._flights[key] = shared
-        self.router.started(replica)
-        flight.start()
-        return shared, True
-
-    def _landed(
-        self,
-        key: str | None,
-        shared: _Shared,
-        miss: Miss,
-        response: dict[str, Any] | None,
-        upstream_s: float,
-    ) -> None:
-        if key is not None and self._flights.get(key) is shared:
-            del self._flights[key]
-        self.router.finished(shared.replica)
-        if response is None:
-            self.cache.abandon(miss)
-            return
-        produced_by = self.tracker.observe_response(miss.request.model, response)
-        if not self.upstreams[shared.replica].records_prefix_metrics:
-            self._count_prefix(response)
-        shared.completion = self.cache.finish(
-            miss, response, upstream_s=upstream_s, produced_by=produced_by
-        )
-
-    def _count_prefix(self, response: dict[str, Any]) -> None:
-        prompt_tokens, _ = usage_tokens(response)
-        reused = cached_tokens(response)
-        self._prefix.prompt_tokens(prompt_tokens)
-        if reused > 0:
-            model = str(response.get("model", ""))
-            self._prefix.hit(
-                prompt_tokens=reused,
-                completion_tokens=0,
-                upstream_s=0.0,  # an HTTP upstream does not say how long the reuse saved
-                money_usd=self.cache.metrics.prices.prefix_savings_usd(model, reused),
-            )
-        else:
-            self._prefix.miss(MissReason.ABSENT)
-
-    # -- bookkeeping --
-
-    def _write_log(
-        self,
-        trace: _Trace,
-        *,
-        status: int,
-        layer: str | None = None,
-        response: dict[str, Any] | None = None,
-    ) -> None:
-        if self._log is None:
-            return
-        prompt_tokens, completion_tokens = usage_tokens(response) if response else (0, 0)
-        record = {
-            "timestamp": trace.started_s,
-            "tenant": trace.tenant,
-            "model": trace.body.get("model"),
-            "layer": layer or trace.record.get("layer"),
-            "status": status,
-            "stream": trace.body.get("stream") is True,
-            "prompt_tokens": prompt_tokens,
-            "completion_tokens": completion_tokens,
-            "cached_tokens": cached_tokens(response) if response else 0,
-            "latency_ms": round((self._clock.monotonic_s() - trace.started_mono_s) * 1000, 3),
-        }
-        digest = None
-        if self._log.redact:
-            digest = "sha256:" + hashlib.sha256(canonical_json(trace.body)).hexdigest()
-        self._log.write(record, request=trace.body, digest=digest, response=response)
-
-    def stats(self) -> dict[str, Any]:
-        out: dict[str, Any] = dict(self.cache.metrics.snapshot())
-        try:
-            store = self.cache.backend.stats()
-            out["store"] = {
-                "url": self.cache.backend.url,
-                "entries": store.entries,
-                "bytes": store.bytes,
-                "max_bytes": store.max_bytes,
-            }
-        except InfercacheError as exc:
-            out["store"] = {"url": self.cache.backend.url, "error": str(exc)}
-        out["upstreams"] = [
-            {"name": u.name, "in_flight": n}
-            for u, n in zip(self.upstreams, self.router.in_flight(), strict=True)
-        ]
-        out["model_swaps"] = self.tracker.swaps
-        out["flights"] = len(self._flights)
-        out["waiting"] = sum(shared.waiters for shared in self._flights.values())
-        return out
+            response = await upstream.complete(body, tenant=tenant, api_key=bearer)
+            for chunk in chunks_from_completion(response, include_usage=True):
+                flight.publish(chunk)
+            return response
+        body["stream_options"] = {"include_usage": True}
+        assembler = CompletionAssembler()
+        async for chunk in upstream.stream(body, tenant=tenant, api_key=bearer):
+            assembler.add(chunk)
+            flight.publish(chunk)
+        if not assembler.complete:
+            raise UpstreamAbortedError("the upstream stream ended without a finish_reason")
+        return assembler.result()
 
     async def aclose(self) -> None:
         for upstream in self.upstreams:
             await upstream.aclose()
-        if self._log is not None:
-            self._log.close()
+        if self.request_log is not None:
+            self.request_log.close()
+
+
+def _include_usage(body: Any) -> bool:
+    options = body.get("stream_options")
+    return isinstance(options, dict) and options.get("include_usage") is True
+
+
+def _status_of(exc: BaseException) -> int:
+    """The HTTP status a failed request is logged with (499: the client went away)."""
+    if isinstance(exc, InfercacheError):
+        return exc.status_code
+    return 499 if isinstance(exc, asyncio.CancelledError) else 500
+
+
+def _first_close(done: Completion | None) -> Completion:
+    if done is None:
+        raise RuntimeError("a waiter's Miss was closed twice")
+    return done

@@ -2,11 +2,12 @@
 
 `HTTPUpstream` speaks to any OpenAI-compatible server (`infercache engine serve`, vLLM, SGLang,
 llama.cpp, a provider) with one pooled `aiohttp.ClientSession` (measured ~0.3 ms a call on
-loopback against ~0.9 ms for httpx: the client is most of what a miss adds). It is the one
-place aiohttp exceptions are translated: a connection failure or timeout before any answer is
-`UpstreamUnavailableError` (the gateway's 502); an answer with an error status is
-`UpstreamError` carrying that status and the upstream's own error body, so the client sees what
-the upstream said.
+loopback against ~0.9 ms for httpx; bench/README.md). `map_aiohttp_errors` is the one place
+aiohttp exceptions are translated: a connection failure or timeout before any answer is
+`UpstreamUnavailableError` (the gateway's 502), a connection that breaks mid-answer is
+`UpstreamError`; the details (URL, library text) are logged, never sent to the client. An answer
+with an error status is `UpstreamError` carrying that status and the upstream's own error body,
+so the client sees what the upstream said.
 
 The tenant is forwarded as an `x-infercache-tenant` header, which the built-in engine uses to
 salt its KV prefix cache; other servers ignore it. The request body is never changed.
@@ -14,15 +15,18 @@ salt its KV prefix cache; other servers ignore it. The request body is never cha
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Iterator, Mapping
 from typing import Any, Protocol
 
 import aiohttp
 import orjson
 
+from infercache.chat import StreamChunk
 from infercache.errors import UpstreamError, UpstreamUnavailableError
 
-Chunk = dict[str, Any]
+log = logging.getLogger(__name__)
 
 
 class Upstream(Protocol):
@@ -37,13 +41,29 @@ class Upstream(Protocol):
 
     def stream(
         self, body: dict[str, Any], *, tenant: str, api_key: str | None
-    ) -> AsyncIterator[Chunk]:
+    ) -> AsyncIterator[StreamChunk]:
         """`chat.completion.chunk`s; raises UpstreamError before the first one on refusal."""
         ...
 
     async def models(self) -> list[dict[str, Any]]: ...
 
     async def aclose(self) -> None: ...
+
+
+@contextlib.contextmanager
+def map_aiohttp_errors(name: str, *, answering: bool = False) -> Iterator[None]:
+    """Translate aiohttp's exceptions into ours. `answering`: the upstream had begun to answer
+    (a stream), so a failure is a broken answer rather than an unreachable upstream."""
+    try:
+        yield
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        log.warning("upstream %s failed: %r", name, exc)
+        if answering:
+            raise UpstreamError("the upstream connection broke mid-answer") from exc
+        raise UpstreamUnavailableError("the upstream is unreachable") from exc
+    except (orjson.JSONDecodeError, UnicodeDecodeError) as exc:
+        log.warning("upstream %s sent an invalid answer: %s", name, exc)
+        raise UpstreamError("the upstream sent an invalid answer") from exc
 
 
 def _raise_for_status(status: int, content: bytes) -> None:
@@ -97,28 +117,21 @@ class HTTPUpstream:
             headers["authorization"] = f"Bearer {key}"
         return headers
 
-    def _unavailable(self, exc: BaseException) -> UpstreamUnavailableError:
-        return UpstreamUnavailableError(f"upstream {self.name} unreachable: {exc!r}")
-
     async def _json(
         self, method: str, path: str, headers: dict[str, str], data: bytes | None = None
     ) -> dict[str, Any]:
         """One request, its JSON object answer; our errors for every way it can fail."""
-        try:
+        with map_aiohttp_errors(self.name):
             async with self._client().request(
                 method, f"{self.name}{path}", data=data, headers=headers
             ) as response:
                 content = await response.read()
                 status = response.status
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            raise self._unavailable(exc) from exc
         _raise_for_status(status, content)
-        try:
+        with map_aiohttp_errors(self.name, answering=True):
             result = orjson.loads(content)
-        except orjson.JSONDecodeError as exc:
-            raise UpstreamError(f"upstream {self.name} sent invalid JSON: {exc}") from exc
         if not isinstance(result, dict):
-            raise UpstreamError(f"upstream {self.name} sent a non-object answer")
+            raise UpstreamError("the upstream sent a non-object answer")
         return result
 
     async def complete(
@@ -129,36 +142,29 @@ class HTTPUpstream:
 
     async def stream(
         self, body: dict[str, Any], *, tenant: str, api_key: str | None
-    ) -> AsyncIterator[Chunk]:
+    ) -> AsyncIterator[StreamChunk]:
         url = f"{self.name}/chat/completions"
-        try:
+        with map_aiohttp_errors(self.name):
             response = await self._client().post(
                 url,
                 data=orjson.dumps({**body, "stream": True}),
                 headers=self._headers(tenant, api_key),
             )
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            raise self._unavailable(exc) from exc
         try:
-            if response.status >= 400:
-                _raise_for_status(response.status, await response.read())
-            async for raw in response.content:
-                line = raw.decode().strip()
-                if not line.startswith("data:"):
-                    continue
-                data = line[5:].strip()
-                if data == "[DONE]":
-                    return
-                chunk = orjson.loads(data)
-                if isinstance(chunk, dict) and chunk.get("error") is not None:
-                    raise UpstreamError(
-                        f"upstream {self.name} stream failed: {chunk['error']}", body=chunk
-                    )
-                yield chunk
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            raise UpstreamError(f"upstream {self.name} stream broke: {exc!r}") from exc
-        except (orjson.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise UpstreamError(f"upstream {self.name} sent an invalid chunk: {exc}") from exc
+            with map_aiohttp_errors(self.name, answering=True):
+                if response.status >= 400:
+                    _raise_for_status(response.status, await response.read())
+                async for raw in response.content:
+                    line = raw.decode().strip()
+                    if not line.startswith("data:"):
+                        continue
+                    data = line[5:].strip()
+                    if data == "[DONE]":
+                        return
+                    chunk = orjson.loads(data)
+                    if isinstance(chunk, dict) and chunk.get("error") is not None:
+                        raise UpstreamError("the upstream's stream failed", body=chunk)
+                    yield chunk
         finally:
             response.release()
 

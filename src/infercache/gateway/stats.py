@@ -1,0 +1,31 @@
+"""`GET /stats`: the gateway's JSON snapshot — per strategy, the store, the upstreams, flights."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from infercache.errors import InfercacheError
+from infercache.gateway.service import Gateway
+
+
+def gateway_stats(gateway: Gateway) -> dict[str, Any]:
+    out: dict[str, Any] = dict(gateway.cache.metrics.snapshot())
+    backend = gateway.cache.backend
+    try:
+        store = backend.stats()
+        out["store"] = {
+            "url": backend.url,
+            "entries": store.entries,
+            "bytes": store.bytes,
+            "max_bytes": store.max_bytes,
+        }
+    except InfercacheError as exc:
+        out["store"] = {"url": backend.url, "error": str(exc)}
+    out["upstreams"] = [
+        {"name": u.name, "in_flight": n}
+        for u, n in zip(gateway.upstreams, gateway.router.in_flight(), strict=True)
+    ]
+    out["model_swaps"] = gateway.tracker.swaps
+    out["flights"] = len(gateway.flights)
+    out["waiting"] = gateway.flights.waiting()
+    return out
