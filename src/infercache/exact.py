@@ -34,7 +34,7 @@ from infercache.versions import Versions, VersionView, meta_names, view_from
 log = logging.getLogger(__name__)
 
 
-class Lookup(NamedTuple):  # a NamedTuple: built on every request, ~1 µs cheaper than frozen
+class Lookup(NamedTuple):  # a NamedTuple, not a frozen dataclass: built on every request
     key: str
     view: VersionView | None  # None when the store could not be read
     entry: Entry | None  # the fresh entry on a hit

@@ -1,7 +1,7 @@
 """`wrap(client, cache)`: route an official `openai` client's `chat.completions.create` through
 the cache. Everything else on the client is passed through untouched.
 
-    client = infercache.wrap(openai.OpenAI(), cache)          # or openai.AsyncOpenAI()
+    client = wrap(openai.OpenAI(), cache)          # or openai.AsyncOpenAI()
     r = client.chat.completions.create(model=..., messages=..., temperature=0,
                                        infercache={"tenant": "acme", "tags": ["kb:v7"]})
     r.infercache  # {"layer": "exact", "age_s": 12.5}

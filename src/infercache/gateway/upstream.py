@@ -1,8 +1,8 @@
 """Where the gateway sends misses: the `Upstream` Protocol and its HTTP implementation.
 
 `HTTPUpstream` speaks to any OpenAI-compatible server (`infercache engine serve`, vLLM, SGLang,
-llama.cpp, a provider) with one pooled `aiohttp.ClientSession` (measured ~0.3 ms a call on
-loopback against ~0.9 ms for httpx; bench/README.md). `map_aiohttp_errors` is the one place
+llama.cpp, a provider) with one pooled `aiohttp.ClientSession` (chosen over httpx by measuring
+what a miss adds: bench/README.md, "Gateway"). `map_aiohttp_errors` is the one place
 aiohttp exceptions are translated: a connection failure or timeout before any answer is
 `UpstreamUnavailableError` (the gateway's 502), a connection that breaks mid-answer is
 `UpstreamError`; the details (URL, library text) are logged, never sent to the client. An answer

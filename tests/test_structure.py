@@ -1,0 +1,42 @@
+"""The package's structure stays legible: every class (and type alias) name is defined once."""
+
+from __future__ import annotations
+
+import ast
+import collections
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "src" / "infercache"
+
+
+def _defined_names(tree: ast.Module) -> list[str]:
+    """Public classes and CapWords type aliases defined at a module's top level."""
+    names: list[str] = []
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef):
+            names.append(node.name)
+        elif isinstance(node, ast.Assign | ast.AnnAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for target in targets:
+                if (
+                    isinstance(target, ast.Name)
+                    and target.id[:1].isupper()
+                    and not target.id.isupper()
+                    and isinstance(node.value, ast.Subscript | ast.BinOp | ast.Attribute)
+                ):
+                    names.append(target.id)
+    return [n for n in names if not n.startswith("_")]
+
+
+def test_no_class_or_type_name_is_defined_twice_in_the_package() -> None:
+    where: dict[str, list[str]] = collections.defaultdict(list)
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for name in _defined_names(ast.parse(path.read_text(), filename=str(path))):
+            where[name].append(str(path.relative_to(PACKAGE)))
+    twice = {name: files for name, files in where.items() if len(files) > 1}
+    assert twice == {}, f"names a newcomer cannot tell apart: {twice}"
+
+
+def test_the_check_sees_classes_and_aliases() -> None:
+    tree = ast.parse("class A: ...\nB = dict[str, int]\nC = 3\nMAX = list[int]\n_D = int | None")
+    assert _defined_names(tree) == ["A", "B"]
