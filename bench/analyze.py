@@ -1,23 +1,32 @@
-"""Analyzer bench: a day of 1,000,000 requests; the census's wall time and peak memory without
-the semantic pass; the semantic pass's and the replay's rates. Figures go to stdout and to
-OUT/results.json; bench/README.md ("Analyzer") records them.
+"""Analyzer bench: a simulated day of 1,000,000 requests through `infercache analyze`.
+Figures go to stdout and to OUT/results.json; bench/README.md ("Analyzer") records them.
 
     .venv/bin/python bench/analyze.py [--data /work/shared/data] [--out bench/out/analyze]
-        [--requests 1000000] [--tokenizers chars4,smollm2] [--semantic-sample 5000]
-        [--replay-sample 100000] [--seed 0]
+        [--requests 1000000] [--sections census,default,mooncake,redacted]
+        [--tokenizers chars4,smollm2] [--seed 0]
 
-The log (gzip JSONL of gateway-style records, one simulated day, written once per parameter
-set into OUT) mixes four tenants, built from public data read in place:
-- `acme` (55%): a support bot: one ~1,900-character system prompt, banking77 questions picked by
-  intent with Zipf popularity, then phrasing (so the popular phrasings repeat exactly);
+Sections, each in child processes of this one (so each one's peak RSS is its own):
+- `census`: the census alone (no near-duplicates, no replay), per tokenizer, with the CLI's
+  defaults for a log this size (reading and parsing in a second process). Target ≤ 2 min.
+- `default`: `infercache analyze DAY --format json --out FILE`, nothing else: the packaged
+  SmolLM2 tokenizer, near-duplicates by the packaged public calibration on a uniform sample,
+  the replays (layered and prefix alone), the KV sweep. Target ≤ 5 min and ≤ 2 GiB.
+  Beside it, in the same run: reading and parsing the day alone (the floor no analysis beats).
+- `mooncake`: the shared Mooncake trace, the whole file, analysed by default: the
+  recommendation, the KV sweep and its knee, against real bounded replays at a few budgets.
+- `redacted`: a generated day written plain and redacted (redaction.redact_request, as the
+  gateway's request log will), both analysed: exact share, prefix share, recommendation.
+CPU seconds are given per process: on a shared 2-core box the wall time depends on the load,
+which each figure is printed with.
+
+The day (gzip JSONL of gateway-style records, written once per parameter set into OUT) mixes
+four tenants, built from public data read in place:
+- `acme` (55%): a support bot: one ~1,900-character system prompt, banking77 questions picked
+  by intent with Zipf popularity, then phrasing (so the popular phrasings repeat exactly);
 - `ops` (20%): the same questions behind a short system prompt that starts with the current
   time: a prefix breaker;
-- `chat` (15%): ShareGPT conversations replayed turn by turn (each request extends the last),
-  each replay a new session;
+- `chat` (15%): ShareGPT conversations replayed turn by turn (each request extends the last);
 - `docs` (10%): arena-hard prompts made unique, behind a shared style guide.
-The census runs in a child process per tokenizer, so its peak RSS (ru_maxrss of the child) is
-the census's own. The semantic pass (all-MiniLM-L6-v2, batched) and the replay (layered and
-prefix-alone, no sweep) are timed on the first requests of the same log.
 """
 
 from __future__ import annotations
@@ -25,7 +34,6 @@ from __future__ import annotations
 import argparse
 import csv
 import datetime
-import functools
 import gzip
 import json
 import os
@@ -33,6 +41,7 @@ import random
 import resource
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -40,7 +49,13 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # tests.analyze.generators: the shared prompts
 
-from tests.analyze.generators import DRAFTING_STYLE_GUIDE, SUPPORT_SYSTEM  # noqa: E402
+from tests.analyze.generators import (  # noqa: E402
+    DRAFTING_STYLE_GUIDE,
+    SUPPORT_SYSTEM,
+    multi_turn_chat,
+    short_support_bot,
+    write_twins,
+)
 
 DAY_S = 86_400.0
 START_S = 1_735_689_600.0  # 2025-01-01T00:00:00Z
@@ -52,7 +67,7 @@ OPS_SYSTEM = (
 )
 
 
-# --- the log -----------------------------------------------------------------------------
+# --- the day -------------------------------------------------------------------------------
 
 
 def read_sources(data: Path) -> dict[str, Any]:
@@ -163,11 +178,24 @@ def generate(data: Path, out: Path, requests: int, seed: int) -> Path:
     return path
 
 
-# --- measurements ------------------------------------------------------------------------
+# --- measurements (each in a child process: `bench/analyze.py _child KIND ARGS...`) -----------
 
 
-def census_child(log: str, tokenizer: str, limit: int | None, parallel: bool) -> None:
-    """Run in a child process: the census alone; prints one JSON line."""
+def usage() -> dict[str, Any]:
+    me = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return {
+        "cpu_s_main_process": me.ru_utime + me.ru_stime,
+        "cpu_s_reader_process": kids.ru_utime + kids.ru_stime,
+        "peak_rss_mib_main_process": me.ru_maxrss / 1024,
+        "peak_rss_mib_reader_process": kids.ru_maxrss / 1024,
+        "load_average": os.getloadavg(),
+    }
+
+
+def census_child(log: str, tokenizer: str) -> dict[str, Any]:
+    import functools
+
     from infercache.analyze.analysis import Analyzer
     from infercache.analyze.options import AnalyzeOptions
     from infercache.analyze.tokenizing.tokenizers import load_tokenizer
@@ -175,184 +203,244 @@ def census_child(log: str, tokenizer: str, limit: int | None, parallel: bool) ->
 
     settings = Settings.load({})
     load_tokenizer(tokenizer, settings.data_dir)  # converts the packaged model once, untimed
-    path = Path(log)
-    if limit is not None:
-        path = head(path, limit)
     started = time.perf_counter()
-    factory = functools.partial(load_tokenizer, tokenizer, settings.data_dir)
     analysis = Analyzer(
         AnalyzeOptions(),
         settings=settings,
-        tokenizer=factory,
+        tokenizer=functools.partial(load_tokenizer, tokenizer, settings.data_dir),
         replay=False,
-        parallel=parallel,
+        parallel=True,
         freeze_gc=True,
-    ).run([path])
+    ).run([Path(log)])
     wall = time.perf_counter() - started
-    cpu = resource.getrusage(resource.RUSAGE_SELF)
-    child = resource.getrusage(resource.RUSAGE_CHILDREN)
     total = analysis.census.total
-    print(
-        json.dumps(
-            {
-                "tokenizer": tokenizer,
-                "parallel": parallel,
-                "requests": total.requests,
-                "wall_s": wall,
-                "cpu_s_census_process": cpu.ru_utime + cpu.ru_stime,
-                "cpu_s_reader_process": child.ru_utime + child.ru_stime,
-                "peak_rss_mib_reader_process": child.ru_maxrss / 1024,
-                "load_average": os.getloadavg(),
-                "requests_per_s": total.requests / wall,
-                "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-                "census": {c.value: n / total.requests for c, n in total.classes.items()},
-                "prefix_token_share": total.reused_tokens / total.prompt_tokens,
-                "prompt_tokens": total.prompt_tokens,
-                "prefix_tree_tokens": analysis.census.prefix.cached_tokens,
-                "prefix_tree_nodes": analysis.census.prefix.nodes,
-                "prefix_bounded": analysis.census.prefix_bounded,
-                "breakers": [(b.tenant, b.kind, b.requests) for b in analysis.breakers[:3]],
-            }
-        )
+    return {
+        "tokenizer": tokenizer,
+        "requests": total.requests,
+        "wall_s": wall,
+        **usage(),
+        "census": total.shares(),
+        "prefix_token_share": total.prefix_token_share,
+        "prompt_tokens": total.prompt_tokens,
+        "prefix_tree_tokens": analysis.census.prefix.cached_tokens,
+        "prefix_bounded": analysis.census.prefix_bounded,
+        "breakers": [(b.tenant, b.kind, b.requests) for b in analysis.breakers[:3]],
+    }
+
+
+def default_child(log: str, out: str) -> dict[str, Any]:
+    from infercache.cli import main
+
+    started = time.perf_counter()
+    code = main(["analyze", log, "--format", "json", "--out", out])
+    wall = time.perf_counter() - started
+    if code != 0:
+        raise SystemExit(f"infercache analyze exited {code}")
+    report = json.loads(Path(out).read_text())
+    near = report["near_duplicates"]
+    return {
+        "wall_s": wall,
+        **usage(),
+        "requests": report["requests"],
+        "census": report["census"],
+        "prefix_token_share": report["prefix_token_share"],
+        "recommendation": report["recommendation"]["layering"],
+        "tokenizer": report["settings"]["tokenizer"],
+        "near_duplicates": {
+            k: near.get(k)
+            for k in (
+                "share",
+                "interval",
+                "sample_rate",
+                "checked",
+                "texts_embedded",
+                "candidate_texts_embedded",
+                "embed_s",
+                "label",
+            )
+        },
+        "knee": report["kv_sweep"]["knee"],
+        "exact_hit_rate": report["simulation"]["exact"].get("hit_rate"),
+    }
+
+
+def reading_child(log: str) -> dict[str, Any]:
+    from infercache.analyze.log_reader import LogReader
+
+    started = time.perf_counter()
+    lines = sum(1 for _ in LogReader([Path(log)]))
+    return {"lines": lines, "wall_s": time.perf_counter() - started, **usage()}
+
+
+def mooncake_child(trace: str, budgets: str) -> dict[str, Any]:
+    from infercache.analyze.analysis import Analyzer
+    from infercache.analyze.options import AnalyzeOptions
+    from infercache.analyze.reports.document import build_report
+    from infercache.analyze.tokenizing.tokenizers import Chars4Tokenizer
+    from infercache.settings import Settings
+
+    settings = Settings.load({})
+    started = time.perf_counter()
+    analysis = Analyzer(AnalyzeOptions(), settings=settings, tokenizer=Chars4Tokenizer).run(
+        [Path(trace)]
     )
+    report = build_report(analysis)
+    wall = time.perf_counter() - started
+    curve = {p["budget_tokens"]: p["token_share"] for p in report["kv_sweep"]["curve"]}
+    checks = []
+    for budget in (int(b) for b in budgets.split(",")):
+        bounded = Analyzer(
+            AnalyzeOptions(prefix_capacity_tokens=budget), settings=settings,
+            tokenizer=Chars4Tokenizer,
+        ).run([Path(trace)])  # fmt: skip
+        real = bounded.replays["prefix"].strategies["prefix"]["token_hit_rate"]
+        checks.append({"budget_tokens": budget, "sweep": curve.get(budget), "replay": real})
+    return {
+        "wall_s": wall,
+        "requests": report["requests"],
+        "recommendation": report["recommendation"]["layering"],
+        "reasons": {r["strategy"]: r["text"] for r in report["recommendation"]["reasons"]},
+        "prefix_token_share": report["prefix_token_share"],
+        "kv_sweep": report["kv_sweep"],
+        "sweep_vs_replay": checks,
+    }
 
 
-def head(log: Path, n: int) -> Path:
-    """The first n lines of a log, as its own file (cached next to it)."""
-    out = log.with_name(f"{log.name.split('.')[0]}-head{n}.jsonl")
-    if not out.is_file():
-        with gzip.open(log, "rt", encoding="utf-8") as src, out.open("w", encoding="utf-8") as dst:
-            for i, line in enumerate(src):
-                if i >= n:
-                    break
-                dst.write(line)
+def redacted_child(seed: str) -> dict[str, Any]:
+    from infercache.analyze.analysis import Analyzer
+    from infercache.analyze.options import AnalyzeOptions
+    from infercache.analyze.reports.document import build_report
+    from infercache.analyze.tokenizing.tokenizers import load_tokenizer
+    from infercache.settings import Settings
+
+    settings = Settings.load({})
+    tokenizer = load_tokenizer("smollm2", settings.data_dir)
+    out: dict[str, Any] = {"tokenizer": tokenizer.name}
+    days = {
+        "support bot (~150-token system prompt), 5,000 requests": short_support_bot(
+            int(seed), 5000
+        ),
+        "multi-turn chat, 300 conversations": multi_turn_chat(int(seed), 300),
+    }
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, gen in days.items():
+            plain_log, redacted_log = write_twins(
+                gen, Path(tmp), secret=os.urandom(32), tokenizer=tokenizer,
+                policy=settings.policy(),
+            )  # fmt: skip
+            reports = [
+                build_report(
+                    Analyzer(AnalyzeOptions(), settings=settings, tokenizer=lambda: tokenizer).run(
+                        [path]
+                    )
+                )
+                for path in (plain_log, redacted_log)
+            ]
+            out[name] = {
+                side: {
+                    "exact_repeat": r["census"]["exact_repeat"],
+                    "prefix_token_share": r["prefix_token_share"],
+                    "recommendation": r["recommendation"]["layering"],
+                    "log_bytes": path.stat().st_size,
+                }
+                for side, r, path in zip(
+                    ("plain", "redacted"), reports, (plain_log, redacted_log), strict=True
+                )
+            }
     return out
 
 
-def run_census(log: Path, tokenizer: str, limit: int | None, parallel: bool) -> dict[str, Any]:
-    command = [sys.executable, __file__, "_census", str(log), tokenizer, str(limit or 0)]
-    command.append("parallel" if parallel else "sequential")
+CHILDREN = {
+    "census": census_child,
+    "default": default_child,
+    "reading": reading_child,
+    "mooncake": mooncake_child,
+    "redacted": redacted_child,
+}
+
+
+def run_child(kind: str, *args: str) -> dict[str, Any]:
+    command = [sys.executable, __file__, "_child", kind, *args]
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     if done.returncode != 0:
-        raise SystemExit(f"census child failed:\n{done.stderr[-3000:]}")
+        raise SystemExit(f"{kind} child failed:\n{done.stderr[-3000:]}")
     result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
     return result
 
 
-def semantic_rate(log: Path, n: int, threads: int) -> dict[str, Any]:
-    from infercache.analyze.analysis import Analyzer
-    from infercache.analyze.census import Class
-    from infercache.analyze.options import AnalyzeOptions, SemanticOptions
-    from infercache.analyze.tokenizing.tokenizers import Chars4Tokenizer
-    from infercache.semantic.embedder import MiniLMEmbedder
-    from infercache.settings import Settings
-
-    embedder = MiniLMEmbedder(threads=threads)
-    options = AnalyzeOptions(semantic=SemanticOptions(0.85, "bench", embedder="minilm"))
-    started = time.perf_counter()
-    analysis = Analyzer(
-        options,
-        settings=Settings.load({}),
-        tokenizer=Chars4Tokenizer,
-        embedder=embedder,
-        replay=False,
-    ).run([head(log, n)])
-    wall = time.perf_counter() - started
-    run = analysis.semantic
-    if run is None:
-        raise SystemExit("the semantic pass did not run")
-    total = analysis.census.total
-    return {
-        "threads": threads,
-        "requests": total.requests,
-        "wall_s": wall,
-        "requests_per_s": total.requests / wall,
-        "load_average": os.getloadavg(),
-        "texts_embedded": run.texts_embedded,
-        "embed_s": run.embed_s,
-        "texts_per_s": run.texts_embedded / run.embed_s,
-        "near_duplicate_share": total.classes[Class.NEAR_DUPLICATE] / total.requests,
-        "mean_text_chars": run.chars_embedded / max(1, run.texts_embedded),
-    }
+def _pct(x: float) -> str:
+    return f"{100 * x:.1f}%"
 
 
-def replay_rate(log: Path, n: int) -> dict[str, Any]:
-    from infercache.analyze.analysis import Analyzer
-    from infercache.analyze.options import AnalyzeOptions
-    from infercache.analyze.tokenizing.tokenizers import Chars4Tokenizer
-    from infercache.settings import Settings
+def report_census(r: dict[str, Any]) -> None:
+    print(
+        f"census [{r['tokenizer']}] {r['requests']:,} requests in {r['wall_s']:.1f} s (load "
+        f"{r['load_average'][0]:.1f}; CPU {r['cpu_s_main_process']:.0f} s + reader "
+        f"{r['cpu_s_reader_process']:.0f} s), peak RSS {r['peak_rss_mib_main_process']:,.0f} + "
+        f"{r['peak_rss_mib_reader_process']:,.0f} MiB; "
+        f"census {json.dumps({k: round(v, 3) for k, v in r['census'].items()})}, "
+        f"prefix token share {r['prefix_token_share']:.3f}"
+    )
 
-    sample = head(log, n)
-    timings = {}
-    for replay in (False, True):
-        started = time.perf_counter()
-        analysis = Analyzer(
-            AnalyzeOptions(), settings=Settings.load({}), tokenizer=Chars4Tokenizer, replay=replay
-        ).run([sample])
-        timings[replay] = time.perf_counter() - started
-    layered = analysis.replays["layered"]
-    return {
-        "requests": n,
-        "census_s": timings[False],
-        "census_and_replay_s": timings[True],
-        "replay_requests_per_s": n / max(1e-9, timings[True] - timings[False]),
-        "exact_hit_rate": layered.strategies["exact"]["hit_rate"],
-        "prefix_token_hit_rate": analysis.replays["prefix"].strategies["prefix"]["token_hit_rate"],
-    }
+
+def report_default(r: dict[str, Any], floor: dict[str, Any]) -> None:
+    near = r["near_duplicates"]
+    rss = r["peak_rss_mib_main_process"] + r["peak_rss_mib_reader_process"]
+    print(
+        f"default analysis: {r['requests']:,} requests in {r['wall_s']:.0f} s (load "
+        f"{r['load_average'][0]:.1f}; CPU {r['cpu_s_main_process']:.0f} s + reader "
+        f"{r['cpu_s_reader_process']:.0f} s), peak RSS {r['peak_rss_mib_main_process']:,.0f} + "
+        f"{r['peak_rss_mib_reader_process']:,.0f} = {rss:,.0f} MiB; reading alone "
+        f"{floor['wall_s']:.0f} s; tokenizer {r['tokenizer']}"
+    )
+    print(
+        f"  near-duplicates {_pct(near['share'])} [{_pct(near['interval'][0])}, "
+        f"{_pct(near['interval'][1])}] on a sample of {near['checked']:,} (rate "
+        f"{near['sample_rate']:.4f}); MiniLM embedded {near['texts_embedded']:,} texts, static "
+        f"{near['candidate_texts_embedded']:,}, {near['embed_s']:.0f} s embedding; "
+        f"recommendation {r['recommendation']}; knee {r['knee']}"
+    )
 
 
 def main() -> None:
-    if len(sys.argv) > 1 and sys.argv[1] == "_census":
-        census_child(sys.argv[2], sys.argv[3], int(sys.argv[4]) or None, sys.argv[5] == "parallel")
+    if len(sys.argv) > 2 and sys.argv[1] == "_child":
+        print(json.dumps(CHILDREN[sys.argv[2]](*sys.argv[3:])))
         return
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", type=Path, default=Path("/work/shared/data"))
     parser.add_argument("--out", type=Path, default=HERE / "out" / "analyze")
     parser.add_argument("--requests", type=int, default=1_000_000)
+    parser.add_argument("--sections", default="census,default,mooncake,redacted")
     parser.add_argument("--tokenizers", default="chars4,smollm2")
-    parser.add_argument(
-        "--smollm2-requests",
-        type=int,
-        default=None,
-        help="census the packaged tokenizer on the first N requests only",
-    )
-    parser.add_argument(
-        "--parallel",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="read and parse in a second process (the CLI's default for big logs)",
-    )
-    parser.add_argument("--semantic-sample", type=int, default=5000)
-    parser.add_argument(
-        "--threads", type=int, default=1, help="torch threads for MiniLM (2 thrashes when busy)"
-    )
-    parser.add_argument("--replay-sample", type=int, default=100_000)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    log = generate(args.data, args.out, args.requests, args.seed)
-    results: dict[str, Any] = {"log": str(log), "requests": args.requests, "census": {}}
-    for tokenizer in args.tokenizers.split(","):
-        limit = args.smollm2_requests if tokenizer == "smollm2" else None
-        results["census"][tokenizer] = r = run_census(log, tokenizer, limit, args.parallel)
+    sections = args.sections.split(",")
+    results: dict[str, Any] = {"requests": args.requests}
+    if {"census", "default"} & set(sections):
+        log = generate(args.data, args.out, args.requests, args.seed)
+        results["log"] = str(log)
+    if "census" in sections:
+        results["census"] = {}
+        for tokenizer in args.tokenizers.split(","):
+            results["census"][tokenizer] = r = run_child("census", str(log), tokenizer)
+            report_census(r)
+    if "default" in sections:
+        floor = results["reading"] = run_child("reading", str(log))
+        out = args.out / "default-report.json"
+        results["default"] = r = run_child("default", str(log), str(out))
+        report_default(r, floor)
+    if "mooncake" in sections:
+        trace = args.data / "mooncake_synthetic_trace.jsonl"
+        results["mooncake"] = r = run_child("mooncake", str(trace), "1048576,4194304,16777216")
         print(
-            f"census [{tokenizer}] {r['requests']:,} requests in {r['wall_s']:.1f} s "
-            f"({r['requests_per_s']:,.0f}/s; CPU {r['cpu_s_census_process']:.0f} s + reader "
-            f"{r['cpu_s_reader_process']:.0f} s; load {r['load_average'][0]:.1f}), peak RSS "
-            f"{r['peak_rss_mib']:,.0f} MiB (reader {r['peak_rss_mib_reader_process']:,.0f}); "
-            f"census {json.dumps({k: round(v, 3) for k, v in r['census'].items()})}, "
-            f"prefix token share {r['prefix_token_share']:.3f}"
+            f"mooncake: {r['requests']:,} requests in {r['wall_s']:.1f} s; "
+            f"{r['recommendation']}; prefix token share {_pct(r['prefix_token_share'])}; "
+            f"knee {r['kv_sweep']['knee']}; sweep vs replay {r['sweep_vs_replay']}"
         )
-    if args.replay_sample:
-        results["replay"] = r = replay_rate(log, args.replay_sample)
-        print(f"replay (layered + prefix alone): {r['replay_requests_per_s']:,.0f} requests/s")
-    if args.semantic_sample:
-        results["semantic"] = r = semantic_rate(log, args.semantic_sample, args.threads)
-        print(
-            f"semantic pass (MiniLM, batched, {r['threads']} thread(s)): "
-            f"{r['texts_per_s']:,.0f} texts/s embedded, {r['requests_per_s']:,.0f} requests/s "
-            f"overall (load {r['load_average'][0]:.1f})"
-        )
+    if "redacted" in sections:
+        results["redacted"] = r = run_child("redacted", str(args.seed))
+        print(f"redacted twins ({r['tokenizer']}): " + json.dumps(r, indent=1))
     (args.out / "results.json").write_text(json.dumps(results, indent=2))
 
 

@@ -4,6 +4,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from infercache.analyze.tokenizing.chat_frames import turns_of
 from infercache.analyze.tokenizing.tokenizers import (
@@ -132,3 +134,28 @@ def test_packaged_smollm2_tokenizer_equals_rendering_then_encoding(
 def test_an_unknown_tokenizer_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="--tokenizer 'nonsense'"):
         load_tokenizer("nonsense", tmp_path)
+
+
+@pytest.fixture(scope="module")
+def word_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> TemplateTokenizer:
+    return TemplateTokenizer.from_dir(write_tokenizer(tmp_path_factory.mktemp("w") / "tok", CHATML))
+
+
+@given(text=st.text(alphabet=st.sampled_from(list("ab c\n\t'sé東😀1.,!")), max_size=60))
+@settings(max_examples=200, deadline=None)
+def test_byte_level_bpe_word_by_word_equals_the_library(
+    word_tokenizer: TemplateTokenizer, text: str
+) -> None:
+    words = word_tokenizer._words
+    assert words is not None  # a plain byte-level BPE: the word path is taken
+    expected = tuple(word_tokenizer.hf.encode(text, add_special_tokens=False).ids)
+    assert words.encode(text) == expected
+
+
+@pytest.mark.slow
+def test_the_packaged_tokenizer_takes_the_word_path(smollm2: PromptTokenizer) -> None:
+    assert isinstance(smollm2, TemplateTokenizer)
+    words = smollm2._words
+    assert words is not None
+    for text in [SUPPORT_SYSTEM, "  leading\n\n\ttabs  and 1,234.5 numbers — naïve 東京 😀 it's"]:
+        assert words.encode(text) == tuple(smollm2.hf.encode(text, add_special_tokens=False).ids)

@@ -18,7 +18,8 @@ request (bench/README.md, Analyzer, design figures). Instead a request is render
 through caches that rely on special tokens splitting a text into runs (cached_runs.py): a
 shared system prompt or a repeated question costs dict lookups. When a tokenizer's added
 tokens do not match verbatim (lstrip/rstrip/single_word/normalized flags), the whole rendered
-text is encoded instead.
+text is encoded instead. A run the caches have not seen is encoded word by word when the
+tokenizer is a plain byte-level BPE (byte_level_words.py).
 Invariant (tests/analyze/test_tokenizers.py): `encode_messages(m) == encode(template(m))`.
 Token ids are interned (one int object per id) so stored prompts share them.
 """
@@ -32,6 +33,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from infercache.analyze.tokenizing.byte_level_words import ByteLevelWords
 from infercache.analyze.tokenizing.cached_runs import CachedRunEncoder, Ids
 from infercache.analyze.tokenizing.chat_frames import (
     CHATML_SPECIALS,
@@ -87,6 +89,7 @@ class TemplateTokenizer:
         specials = {t.content: i for i, t in added.items()}
         self._special_ids = frozenset(specials.values())
         self._boundaries: frozenset[int] | None = None
+        self._words = ByteLevelWords.of(tokenizer, self._ints)
         self._segments = (
             CachedRunEncoder(self._encode_run, specials, cache_chars=cache_chars)
             if verbatim and specials
@@ -105,6 +108,9 @@ class TemplateTokenizer:
         return cls(tokenizer, _chat_template(directory), name=name or f"hf:{directory.name}")
 
     def _encode_run(self, text: str) -> Ids:
+        """A run without special tokens: word by word when the tokenizer allows it."""
+        if self._words is not None:
+            return self._words.encode(text)
         ids = self.hf.encode(text, add_special_tokens=False).ids
         return tuple(map(self._ints.__getitem__, ids))
 
