@@ -38,7 +38,7 @@ from infercache.errors import (
 
 log = logging.getLogger(__name__)
 
-Handler = Callable[[Request, Exception], Awaitable[Response]]
+ErrorHandler = Callable[[Request, Exception], Awaitable[Response]]
 
 
 def error_response(exc: InfercacheError) -> JSONResponse:
@@ -68,7 +68,7 @@ async def _on_http_error(request: Request, exc: Exception) -> Response:
     return JSONResponse(body, status_code=status, headers=exc.headers)
 
 
-def exception_handlers() -> dict[Any, Handler]:
+def exception_handlers() -> dict[Any, ErrorHandler]:
     """Starlette `exception_handlers` for our errors and Starlette's own HTTP errors."""
     return {InfercacheError: _on_infercache_error, HTTPException: _on_http_error}
 
