@@ -207,4 +207,4 @@ def test_a_burst_over_the_queue_gets_429s_and_no_5xx_and_the_engine_recovers(
             assert r.json()["choices"][0]["finish_reason"] == "length"
         stats = http.get("/stats").json()
     assert (stats["queue_length"], stats["running_sequences"]) == (0, 0)
-    assert stats["config"]["max_queue"] == 4
+    assert (stats["config"]["max_queue"], stats["config"]["max_batch"]) == (4, 2)

@@ -13,6 +13,7 @@ import pytest
 
 from infercache.engine.engine import Engine
 from infercache.errors import (
+    ConfigError,
     ContextTooLongError,
     InfercacheError,
     InvalidRequestError,
@@ -385,3 +386,14 @@ def test_a_swap_can_abort_the_running_batch_with_a_clear_error(
         list(stream)
     assert engine.stats()["running_sequences"] == 0
     assert engine.chat(body(engine))["system_fingerprint"] == engine.model_version
+
+
+def test_a_failed_swap_raises_to_the_caller_and_the_old_model_keeps_serving(
+    make_engine: MakeEngine, tiny_dir: Path, tmp_path: Path
+) -> None:
+    engine = make_engine(tiny_dir)
+    version = engine.model_version
+    with pytest.raises(ConfigError):
+        engine.swap_model(tmp_path / "no-such-model")
+    assert engine.model_version == version
+    assert engine.chat(body(engine))["system_fingerprint"] == version

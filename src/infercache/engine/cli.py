@@ -40,36 +40,41 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         action="store_true",
         help="let tenants reuse each other's KV (leaks prefixes through timing)",
     )
-    serve.add_argument(
-        "--max-batch",
-        type=int,
-        default=None,
-        help="requests that run together, one batched forward a step (default 16)",
-    )
-    serve.add_argument(
-        "--max-queue",
-        type=int,
-        default=None,
-        help="requests that may wait for a place; one more gets HTTP 429 (default 64)",
-    )
-    serve.add_argument(
-        "--max-step-tokens",
-        type=int,
-        default=None,
-        help="tokens computed per step: every decode, then prompt chunks (default 256)",
-    )
-    serve.add_argument(
-        "--max-running-kv-bytes",
-        type=int,
-        default=None,
-        help="KV the running requests may reserve together (default 512 MiB)",
-    )
+    _add_batching_options(serve)
     serve.add_argument("--threads", type=int, default=None, help="torch threads (default: all)")
     serve.add_argument("--max-context-tokens", type=int, default=None)
     serve.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     serve.add_argument("--data-dir", type=Path, default=None, help="converted-model cache root")
     serve.add_argument("--log-level", default="info", help="uvicorn log level")
     serve.set_defaults(handler=_serve)
+
+
+def _add_batching_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--max-batch",
+        type=int,
+        default=None,
+        help="requests that run together, one batched forward a step (default 16)",
+    )
+    parser.add_argument(
+        "--max-queue",
+        type=int,
+        default=None,
+        help="requests that may wait beyond the free places in the batch; one more gets HTTP 429 "
+        "(default 64)",
+    )
+    parser.add_argument(
+        "--max-step-tokens",
+        type=int,
+        default=None,
+        help="tokens computed per step: every decode, then prompt chunks (default 256)",
+    )
+    parser.add_argument(
+        "--max-running-kv-bytes",
+        type=int,
+        default=None,
+        help="KV the running requests may reserve together (default 512 MiB)",
+    )
 
 
 def _help(parser: argparse.ArgumentParser) -> int:

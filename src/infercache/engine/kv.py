@@ -1,5 +1,5 @@
 """KV storage: a preallocated slot pool (what the prefix tree's payloads point into) and the
-per-request contiguous workspace the model attends over.
+contiguous workspace of each running sequence, which the model attends over.
 
 Layout: the pool is `[layers, 2 (K, V), slots, kv_heads, head_dim]`, the workspace
 `[layers, 2, max_tokens, kv_heads, head_dim]`. They share the inner layout, so a gather is one
@@ -11,7 +11,12 @@ pushes the ids back on the pool's free stack. The pool holds `max_kv_bytes // by
 slots, so cached KV can never exceed the budget. `torch.empty` leaves pages untouched until
 written, so resident memory grows with what is cached, not with the budget.
 
-Not thread-safe: the engine's worker thread owns the pool and the workspace.
+Why a workspace per sequence rather than attending over pool slots (vLLM's paged KV): on a CPU,
+with PyTorch's attention kernels, reading scattered slots means gathering them again at every
+step and layer; a sequence's own contiguous workspace is copied into once (its cached prefix, at
+admission) and out of once (its new KV, when it finishes). A workspace is sized to the sequence
+(prompt + `max_tokens`) and dropped when it leaves the batch; the scheduler bounds their sum.
+Not thread-safe: the engine's worker thread owns the pool and the workspaces.
 """
 
 from __future__ import annotations

@@ -1,5 +1,11 @@
 """A Llama-family forward pass over KV we own (HF transformers' LlamaForCausalLM is the reference).
 
+A step (`forward_batch`) runs several sequences at once: each `Segment` is one sequence's new
+tokens at its own positions, with its own KV workspace. Their rows are stacked, so every
+projection reads its weights once for the whole batch (linear.py packs them for that); only
+attention is per segment, each over its own workspace, so sequences never see each other's keys.
+`forward` is a batch of one.
+
 Per layer: RMSNorm → fused QKV projection → RoPE on Q and K at absolute positions
 `start .. start+s-1` → K, V written into the workspace at those positions → attention of the
 `s` new queries over workspace positions `[0, start+s)` → output projection → residual →

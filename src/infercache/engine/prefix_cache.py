@@ -1,5 +1,8 @@
 """The prefix cache: the radix tree (which token prefixes are cached) over the KV pool (where
-their K/V live), with the request life cycle the runner follows.
+their K/V live), with the life cycle the runner follows for each sequence: `acquire` when it is
+admitted, its lease held (the matched node locked) while it runs, `release` when it finishes.
+Many sequences hold leases at once; one that finishes inserts what another inserted meanwhile
+only once (the duplicate slots are freed).
 
 - `acquire(namespace, prompt, workspace)`: match the longest cached prefix of the prompt,
   capped at `len(prompt) - 1` so the last prompt token is always recomputed (its logits start

@@ -201,17 +201,21 @@ class Worker:
         with self._cond:
             self._swaps.pop(0)
         try:
-            loaded = swap.load()
-        except Exception as e:  # noqa: BLE001 - raised to the caller of `swap`
-            runner.scheduler.admitting = True
+            self._swap_to(swap.load())
+        except Exception as e:  # raised to the caller of `swap`; the old model keeps serving
+            logger.exception("model swap failed")
             swap.done.set_exception(e)
-            return
+        else:
+            swap.done.set_result(None)
+        finally:
+            self._runner.scheduler.admitting = True
+
+    def _swap_to(self, loaded: LoadedModel) -> None:
         with self._cond:  # atomic for `submit`: a request is prepared for the model it meets
             self.loaded = loaded
             self._runner = self._runner_for(loaded)
             self._waiting.rewrite(lambda seq: self._prepare_again(seq, loaded))
         self._accounting.record_cache(loaded.cache_stats())
-        swap.done.set_result(None)
 
     def _prepare_again(self, seq: Sequence, loaded: LoadedModel) -> Sequence | None:
         sink = seq.sink
