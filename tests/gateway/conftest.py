@@ -13,7 +13,6 @@ import pytest
 
 from infercache.gateway.build import Built, build
 from infercache.gateway.config import GatewayConfig
-from infercache.gateway.upstream import HTTPUpstream
 from infercache.settings import Settings
 from tests.gateway.servers import FakeUpstream, serve
 
@@ -48,18 +47,18 @@ def make_gateway(tmp_path: Path, fake: tuple[FakeUpstream, str]) -> Iterator[Mak
     upstream, upstream_url = fake
     with ExitStack() as stack:
 
-        def make(store_url: str | None = None, **config: Any) -> Running:
+        def make(
+            store_url: str | None = None, environ: dict[str, str] | None = None, **config: Any
+        ) -> Running:
+            """A gateway built as `infercache serve` builds it, in front of the stand-in."""
             settings = Settings(
                 data_dir=tmp_path,
                 store_url=store_url or f"sqlite:///{tmp_path / 'gateway.db'}",
                 default_ttl_s=600,
             )
-            gateway_config = GatewayConfig(upstreams=(f"{upstream_url}/v1",), **config)
-            built = build(
-                settings,
-                gateway_config,
-                upstreams=[HTTPUpstream(f"{upstream_url}/v1")],
-            )
+            config.setdefault("upstreams", (f"{upstream_url}/v1",))
+            gateway_config = GatewayConfig(**config).with_env(environ or {})
+            built = build(settings, gateway_config)
             url = stack.enter_context(serve(built.app))
             return Running(url, built, upstream)
 

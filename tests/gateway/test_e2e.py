@@ -5,18 +5,17 @@ embedded default (`infercache serve` with the engine in process)."""
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import httpx
 import openai
 import pytest
 
 from tests.conftest import free_port
+from tests.processes import infercache_exe, start, stop, wait_for_line
 
 pytestmark = pytest.mark.slow
 
@@ -26,46 +25,10 @@ LONG_SYSTEM = (
 )
 
 
-def infercache_exe() -> str:
-    exe = shutil.which("infercache", path=str(Path(sys.executable).parent))
-    assert exe is not None
-    return exe
-
-
-def wait_for_line(stream: IO[str], marker: str, process: subprocess.Popen[str]) -> None:
-    """Block on the process's own output until it says it is ready (no polling, no sleep)."""
-    seen = []
-    for line in stream:
-        seen.append(line)
-        if marker in line:
-            return
-    raise AssertionError(f"exited with {process.wait()} before {marker!r}: {''.join(seen)}")
-
-
-def start(args: list[str], marker: str, *, on_stderr: bool) -> subprocess.Popen[str]:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    process = subprocess.Popen(
-        [infercache_exe(), *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
-    stream = process.stderr if on_stderr else process.stdout
-    assert stream is not None
-    wait_for_line(stream, marker, process)
-    return process
-
-
-def stop(process: subprocess.Popen[str]) -> None:
-    process.terminate()
-    process.communicate(timeout=60)
-
-
 @pytest.fixture(scope="module")
 def engine_url() -> Iterator[str]:
     port = free_port()
-    process = start(
+    process, _ = start(
         ["engine", "serve", "--port", str(port), "--log-level", "info"],
         "Uvicorn running",
         on_stderr=True,
@@ -78,7 +41,7 @@ def engine_url() -> Iterator[str]:
 def gateway_url(engine_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     port = free_port()
     store = tmp_path_factory.mktemp("e2e") / "cache.db"
-    process = start(
+    process, _ = start(
         [
             "serve", "--port", str(port), "--upstream", engine_url,
             "--store", f"sqlite:///{store}",

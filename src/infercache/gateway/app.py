@@ -72,12 +72,14 @@ def create_app(
         return JSONResponse({"object": "list", "data": list(seen.values())})
 
     async def metrics(request: Request) -> Response:
+        auth.require_metrics(request.headers.get("authorization"))
         return Response(
             gateway.cache.metrics.to_prometheus(),
             media_type="text/plain; version=0.0.4; charset=utf-8",
         )
 
     async def stats(request: Request) -> Response:
+        auth.require_stats(request.headers.get("authorization"))
         return JSONResponse(gateway_stats(gateway))
 
     async def healthz(request: Request) -> Response:

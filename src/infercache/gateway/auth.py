@@ -13,7 +13,9 @@
 
 So a caller reaches exactly the answers of its own key (or of the keyless), whatever it claims.
 Admin endpoints need the separate admin token: none → 401, a tenant key → 403, and with no
-admin token configured they are disabled (403). Comparisons are constant-time.
+admin token configured they are disabled (403). With API keys configured, `/stats` needs the
+admin token too, and `/metrics` needs the metrics token (or, without one, the admin token); in
+open mode both are open unless a metrics token is set. Comparisons are constant-time.
 """
 
 from __future__ import annotations
@@ -86,9 +88,33 @@ def resolve_tenant(caller: Caller, headers: Mapping[str, str], body: Mapping[str
 
 
 class Auth:
-    def __init__(self, api_keys: Mapping[str, str], admin_token: str | None) -> None:
+    def __init__(
+        self,
+        api_keys: Mapping[str, str],
+        admin_token: str | None,
+        metrics_token: str | None = None,
+    ) -> None:
         self._keys = dict(api_keys)
         self._admin_token = admin_token
+        self._metrics_token = metrics_token
+
+    def require_stats(self, authorization: str | None) -> None:
+        if self._keys:
+            self.require_admin(authorization)
+
+    def require_metrics(self, authorization: str | None) -> None:
+        if self._metrics_token is not None:
+            token = bearer_token(authorization)
+            if token is not None and hmac.compare_digest(
+                token.encode(), self._metrics_token.encode()
+            ):
+                return
+            if token is None:
+                raise AuthenticationError("missing metrics token: send 'Authorization: Bearer T'")
+            self.require_admin(authorization)  # the admin token opens everything
+            return
+        if self._keys:
+            self.require_admin(authorization)
 
     def caller(self, authorization: str | None) -> Caller:
         token = bearer_token(authorization)

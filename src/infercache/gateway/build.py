@@ -59,7 +59,7 @@ def build(
         )
     app = create_app(
         gateway,
-        Auth(config.api_keys, config.admin_token),
+        Auth(config.api_keys, config.admin_token, config.metrics_token),
         max_body_bytes=config.max_body_bytes,
         version_poll_s=config.version_poll_s,
     )
@@ -74,8 +74,13 @@ def _upstreams(
 ) -> list[Upstream]:
     if config.upstreams:
         return [
-            HTTPUpstream(url, api_key=config.upstream_api_key, timeout_s=config.upstream_timeout_s)
-            for url in config.upstreams
+            HTTPUpstream(
+                spec.url,
+                api_key=config.key_for(spec),
+                forward_client_key=config.forward_client_key,
+                timeout_s=config.upstream_timeout_s,
+            )
+            for spec in config.upstreams
         ]
     from infercache.engine.engine import Engine
     from infercache.gateway.engine_upstream import EngineUpstream

@@ -6,12 +6,14 @@ import argparse
 import logging
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from infercache.cli_cache import add_store_options, settings_from_args
 from infercache.errors import ConfigError, InfercacheError
-from infercache.gateway.config import GatewayConfig, normalise_upstream, parse_api_keys
+from infercache.gateway.config import GatewayConfig, UpstreamSpec, parse_api_keys
+from infercache.urls import mask_credentials
 
 
 def _config(args: argparse.Namespace) -> GatewayConfig:
@@ -24,11 +26,20 @@ def _config(args: argparse.Namespace) -> GatewayConfig:
     if args.port is not None:
         flags["port"] = args.port
     if args.upstream:
-        flags["upstreams"] = [normalise_upstream(u) for u in args.upstream]
+        specs = [UpstreamSpec.parse(u) for u in args.upstream]
+        if args.upstream_key_env is not None:
+            specs = [s if s.key_env else replace(s, key_env=args.upstream_key_env) for s in specs]
+        flags["upstreams"] = specs
+    elif args.upstream_key_env is not None:
+        raise ConfigError("--upstream-key-env needs --upstream")
+    if args.forward_client_key:
+        flags["forward_client_key"] = True
     if args.api_key:
         flags["api_keys"] = parse_api_keys(args.api_key)
     if args.admin_token is not None:
         flags["admin_token"] = args.admin_token
+    if args.metrics_token is not None:
+        flags["metrics_token"] = args.metrics_token
     if args.request_log is not None:
         flags["request_log"] = args.request_log
     if args.redact:
@@ -65,7 +76,7 @@ def _serve(args: argparse.Namespace) -> int:
     upstream = ", ".join(u.name for u in built.gateway.upstreams)
     ready_line = (
         f"infercache gateway ready on http://{config.host}:{config.port}/v1 "
-        f"(upstream: {upstream}; store: {built.cache.backend.url})"
+        f"(upstream: {upstream}; store: {mask_credentials(built.cache.backend.url)})"
     )
 
     class Server(uvicorn.Server):
@@ -94,8 +105,20 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     p.add_argument(
         "--upstream",
         action="append",
-        metavar="URL",
-        help="an OpenAI-compatible base URL (repeat for replicas; prefix-aware routing)",
+        metavar="URL[,kind=K][,key_env=VAR]",
+        help="an OpenAI-compatible base URL (repeat for replicas; prefix-aware routing); kind is "
+        "openai (default), vllm or sglang; key_env names the variable holding its API key",
+    )
+    p.add_argument(
+        "--upstream-key-env",
+        metavar="VAR",
+        help="environment variable holding the API key of every --upstream without key_env "
+        "(default: INFERCACHE_UPSTREAM_API_KEY); a client's gateway key is never forwarded",
+    )
+    p.add_argument(
+        "--forward-client-key",
+        action="store_true",
+        help="open mode only: send each caller's own bearer token to the upstream",
     )
     p.add_argument(
         "--api-key",
@@ -103,7 +126,15 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         metavar="KEY=TENANT",
         help="a client API key and its tenant (repeatable); with any, keys are required",
     )
-    p.add_argument("--admin-token", help="bearer token for /admin/* (or INFERCACHE_ADMIN_TOKEN)")
+    p.add_argument(
+        "--admin-token",
+        help="bearer token for /admin/* and, with --api-key, /stats (or INFERCACHE_ADMIN_TOKEN)",
+    )
+    p.add_argument(
+        "--metrics-token",
+        help="bearer token for /metrics (or INFERCACHE_METRICS_TOKEN; default: open without "
+        "--api-key, the admin token with it)",
+    )
     p.add_argument(
         "--request-log", type=Path, metavar="PATH", help="append one JSON line per request"
     )

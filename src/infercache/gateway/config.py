@@ -1,17 +1,27 @@
 """The gateway's frozen settings: from `[gateway]` in the config file, then CLI flags, then
-secrets from the environment (`INFERCACHE_UPSTREAM_API_KEY`, `INFERCACHE_ADMIN_TOKEN`).
+secrets from the environment (`INFERCACHE_UPSTREAM_API_KEY`, `INFERCACHE_ADMIN_TOKEN`,
+`INFERCACHE_METRICS_TOKEN`, and each upstream's own `key_env`).
 
     [gateway]
     host = "127.0.0.1"
     port = 8080
     upstreams = ["http://127.0.0.1:8000/v1"]   # none: the built-in engine, in process
+    # or, per upstream: its kind and the environment variable holding its API key
+    # upstreams = [{ url = "https://api.openai.com/v1", key_env = "OPENAI_API_KEY" }]
     api_keys = { "sk-team-a" = "team-a" }       # key = tenant; none: open, see auth.py
+    forward_client_key = false                  # open mode only: send the caller's bearer on
     max_body_bytes = 4194304
     request_log = "requests.jsonl"
     redact = false
     version_poll_s = 30
     use_fingerprints = true                     # a new system_fingerprint is a model swap
     upstream_timeout_s = 600
+    store_budget_s = 0.05                       # a store call over this is a counted miss
+
+Credentials: an upstream is called with its own key (its `key_env`, else
+`INFERCACHE_UPSTREAM_API_KEY`), or with none. A client's gateway key is never forwarded; the
+caller's own bearer goes upstream only with `forward_client_key`, which needs open mode. A URL's
+`user:password@` becomes HTTP Basic auth and is masked wherever the URL is shown (urls.py).
 """
 
 from __future__ import annotations
@@ -23,33 +33,107 @@ from pathlib import Path
 from typing import Any
 
 from infercache.errors import ConfigError
+from infercache.urls import has_credentials, mask_credentials
+
+UPSTREAM_KINDS = ("openai", "vllm", "sglang")
+
+
+@dataclass(frozen=True, slots=True)
+class UpstreamSpec:
+    """One upstream: its base URL, what kind of server it is, and where its API key lives."""
+
+    url: str
+    kind: str = "openai"
+    key_env: str | None = None  # the environment variable holding its API key
+
+    def __post_init__(self) -> None:
+        if not self.url.startswith(("http://", "https://")):
+            raise ConfigError(
+                f"an upstream must be an http(s) URL, got {mask_credentials(self.url)!r}"
+            )
+        if self.kind not in UPSTREAM_KINDS:
+            raise ConfigError(f"upstream kind must be one of {UPSTREAM_KINDS}, got {self.kind!r}")
+
+    @classmethod
+    def parse(cls, text: str) -> UpstreamSpec:
+        """`URL[,kind=vllm|sglang|openai][,key_env=VAR]` (the `--upstream` flag's syntax)."""
+        url, *options = text.split(",")
+        values: dict[str, str] = {}
+        for option in options:
+            name, sep, value = option.partition("=")
+            if not sep or name.strip() not in ("kind", "key_env") or not value.strip():
+                raise ConfigError(
+                    f"--upstream takes URL[,kind=...][,key_env=VAR], got option {option!r}"
+                )
+            values[name.strip()] = value.strip()
+        return cls(normalise_upstream(url.strip()), **values)
+
+    @classmethod
+    def of(cls, value: object) -> UpstreamSpec:
+        """From a config value: a URL string, a table, or a spec."""
+        if isinstance(value, UpstreamSpec):
+            return value
+        if isinstance(value, str):
+            return cls.parse(value)
+        if isinstance(value, Mapping):
+            unknown = set(value) - {"url", "kind", "key_env"}
+            if unknown or not isinstance(value.get("url"), str):
+                raise ConfigError(f"an upstream table takes url, kind, key_env: got {dict(value)}")
+            return cls(
+                normalise_upstream(value["url"]),
+                **{k: str(v) for k, v in value.items() if k != "url"},
+            )
+        raise ConfigError(f"an upstream is a URL or a table, got {value!r}")
 
 
 @dataclass(frozen=True, slots=True)
 class GatewayConfig:
     host: str = "127.0.0.1"
     port: int = 8080
-    upstreams: tuple[str, ...] = ()
-    upstream_api_key: str | None = None
+    upstreams: tuple[UpstreamSpec, ...] = ()
+    upstream_api_key: str | None = None  # the default key of upstreams without key_env
+    upstream_keys: Mapping[str, str] = field(default_factory=dict)  # url → key, from key_env
+    forward_client_key: bool = False
     api_keys: Mapping[str, str] = field(default_factory=dict)
     admin_token: str | None = None
+    metrics_token: str | None = None
     max_body_bytes: int = 4 << 20
     request_log: Path | None = None
     redact: bool = False
     version_poll_s: float | None = 30.0
     use_fingerprints: bool = True
     upstream_timeout_s: float = 600.0
+    store_budget_s: float = 0.05
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "upstreams", tuple(UpstreamSpec.of(u) for u in self.upstreams))
         if not 0 < self.port < 65536:
             raise ConfigError(f"port must be 1..65535, got {self.port}")
         if self.max_body_bytes < 1024:
             raise ConfigError(f"max_body_bytes must be >= 1024, got {self.max_body_bytes}")
-        for url in self.upstreams:
-            if not url.startswith(("http://", "https://")):
-                raise ConfigError(f"an upstream must be an http(s) URL, got {url!r}")
+        if not 0 < self.store_budget_s <= 60:
+            raise ConfigError(f"store_budget_s must be in (0, 60], got {self.store_budget_s}")
         if self.admin_token is not None and self.admin_token in self.api_keys:
             raise ConfigError("the admin token must differ from every tenant API key")
+        if self.forward_client_key and self.api_keys:
+            raise ConfigError(
+                "forward_client_key needs open mode: with --api-key, the caller's bearer is a "
+                "gateway key, and a gateway key is never sent upstream"
+            )
+        for spec in self.upstreams:
+            if has_credentials(spec.url) and (
+                self.forward_client_key or self.key_for(spec) is not None
+            ):
+                raise ConfigError(
+                    f"upstream {mask_credentials(spec.url)} has credentials in its URL and an "
+                    "API key: give it one or the other"
+                )
+
+    def key_for(self, spec: UpstreamSpec) -> str | None:
+        """The API key the gateway sends to this upstream (never a client's gateway key)."""
+        if spec.key_env is not None:
+            return self.upstream_keys.get(spec.url)
+        return self.upstream_api_key
 
     def with_toml(self, path: Path) -> GatewayConfig:
         try:
@@ -59,13 +143,13 @@ class GatewayConfig:
         return self.with_values(section, source=str(path))
 
     def with_values(self, values: Mapping[str, Any], *, source: str) -> GatewayConfig:
-        known = {f for f in self.__dataclass_fields__}
+        known = set(self.__dataclass_fields__) - {"upstream_keys"}
         unknown = set(values) - known
         if unknown:
             raise ConfigError(f"{source}: unknown [gateway] setting(s) {sorted(unknown)}")
         changes = dict(values)
         if "upstreams" in changes:
-            changes["upstreams"] = tuple(changes["upstreams"])
+            changes["upstreams"] = tuple(UpstreamSpec.of(u) for u in changes["upstreams"])
         if changes.get("request_log") is not None:
             changes["request_log"] = Path(changes["request_log"]).expanduser()
         try:
@@ -74,11 +158,28 @@ class GatewayConfig:
             raise ConfigError(f"{source}: {exc}") from exc
 
     def with_env(self, environ: Mapping[str, str]) -> GatewayConfig:
+        """Secrets from the environment: the default upstream key, the admin and metrics tokens,
+        and each upstream's `key_env` (a named variable that is unset is an error)."""
         changes: dict[str, Any] = {}
-        if environ.get("INFERCACHE_UPSTREAM_API_KEY"):
-            changes["upstream_api_key"] = environ["INFERCACHE_UPSTREAM_API_KEY"]
-        if environ.get("INFERCACHE_ADMIN_TOKEN"):
-            changes["admin_token"] = environ["INFERCACHE_ADMIN_TOKEN"]
+        for var, name in (
+            ("INFERCACHE_UPSTREAM_API_KEY", "upstream_api_key"),
+            ("INFERCACHE_ADMIN_TOKEN", "admin_token"),
+            ("INFERCACHE_METRICS_TOKEN", "metrics_token"),
+        ):
+            if environ.get(var):
+                changes[name] = environ[var]
+        keys: dict[str, str] = {}
+        for spec in self.upstreams:
+            if spec.key_env is None:
+                continue
+            if not environ.get(spec.key_env):
+                raise ConfigError(
+                    f"upstream {mask_credentials(spec.url)} takes its key from ${spec.key_env}, "
+                    "which is not set"
+                )
+            keys[spec.url] = environ[spec.key_env]
+        if keys:
+            changes["upstream_keys"] = keys
         return replace(self, **changes) if changes else self
 
 
@@ -87,7 +188,7 @@ def parse_api_keys(pairs: list[str]) -> dict[str, str]:
     for pair in pairs:
         key, sep, tenant = pair.partition("=")
         if not sep or not key or not tenant:
-            raise ConfigError(f"--api-key takes KEY=TENANT, got {pair!r}")
+            raise ConfigError("--api-key takes KEY=TENANT (the value given is not shown)")
         keys[key] = tenant
     return keys
 

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from infercache.errors import InfercacheError
 from infercache.gateway.service import Gateway
+from infercache.urls import mask_credentials
+
+log = logging.getLogger(__name__)
 
 
 def gateway_stats(gateway: Gateway) -> dict[str, Any]:
@@ -14,13 +18,14 @@ def gateway_stats(gateway: Gateway) -> dict[str, Any]:
     try:
         store = backend.stats()
         out["store"] = {
-            "url": backend.url,
+            "url": mask_credentials(backend.url),
             "entries": store.entries,
             "bytes": store.bytes,
             "max_bytes": store.max_bytes,
         }
     except InfercacheError as exc:
-        out["store"] = {"url": backend.url, "error": str(exc)}
+        out["store"] = {"url": mask_credentials(backend.url), "error": "the store is unreadable"}
+        log.warning("stats: store %s unreadable: %s", mask_credentials(backend.url), exc)
     out["upstreams"] = [
         {"name": u.name, "in_flight": n}
         for u, n in zip(gateway.upstreams, gateway.router.in_flight(), strict=True)

@@ -9,6 +9,11 @@ aiohttp exceptions are translated: a connection failure or timeout before any an
 with an error status is `UpstreamError` carrying that status and the upstream's own error body,
 so the client sees what the upstream said.
 
+Credentials: the upstream's own `api_key` (configured per upstream) as a bearer, or HTTP Basic
+auth from `user:password@` in its URL; a caller's bearer only when the gateway was started with
+`forward_client_key` (open mode). `name` is the URL with its credentials masked: it is what logs
+and `/stats` show.
+
 The tenant is forwarded as an `x-infercache-tenant` header, which the built-in engine uses to
 salt its KV prefix cache; other servers ignore it. The request body is never changed.
 """
@@ -25,6 +30,7 @@ import orjson
 
 from infercache.chat import StreamChunk
 from infercache.errors import UpstreamError, UpstreamUnavailableError
+from infercache.urls import mask_credentials, split_credentials
 
 log = logging.getLogger(__name__)
 
@@ -88,12 +94,21 @@ class HTTPUpstream:
         base_url: str,
         *,
         api_key: str | None = None,
+        forward_client_key: bool = False,
         timeout_s: float = 600.0,
         connect_timeout_s: float = 5.0,
         max_connections: int = 256,
     ) -> None:
-        self.name = base_url.rstrip("/")
+        url, user, password = split_credentials(base_url.rstrip("/"))
+        self.name = mask_credentials(base_url.rstrip("/"))
+        self._url = url
+        self._auth = (
+            aiohttp.BasicAuth(user or "", password or "").encode()
+            if user is not None or password is not None
+            else None
+        )
         self._api_key = api_key
+        self._forward_client_key = forward_client_key
         self._timeout = aiohttp.ClientTimeout(
             total=None, connect=connect_timeout_s, sock_connect=connect_timeout_s,
             sock_read=timeout_s,
@@ -111,10 +126,13 @@ class HTTPUpstream:
         return self._session
 
     def _headers(self, tenant: str, api_key: str | None) -> dict[str, str]:
+        """`api_key`: the caller's bearer, sent only when forwarding was configured."""
         headers = {"x-infercache-tenant": tenant, "content-type": "application/json"}
-        key = self._api_key or api_key
+        key = self._api_key or (api_key if self._forward_client_key else None)
         if key:
             headers["authorization"] = f"Bearer {key}"
+        elif self._auth is not None:
+            headers["authorization"] = self._auth
         return headers
 
     async def _json(
@@ -123,7 +141,7 @@ class HTTPUpstream:
         """One request, its JSON object answer; our errors for every way it can fail."""
         with map_aiohttp_errors(self.name):
             async with self._client().request(
-                method, f"{self.name}{path}", data=data, headers=headers
+                method, f"{self._url}{path}", data=data, headers=headers
             ) as response:
                 content = await response.read()
                 status = response.status
@@ -143,7 +161,7 @@ class HTTPUpstream:
     async def stream(
         self, body: dict[str, Any], *, tenant: str, api_key: str | None
     ) -> AsyncIterator[StreamChunk]:
-        url = f"{self.name}/chat/completions"
+        url = f"{self._url}/chat/completions"
         with map_aiohttp_errors(self.name):
             response = await self._client().post(
                 url,

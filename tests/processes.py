@@ -1,0 +1,54 @@
+"""Real `infercache` processes for end-to-end tests: started exactly as a user starts them, and
+waited on through their own output (no polling, no sleeping)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import IO
+
+
+def infercache_exe() -> str:
+    exe = shutil.which("infercache", path=str(Path(sys.executable).parent))
+    assert exe is not None
+    return exe
+
+
+def wait_for_line(stream: IO[str], marker: str, process: subprocess.Popen[str]) -> str:
+    """Block on the process's own output until a line holds `marker`; return that line."""
+    seen = []
+    for line in stream:
+        seen.append(line)
+        if marker in line:
+            return line
+    raise AssertionError(f"exited with {process.wait()} before {marker!r}: {''.join(seen)}")
+
+
+def start(
+    args: list[str],
+    marker: str,
+    *,
+    on_stderr: bool,
+    env: dict[str, str] | None = None,
+) -> tuple[subprocess.Popen[str], str]:
+    """`infercache ARGS...` running, once it printed `marker`; (the process, that line)."""
+    process = subprocess.Popen(
+        [infercache_exe(), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})},
+    )
+    stream = process.stderr if on_stderr else process.stdout
+    assert stream is not None
+    return process, wait_for_line(stream, marker, process)
+
+
+def stop(process: subprocess.Popen[str]) -> tuple[str, str]:
+    """Terminate it; (the rest of its stdout, the rest of its stderr)."""
+    process.terminate()
+    out, err = process.communicate(timeout=60)
+    return out, err
