@@ -4,6 +4,7 @@ sequences give the tokens they give alone."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -227,15 +228,30 @@ def test_a_prompt_without_room_in_the_context_is_refused(parts: Parts) -> None:
 
 
 def test_a_batch_gives_each_sequence_the_tokens_it_gets_alone(parts: Parts) -> None:
-    """Mixed lengths, arrivals spread over the steps, prompts chunked: each sequence's greedy
-    tokens are its solo tokens (the tiny model's logits have no near-ties)."""
+    """Mixed lengths, arrivals spread over the steps, prompts chunked, each sequence with its
+    own sampling (greedy, or seeded with a temperature and top_p), max_tokens and stop string:
+    each gets its solo tokens and text (the tiny model's logits have no near-ties)."""
     prompts = [prompt(n, seed) for seed, n in enumerate([5, 90, 17, 200, 33, 64, 1, 120])]
-    solo = [runner(parts, cache=False).generate(request(p, 12)).token_ids for p in prompts]
+    samplings = [
+        SamplingParams(12 - i % 3, temperature=0.9 * (i % 2), top_p=1 - 0.1 * (i % 4), seed=i)
+        for i in range(len(prompts))
+    ]
+    solo = [
+        runner(parts, cache=False).generate(GenerationRequest(p, s))
+        for p, s in zip(prompts, samplings, strict=True)
+    ]
+    stops = [(r.text[3:5],) if i % 4 == 3 and len(r.text) > 5 else () for i, r in enumerate(solo)]
+    samplings = [replace(s, stop=stop) for s, stop in zip(samplings, stops, strict=True)]
+    solo = [
+        runner(parts, cache=False).generate(GenerationRequest(p, s))
+        for p, s in zip(prompts, samplings, strict=True)
+    ]
+    assert any(r.finish_reason == "stop" for r in solo)
     for cache in (False, True):
         r = runner(parts, cache=cache, max_batch=4, max_step_tokens=48)
         seqs: list[Sequence] = []
-        for i, p in enumerate(prompts):
-            seqs.append(r.submit(request(p, 12)))
+        for i, (p, s) in enumerate(zip(prompts, samplings, strict=True)):
+            seqs.append(r.submit(GenerationRequest(p, s)))
             if i % 3 == 2:
                 r.step()
         sizes = []
@@ -243,7 +259,9 @@ def test_a_batch_gives_each_sequence_the_tokens_it_gets_alone(parts: Parts) -> N
             sizes.append(r.step().sequences)
             assert len(r.running) <= 4
         assert max(sizes) == 4
-        assert [outcome(s).token_ids for s in seqs] == solo
+        assert [outcome(s).token_ids for s in seqs] == [r.token_ids for r in solo]
+        assert [outcome(s).text for s in seqs] == [r.text for r in solo]
+        assert [outcome(s).finish_reason for s in seqs] == [r.finish_reason for r in solo]
 
 
 def test_decodes_run_every_step_while_a_long_prompt_is_prefilled_in_chunks(
