@@ -121,6 +121,12 @@ class Miss:
     def closed(self) -> bool:
         return self._closed
 
+    def answer(self, response: Response, upstream_s: float) -> Completion:
+        """The Completion this Miss's fetched `response` is served as (nothing counted or
+        stored: that is `close`)."""
+        key = self.lookup.key if self.lookup is not None else None
+        return Completion(response, self.layer, key=key, upstream_s=upstream_s)
+
     def _claim(self) -> bool:
         with self._lock:
             first, self._closed = not self._closed, True
@@ -348,9 +354,7 @@ class Cache:
             )
             if stored_under is not None and self.semantic is not None:
                 self.semantic.store(miss.request, stored_under, lookup.key, miss.probe)
-        return Completion(
-            response, miss.layer, key=lookup.key if lookup else None, upstream_s=upstream_s
-        )
+        return miss.answer(response, upstream_s)
 
     def _abandon(self, miss: Miss) -> None:
         if miss.layer is Layer.MISS and miss.lookup is not None:

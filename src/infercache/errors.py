@@ -15,7 +15,8 @@ and shape checks raise `ValueError`/`TypeError`, never a client-facing class.
     ├── OverloadedError                a server's queue is full: HTTP 429 with Retry-After
     ├── NotCachedError                 `only-if-cached` and nothing cached: HTTP 504
     ├── StoreError                     any cache-store failure; becomes a counted miss, never
-    │                                  a failed request
+    │   │                              a failed request
+    │   └── StoreUnavailableError      over its latency budget, or skipped while it fails
     ├── EmbedderError                  the semantic layer's embedder failed; a counted miss
     └── UpstreamError                  the upstream answered with an error (its status kept)
         ├── UpstreamUnavailableError   could not reach the upstream at all: HTTP 502
@@ -127,6 +128,10 @@ class StoreError(InfercacheError):
     """A cache store failed. Callers turn it into a counted, logged miss."""
 
     error_type = "store_error"
+
+
+class StoreUnavailableError(StoreError):
+    """The store took longer than its budget, or its circuit breaker is open: skipped."""
 
 
 class EmbedderError(InfercacheError):

@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 import orjson
 
 from infercache.clock import Clock
-from infercache.errors import StoreError
+from infercache.errors import StoreError, StoreUnavailableError
 from infercache.keys import IGNORABLE_FIELDS, exact_key
 from infercache.metrics import MissReason, StrategyMetrics
 from infercache.policy import CachePolicy, unstorable_reason, usage_tokens
@@ -79,7 +79,9 @@ class ExactCache:
         except StoreError as exc:
             self._store_error("lookup", exc)
             self._metrics.overhead(self._clock.monotonic_s() - started)
-            return Lookup(key, None, None, MissReason.STORE_ERROR)
+            unavailable = isinstance(exc, StoreUnavailableError)
+            why = MissReason.STORE_UNAVAILABLE if unavailable else MissReason.STORE_ERROR
+            return Lookup(key, None, None, why)
         reason = self._staleness(entry, view) if entry is not None else MissReason.ABSENT
         if entry is not None and reason is not None:
             self._delete(key)
@@ -123,9 +125,10 @@ class ExactCache:
         (None: not stored).
 
         `produced_by`: the model version that generated the answer, when the upstream says
-        (its system_fingerprint). The entry is then recorded under that version if it is the
-        current one, and not stored at all otherwise; without it, under the version the lookup
-        saw.
+        (its system_fingerprint). The entry is recorded under the token the lookup saw when
+        that is the version that produced it; else under the current token if the producer is
+        current now (the swap was recorded meanwhile); else not at all. Without it, under the
+        token the lookup saw.
         """
         if lookup.view is None:
             return None
@@ -136,13 +139,15 @@ class ExactCache:
             return None
         started = self._clock.monotonic_s()
         model_version = lookup.view.model_version
-        if produced_by is not None:
+        # Produced by the version the lookup saw: store under that token (a swap meanwhile
+        # leaves it unreachable). Produced by another: only if that one is current now.
+        if produced_by is not None and model_version.partition(":")[2] != produced_by:
             try:
                 current = self.versions.view(request.model, ()).model_version
             except StoreError as exc:
                 self._store_error("store", exc)
                 return None
-            if current.split(":", 1)[1] != produced_by:
+            if current.partition(":")[2] != produced_by:
                 self._metrics.count("not_stored")
                 return None
             model_version = current
@@ -179,5 +184,9 @@ class ExactCache:
             self._store_error("delete", exc)
 
     def _store_error(self, op: str, exc: StoreError) -> None:
+        if isinstance(exc, StoreUnavailableError):  # the guard logs when it starts and stops
+            self._metrics.count("store_unavailable")
+            log.debug("cache store skipped on %s: %s", op, exc)
+            return
         self._metrics.count("store_errors")
         log.warning("cache store failed on %s, serving without it: %s", op, exc)

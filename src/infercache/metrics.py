@@ -41,6 +41,7 @@ class MissReason(StrEnum):
     BYPASSED = "bypassed"
     UNCACHEABLE = "uncacheable"
     STORE_ERROR = "store_error"
+    STORE_UNAVAILABLE = "store_unavailable"  # over its latency budget, or skipped while failing
     EMBEDDER_ERROR = "embedder_error"  # the semantic layer could not embed the query
     # semantic layer: a neighbour was found but refused
     BELOW_THRESHOLD = "below_threshold"

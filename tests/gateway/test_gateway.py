@@ -359,9 +359,12 @@ def test_a_store_failing_mid_run_degrades_to_counted_misses(
         with running.client() as client:
             stats = client.get("/stats").json()
             prom = client.get("/metrics").text
-    assert stats["strategies"]["exact"]["misses"]["store_error"] == 3
+    misses = stats["strategies"]["exact"]["misses"]
+    # Failures open the store's breaker: later lookups skip it (`store_unavailable`).
+    assert misses["store_error"] >= 1
+    assert misses["store_error"] + misses.get("store_unavailable", 0) == 3
     assert "error" in stats["store"]
-    assert 'infercache_misses_total{reason="store_error",strategy="exact"} 3.0' in prom
+    assert 'infercache_misses_total{reason="store_error",strategy="exact"}' in prom
 
 
 def test_prefix_reuse_reported_by_the_upstream_is_counted(make_gateway: MakeGateway) -> None:

@@ -80,7 +80,7 @@ def create_app(
 
     async def stats(request: Request) -> Response:
         auth.require_stats(request.headers.get("authorization"))
-        return JSONResponse(gateway_stats(gateway))
+        return JSONResponse(await gateway.offload(gateway_stats, gateway))
 
     async def healthz(request: Request) -> Response:
         return JSONResponse({"status": "ok"})
@@ -91,7 +91,7 @@ def create_app(
         tags = body.get("tags") if isinstance(body, dict) else None
         if not isinstance(tags, list) or not tags or not all(isinstance(t, str) for t in tags):
             raise InvalidRequestError("'tags' must be a non-empty list of strings", param="tags")
-        n = gateway.cache.invalidate(tags)
+        n = await gateway.offload(gateway.cache.invalidate, tags)
         log.warning("admin invalidated tags %s", tags)
         return JSONResponse({"invalidated_tags": n})
 
@@ -105,7 +105,7 @@ def create_app(
             raise InvalidRequestError("'model' must be a non-empty string", param="model")
         if not isinstance(version, str) or not version:
             raise InvalidRequestError("'version' must be a non-empty string", param="version")
-        changed = gateway.tracker.observe(model, version, "admin")
+        changed = await gateway.offload(gateway.tracker.observe, model, version, "admin")
         return JSONResponse({"model": model, "version": version, "changed": changed})
 
     @contextlib.asynccontextmanager
@@ -143,7 +143,8 @@ async def poll_versions(gateway: Gateway) -> None:
     """Ask every upstream what it serves; a new version retires the old entries."""
     for upstream in gateway.upstreams:
         try:
-            gateway.tracker.observe_models(await upstream.models())
+            models = await upstream.models()
+            await gateway.offload(gateway.tracker.observe_models, models)
         except UpstreamUnavailableError as exc:
             log.warning("could not poll %s for model versions: %s", upstream.name, exc)
         except InfercacheError as exc:

@@ -22,6 +22,9 @@ from infercache.gateway.service import Gateway
 from infercache.gateway.upstream import HTTPUpstream, Upstream
 from infercache.gateway.versions import ModelVersionTracker
 from infercache.settings import Settings
+from infercache.store_guard import GuardedBackend
+from infercache.stores import open_store
+from infercache.stores.memory import MemoryStore
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,7 +44,12 @@ def build(
 ) -> Built:
     """`upstreams` overrides both the URLs and the engine (tests pass their own)."""
     clock = clock or SystemClock()
-    cache = Cache(settings, clock=clock)
+    backend = open_store(
+        settings.resolved_store_url, clock=clock, max_bytes=settings.max_store_bytes
+    )
+    if not isinstance(backend, MemoryStore):  # in-process memory never stalls
+        backend = GuardedBackend(backend, clock=clock, budget_s=config.store_budget_s)
+    cache = Cache(settings, clock=clock, backend=backend)
     tracker = ModelVersionTracker(cache, use_fingerprints=config.use_fingerprints)
     if upstreams is None:
         upstreams = _upstreams(settings, config, cache, engine_config)

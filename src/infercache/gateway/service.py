@@ -2,15 +2,19 @@
 
     chat(body, tenant, bearer)              tenant: auth.resolve_tenant's, the only decision
       entry = log.open(tenant, body)        one request-log line, closed once (requestlog.py)
-      outcome = cache.begin(body, tenant)   the library's layers and policy (cache.py); off the
-                                            event loop when the semantic layer embeds
+      outcome = cache.begin(body, tenant)   the library's layers and policy (cache.py), on the
+                                            store pool: never on the event loop, and each store
+                                            call within its budget (store_guard.py)
       a Completion → reply: JSON, or its SSE replay; `x-infercache: exact-hit | semantic-hit`
       a Miss → flights.lead_or_join(key)    one upstream call per key in flight (flight.py)
         leader: start _fetch(miss, flight) as a task, which owns the leader's Miss:
                   router.lease → a replica, counted in flight while the call runs (router.py)
                   the upstream call, streamed or not; every chunk published to the flight
-                  tracker.observe_response (swap detection), prefix usage (prefix_usage.py)
-                  finally: miss.close(response | None); flight.settle(completion | error)
+                  flight.settle(completion): every reader has its answer now
+                  on the store pool: tracker.observe_response (swap detection), then
+                  miss.close(response): counted, stored if allowed
+                  prefix usage (prefix_usage.py)
+                  finally: miss.close(None) and flight.settle(error), no-ops once done
         leader and waiters alike then read the flight:
           not streaming: await flight.result() → JSON
           streaming: wait for its first event (a refusal keeps its own HTTP status), then SSE
@@ -25,10 +29,12 @@ Replies are plain values (`JSONReply`, `StreamReply`) so app.py only does HTTP.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import AsyncIterator, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from infercache.cache import Cache, Completion, Layer, Miss
 from infercache.chat import SSE_DONE, CompletionAssembler, chunks_from_completion, sse_event
@@ -42,6 +48,8 @@ from infercache.gateway.versions import ModelVersionTracker
 from infercache.http_errors import internal_error_body
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 LAYER_HEADER = {
     Layer.EXACT: "exact-hit",
@@ -106,6 +114,13 @@ class Gateway:
             cache.metrics.strategy("prefix"), cache.metrics.prices
         )
         self._loop: asyncio.AbstractEventLoop | None = None
+        # Store I/O (lookups, stores, version writes) never runs on the event loop.
+        self._store_pool = ThreadPoolExecutor(8, thread_name_prefix="infercache-lookup")
+
+    async def offload(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Run `fn` (which touches the store) on the store pool, off the event loop."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._store_pool, functools.partial(fn, *args, **kwargs))
 
     def attach_loop(self, loop: asyncio.AbstractEventLoop) -> None:
         """The loop the gateway serves on; background threads reach the upstreams through it."""
@@ -144,14 +159,15 @@ class Gateway:
             miss = outcome
             entry.layer = LAYER_HEADER[miss.layer]
             flight, leader = self.flights.lead_or_join(miss.flight_key)
+            fetch: asyncio.Task[None] | None = None
             if leader:
                 # The task starts before any reader below can wait and leave (call_soon
                 # order), so an idle cancel always reaches a running `_fetch`.
-                task = asyncio.ensure_future(self._fetch(miss, flight, bearer))
-                flight.cancel_when_idle(task)
+                fetch = asyncio.ensure_future(self._fetch(miss, flight, bearer))
+                flight.cancel_when_idle(fetch)
             if miss.request.stream:
-                return await self._stream(miss, flight, leader, entry)
-            done = await self._answer(miss, flight, leader)
+                return await self._stream(miss, flight, fetch, entry)
+            done = await self._answer(miss, flight, fetch)
             entry.close(status=200, response=done.response)
             return JSONReply(200, done.response, _reply_headers(done))
         except BaseException as exc:
@@ -161,12 +177,8 @@ class Gateway:
     async def _begin(
         self, body: dict[str, Any], tenant: str, bearer: str | None
     ) -> Completion | Miss:
-        if self.cache.semantic is None:
-            return self.cache.begin(body, tenant=tenant)
-        # Embedding the query takes milliseconds: off the event loop, so other requests
-        # (exact hits above all) are not held up behind it.
-        verify = self.background_fetch(tenant, bearer)
-        return await asyncio.to_thread(self.cache.begin, body, tenant=tenant, verify=verify)
+        verify = self.background_fetch(tenant, bearer) if self.cache.semantic else None
+        return await self.offload(self.cache.begin, body, tenant=tenant, verify=verify)
 
     def _replay(self, done: Completion, body: dict[str, Any]) -> JSONReply | StreamReply:
         headers = _reply_headers(done)
@@ -181,18 +193,29 @@ class Gateway:
 
         return StreamReply(headers, replay())
 
-    async def _answer(self, miss: Miss, flight: Flight[Completion], leader: bool) -> Completion:
-        """The flight's answer, not streamed. The leader's Miss is closed by its fetch."""
-        if leader:
-            return await flight.result()
+    async def _answer(
+        self, miss: Miss, flight: Flight[Completion], fetch: asyncio.Task[None] | None
+    ) -> Completion:
+        """The flight's answer, not streamed. The leader's Miss is closed by its fetch, which
+        the leader waits for (its store is within the store budget), so the leader's client
+        finds the answer stored when it asks again; waiters never wait for the store."""
+        if fetch is not None:
+            done = await flight.result()
+            await asyncio.wait({fetch})
+            return done
         try:
             return _first_close(miss.close_shared(await flight.result()))
         finally:
             miss.close_shared(None)  # no-op unless the flight failed or we were cancelled
 
     async def _stream(
-        self, miss: Miss, flight: Flight[Completion], leader: bool, entry: LogEntry
+        self,
+        miss: Miss,
+        flight: Flight[Completion],
+        fetch: asyncio.Task[None] | None,
+        entry: LogEntry,
     ) -> StreamReply:
+        leader = fetch is not None
         # Wait for the first event, so an upstream refusal still gets its own HTTP status.
         await flight.first_event()
         refusal = flight.error_before_chunks
@@ -213,6 +236,8 @@ class Gateway:
                     if out is not None:
                         yield sse_event(out)
                 done = flight.outcome()
+                if fetch is not None:
+                    await asyncio.wait({fetch})  # stored before [DONE], as for JSON replies
                 yield SSE_DONE
             except UpstreamError as exc:  # cut off upstream, or every other reader left
                 yield sse_event(exc.to_openai())
@@ -242,11 +267,12 @@ class Gateway:
                 upstream = self.upstreams[replica]
                 started = self._clock.monotonic_s()
                 response = await self._call(upstream, miss, flight, bearer)
-                upstream_s = self._clock.monotonic_s() - started
-                produced_by = self.tracker.observe_response(miss.request.model, response)
-                if not upstream.records_prefix_metrics:
-                    self._prefix_usage.count(response)
-                done = miss.close(response, upstream_s=upstream_s, produced_by=produced_by)
+            upstream_s = self._clock.monotonic_s() - started
+            done = miss.answer(response, upstream_s)
+            flight.settle(done, None)  # every reader has its answer; storing can take its time
+            if not upstream.records_prefix_metrics:
+                self._prefix_usage.count(response)
+            await self.offload(self._record, miss, response, upstream_s)
         except asyncio.CancelledError:
             error = UpstreamAbortedError("every client left before the answer completed")
             raise
@@ -256,6 +282,12 @@ class Gateway:
         finally:
             miss.close(None)  # no-op unless the call or the close failed
             flight.settle(done, error)
+
+    def _record(self, miss: Miss, response: dict[str, Any], upstream_s: float) -> None:
+        """Store I/O after an answer: swap detection, then the Miss closed (stored if allowed)."""
+        seen = miss.lookup.view if miss.lookup is not None else None
+        produced_by = self.tracker.observe_response(miss.request.model, response, seen)
+        miss.close(response, upstream_s=upstream_s, produced_by=produced_by)
 
     async def _call(
         self, upstream: Upstream, miss: Miss, flight: Flight[Completion], bearer: str | None
@@ -284,6 +316,7 @@ class Gateway:
             await upstream.aclose()
         if self.request_log is not None:
             self.request_log.close()
+        self._store_pool.shutdown(wait=False, cancel_futures=True)
 
 
 def _include_usage(body: Any) -> bool:

@@ -1,4 +1,5 @@
-"""`GET /stats`: the gateway's JSON snapshot — per strategy, the store, the upstreams, flights."""
+"""`GET /stats`: the gateway's JSON snapshot — per strategy, the store, the upstreams, flights.
+It reads the store: call it off the event loop (`Gateway.offload`)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from typing import Any
 
 from infercache.errors import InfercacheError
 from infercache.gateway.service import Gateway
+from infercache.store_guard import GuardedBackend
 from infercache.urls import mask_credentials
 
 log = logging.getLogger(__name__)
@@ -31,6 +33,8 @@ def gateway_stats(gateway: Gateway) -> dict[str, Any]:
         for u, n in zip(gateway.upstreams, gateway.router.in_flight(), strict=True)
     ]
     out["model_swaps"] = gateway.tracker.swaps
+    if isinstance(backend, GuardedBackend):
+        out["store"]["guard"] = backend.health()
     out["flights"] = len(gateway.flights)
     out["waiting"] = gateway.flights.waiting()
     return out

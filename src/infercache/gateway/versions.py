@@ -19,27 +19,29 @@ from typing import Any
 
 from infercache.cache import Cache
 from infercache.errors import StoreError
+from infercache.versions import VersionView
 
 log = logging.getLogger(__name__)
 
 
 class ModelVersionTracker:
+    """Keeps no version of its own: the store's is the truth, read on every lookup, so a store
+    restarted empty, a version set from the CLI or another gateway, or a failed write is
+    repaired by the next answer whose fingerprint differs from what its lookup saw. Does store
+    I/O: call it off the event loop."""
+
     def __init__(self, cache: Cache, *, use_fingerprints: bool = True) -> None:
         self._cache = cache
         self._use_fingerprints = use_fingerprints
-        self._known: dict[str, str] = {}
         self.swaps = 0
 
     def observe(self, model: str, version: str, source: str) -> bool:
         """Record that `model` is now served at `version`; True if that is a swap."""
-        if self._known.get(model) == version:
-            return False
         try:
             changed = self._cache.set_model_version(model, version)
         except StoreError as exc:
             log.warning("could not record version %s of %s: %s", version, model, exc)
             return False
-        self._known[model] = version
         if changed:
             self.swaps += 1
             log.warning(
@@ -55,10 +57,20 @@ class ModelVersionTracker:
             if isinstance(m.get("id"), str) and isinstance(m.get("version"), str) and m["version"]:
                 self.observe(m["id"], m["version"], "/v1/models")
 
-    def observe_response(self, model: str, response: dict[str, Any]) -> str | None:
-        """Note the answer's fingerprint; return it as the version that produced the answer."""
+    def observe_response(
+        self, model: str, response: dict[str, Any], seen: VersionView | None
+    ) -> str | None:
+        """Note the answer's fingerprint; return it as the version that produced the answer.
+        `seen`: what the request's lookup read from the store (None: it could not read it).
+        The store is written only when the fingerprint differs from what it holds."""
         fingerprint = response.get("system_fingerprint")
-        if self._use_fingerprints and isinstance(fingerprint, str) and fingerprint:
+        if not (self._use_fingerprints and isinstance(fingerprint, str) and fingerprint):
+            return None
+        if seen is None or version_of(seen.model_version) != fingerprint:
             self.observe(model, fingerprint, "system_fingerprint")
-            return fingerprint
-        return None
+        return fingerprint
+
+
+def version_of(token: str) -> str:
+    """The version in a model version token `generation:version` (versions.py)."""
+    return token.partition(":")[2]

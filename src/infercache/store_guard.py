@@ -1,0 +1,204 @@
+"""A store that can stall or fail without stalling anything else: a latency budget per call and
+a circuit breaker, around any `Backend`.
+
+    GuardedBackend(inner, budget_s=0.05)
+      call:  breaker open → StoreUnavailableError at once (the store is skipped: a counted miss)
+             else run the call on a small thread pool of its own and wait at most `budget_s`;
+             over budget → StoreUnavailableError (the call is abandoned, its thread finishes or
+             times out on its own), and the breaker counts a failure; a StoreError counts one too
+      breaker (CircuitBreaker): `failures_to_open` consecutive failures open it for a backoff
+             (`backoff_s`, doubling on each failed probe up to `max_backoff_s`); after the
+             backoff one call is let through as a probe; its success closes the breaker
+
+So a paused Redis or a SQLite file locked by another process costs hits, never latency: each
+lookup waits at most `budget_s`, and once the breaker is open not at all. `StoreUnavailableError`
+is a `StoreError`, so every layer already turns it into a counted miss; the exact layer counts
+it as `store_unavailable`. Bulk reads (`scan`, for rebuilding an index at start) and `close` are
+not budgeted. Thread-safe; the clock is injected.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from infercache.clock import Clock
+from infercache.errors import StoreError, StoreUnavailableError
+from infercache.stores.base import Backend, Entry, StoreStats
+from infercache.urls import mask_credentials
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class BreakerSettings:
+    failures_to_open: int = 3
+    backoff_s: float = 0.25
+    max_backoff_s: float = 2.0
+
+    def __post_init__(self) -> None:
+        if self.failures_to_open < 1:
+            raise ValueError(f"failures_to_open must be >= 1, got {self.failures_to_open}")
+        if not 0 < self.backoff_s <= self.max_backoff_s:
+            raise ValueError(f"need 0 < backoff_s <= max_backoff_s, got {self}")
+
+
+class CircuitBreaker:
+    """closed → (n failures) → open → (backoff) → one probe → closed, or open again."""
+
+    def __init__(self, clock: Clock, settings: BreakerSettings | None = None) -> None:
+        self._clock = clock
+        self._settings = settings or BreakerSettings()
+        self._lock = threading.Lock()
+        self._failures = 0
+        self._open_until_s: float | None = None
+        self._backoff_s = self._settings.backoff_s
+        self._probing = False
+        self.opened = 0  # times the breaker opened
+
+    @property
+    def state(self) -> str:
+        with self._lock:
+            if self._open_until_s is None:
+                return "closed"
+            return "half-open" if self._probing else "open"
+
+    def allow(self) -> bool:
+        with self._lock:
+            if self._open_until_s is None:
+                return True
+            if self._probing or self._clock.monotonic_s() < self._open_until_s:
+                return False
+            self._probing = True  # this caller is the probe
+            return True
+
+    def record(self, ok: bool) -> None:
+        with self._lock:
+            if ok:
+                self._failures = 0
+                if self._open_until_s is not None:
+                    log.warning("cache store answers again: breaker closed")
+                self._open_until_s = None
+                self._probing = False
+                self._backoff_s = self._settings.backoff_s
+                return
+            if self._probing:
+                self._backoff_s = min(2 * self._backoff_s, self._settings.max_backoff_s)
+                self._open_until_s = self._clock.monotonic_s() + self._backoff_s
+                self._probing = False
+                return
+            self._failures += 1
+            if self._open_until_s is None and self._failures >= self._settings.failures_to_open:
+                self._open_until_s = self._clock.monotonic_s() + self._backoff_s
+                self.opened += 1
+                log.warning(
+                    "cache store failing (%d in a row): skipped for %.2f s, then probed",
+                    self._failures,
+                    self._backoff_s,
+                )
+
+
+class GuardedBackend:
+    """A `Backend` whose every request-path call is bounded by `budget_s` and a breaker."""
+
+    def __init__(
+        self,
+        inner: Backend,
+        *,
+        clock: Clock,
+        budget_s: float = 0.05,
+        breaker: BreakerSettings | None = None,
+        threads: int = 4,
+    ) -> None:
+        if budget_s <= 0:
+            raise ValueError(f"budget_s must be > 0, got {budget_s}")
+        self.inner = inner
+        self.url = inner.url
+        self.budget_s = budget_s
+        self.breaker = CircuitBreaker(clock, breaker)
+        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="infercache-store")
+        self._lock = threading.Lock()
+        self.over_budget = 0
+        self.skipped = 0
+
+    def _call(self, fn: Callable[..., T], *args: Any) -> T:
+        if not self.breaker.allow():
+            with self._lock:
+                self.skipped += 1
+            raise StoreUnavailableError("the cache store is skipped while it fails")
+        future = self._pool.submit(fn, *args)
+        try:
+            result = future.result(timeout=self.budget_s)
+        except FutureTimeout as exc:
+            future.cancel()
+            with self._lock:
+                self.over_budget += 1
+            self.breaker.record(False)
+            raise StoreUnavailableError(
+                f"the cache store took over {self.budget_s * 1000:.0f} ms"
+            ) from exc
+        except StoreError:
+            self.breaker.record(False)
+            raise
+        self.breaker.record(True)
+        return result
+
+    # -- Store and MetaStore, each call budgeted --
+
+    def get(self, key: str) -> Entry | None:
+        return self._call(self.inner.get, key)
+
+    def put(self, key: str, entry: Entry) -> None:
+        self._call(self.inner.put, key, entry)
+
+    def delete(self, key: str) -> None:
+        self._call(self.inner.delete, key)
+
+    def purge(self) -> int:
+        return self._call(self.inner.purge)
+
+    def stats(self) -> StoreStats:
+        return self._call(self.inner.stats)
+
+    def read_meta(self, names: Sequence[str]) -> dict[str, str]:
+        return self._call(self.inner.read_meta, names)
+
+    def write_meta(self, name: str, value: str) -> None:
+        self._call(self.inner.write_meta, name, value)
+
+    def incr_meta(self, name: str) -> int:
+        return self._call(self.inner.incr_meta, name)
+
+    def get_with_meta(self, key: str, names: Sequence[str]) -> tuple[Entry | None, dict[str, str]]:
+        return self._call(self.inner.get_with_meta, key, names)
+
+    def epoch(self) -> str:
+        return self._call(self.inner.epoch)
+
+    # -- not budgeted: bulk reads at start-up, and shutting down --
+
+    def scan(self, prefix: str) -> Iterator[tuple[str, Entry]]:
+        return self.inner.scan(prefix)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        self.inner.close()
+
+    def health(self) -> dict[str, Any]:
+        with self._lock:
+            over, skipped = self.over_budget, self.skipped
+        return {
+            "url": mask_credentials(self.url),
+            "breaker": self.breaker.state,
+            "breaker_opened": self.breaker.opened,
+            "over_budget": over,
+            "skipped": skipped,
+            "budget_ms": self.budget_s * 1000,
+        }
