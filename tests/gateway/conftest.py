@@ -13,6 +13,7 @@ import pytest
 
 from infercache.gateway.build import Built, build
 from infercache.gateway.config import GatewayConfig
+from infercache.gateway.http_server import server_config
 from infercache.settings import Settings
 from tests.gateway.servers import FakeUpstream, serve
 
@@ -59,7 +60,9 @@ def make_gateway(tmp_path: Path, fake: tuple[FakeUpstream, str]) -> Iterator[Mak
             config.setdefault("upstreams", (f"{upstream_url}/v1",))
             gateway_config = GatewayConfig(**config).with_env(environ or {})
             built = build(settings, gateway_config)
-            url = stack.enter_context(serve(built.app))
+            server = server_config(built.app)  # as `infercache serve` configures uvicorn
+            server.pop("app")
+            url = stack.enter_context(serve(built.app, **server))
             return Running(url, built, upstream)
 
         yield make

@@ -40,7 +40,7 @@ def serve(app: Any, **config: Any) -> Iterator[str]:
     sock.bind(("127.0.0.1", 0))
     sock.listen(128)
     port = sock.getsockname()[1]
-    server = _Server(uvicorn.Config(app, log_level="warning", lifespan="on", **config))
+    server = _Server(uvicorn.Config(app, **{"log_level": "warning", "lifespan": "on", **config}))
     thread = threading.Thread(target=lambda: asyncio.run(server.serve(sockets=[sock])))
     thread.start()
     try:

@@ -54,6 +54,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     from infercache.engine.config import EngineConfig
     from infercache.gateway.build import build
+    from infercache.gateway.http_server import make_config
 
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -85,9 +86,7 @@ def _serve(args: argparse.Namespace) -> int:
             if self.started:  # listening: say so only now, so scripts can wait on this line
                 print(ready_line, flush=True)
 
-    uvicorn_config = uvicorn.Config(
-        built.app, host=config.host, port=config.port, log_level="warning"
-    )
+    uvicorn_config = make_config(built.app, host=config.host, port=config.port)
     Server(uvicorn_config).run()
     return 0
 

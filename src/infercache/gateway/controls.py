@@ -35,7 +35,8 @@ def _cache_control(value: str) -> tuple[list[str], float | None]:
                     f"Cache-Control max-age must be whole seconds, got {raw!r}",
                     param="cache-control",
                 )
-            max_age = float(raw)
+            # RFC 9111 §1.2.2: a delta-seconds too large to hold means 2**31 seconds.
+            max_age = float(min(int(raw), 2**31))
     return flags, max_age
 
 

@@ -1,0 +1,98 @@
+"""The gateway's HTTP server settings: uvicorn with httptools, and a bound on request headers.
+
+httptools buffers a request's headers however large they are (a 32 MB header was accepted).
+`BoundedHeadersProtocol` answers `431 Request Header Fields Too Large` in the OpenAI error shape
+and closes the connection when a request's head passes `MAX_HEADER_BYTES` (64 KB), counted two
+ways: the URL and header fields as the parser hands them over (exact), and the raw bytes read
+while the head is still incomplete (so a huge head is refused after one socket read past the
+bound, before it is buffered whole). Body bytes read together with the end of a head are not
+counted.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import uvicorn
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from infercache.errors import openai_error_body
+
+MAX_HEADER_BYTES = 64 * 1024
+
+
+class BoundedHeadersProtocol(HttpToolsProtocol):
+    max_header_bytes = MAX_HEADER_BYTES
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._in_head = True
+        self._head_bytes = 0  # raw bytes read while the head is incomplete
+        self._field_bytes = 0  # URL and header fields parsed so far
+        self._too_large = False
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._in_head = True
+        self._head_bytes = 0
+        self._field_bytes = 0
+
+    def on_url(self, url: bytes) -> None:
+        self._count(len(url))
+        super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._count(len(name) + len(value) + 4)
+        super().on_header(name, value)
+
+    def _count(self, n: int) -> None:
+        self._field_bytes += n
+        if self._field_bytes > self.max_header_bytes:
+            self._too_large = True
+            raise ValueError("request head too large")  # the parser stops: see below
+
+    def send_400_response(self, msg: str) -> None:
+        """The parser gave up: on our refusal of a large head, answer 431 instead."""
+        if self._too_large:
+            self._refuse_head()
+        else:
+            super().send_400_response(msg)
+
+    def on_headers_complete(self) -> None:
+        self._in_head = False
+        super().on_headers_complete()
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        if not self._in_head or self._too_large or self.transport.is_closing():
+            return
+        self._head_bytes += len(data)
+        if self._head_bytes > self.max_header_bytes:
+            self._refuse_head()
+
+    def _refuse_head(self) -> None:
+        self._too_large = True
+        body = orjson.dumps(
+            openai_error_body(
+                f"request headers over {self.max_header_bytes} bytes",
+                error_type="invalid_request_error",
+                code="request_header_fields_too_large",
+            )
+        )
+        self.transport.write(
+            b"HTTP/1.1 431 Request Header Fields Too Large\r\n"
+            b"content-type: application/json\r\n"
+            b"content-length: " + str(len(body)).encode() + b"\r\n"
+            b"connection: close\r\n\r\n" + body
+        )
+        self.transport.close()
+
+
+def server_config(app: Any, **options: Any) -> dict[str, Any]:
+    """uvicorn.Config keyword arguments for serving the gateway (the CLI and tests alike)."""
+    return {"http": BoundedHeadersProtocol, "log_level": "warning", **options, "app": app}
+
+
+def make_config(app: Any, **options: Any) -> uvicorn.Config:
+    return uvicorn.Config(**server_config(app, **options))
