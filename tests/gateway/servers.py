@@ -99,12 +99,15 @@ class FakeUpstream:
         self.loop.call_soon_threadsafe(self.gate.set)
 
     def completion(self, body: dict[str, Any], n: int) -> dict[str, Any]:
-        last = body["messages"][-1]["content"]
+        # Any body the gateway passes on gets an answer (fuzzed ones too), as a provider would.
+        messages = body.get("messages")
+        last_message = messages[-1] if isinstance(messages, list) and messages else {}
+        last = last_message.get("content") if isinstance(last_message, dict) else None
         return {
             "id": f"chatcmpl-{n}",
             "object": "chat.completion",
             "created": 1_700_000_000,
-            "model": body["model"],
+            "model": str(body.get("model")),
             "system_fingerprint": self.version,
             "choices": [
                 {

@@ -53,11 +53,14 @@ class BoundedHeadersProtocol(HttpToolsProtocol):
             raise ValueError("request head too large")  # the parser stops: see below
 
     def send_400_response(self, msg: str) -> None:
-        """The parser gave up: on our refusal of a large head, answer 431 instead."""
+        """The parser gave up: a 400 in the OpenAI shape (uvicorn's is plain text), or the
+        431 when it was our refusal of a large head."""
         if self._too_large:
             self._refuse_head()
-        else:
-            super().send_400_response(msg)
+            return
+        self._answer_and_close(
+            b"400 Bad Request", "the request is not valid HTTP/1.1", "invalid_http_request"
+        )
 
     def on_headers_complete(self) -> None:
         self._in_head = False
@@ -73,15 +76,18 @@ class BoundedHeadersProtocol(HttpToolsProtocol):
 
     def _refuse_head(self) -> None:
         self._too_large = True
+        self._answer_and_close(
+            b"431 Request Header Fields Too Large",
+            f"request headers over {self.max_header_bytes} bytes",
+            "request_header_fields_too_large",
+        )
+
+    def _answer_and_close(self, status: bytes, message: str, code: str) -> None:
         body = orjson.dumps(
-            openai_error_body(
-                f"request headers over {self.max_header_bytes} bytes",
-                error_type="invalid_request_error",
-                code="request_header_fields_too_large",
-            )
+            openai_error_body(message, error_type="invalid_request_error", code=code)
         )
         self.transport.write(
-            b"HTTP/1.1 431 Request Header Fields Too Large\r\n"
+            b"HTTP/1.1 " + status + b"\r\n"
             b"content-type: application/json\r\n"
             b"content-length: " + str(len(body)).encode() + b"\r\n"
             b"connection: close\r\n\r\n" + body
