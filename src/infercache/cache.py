@@ -37,7 +37,7 @@ import threading
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 
@@ -60,8 +60,11 @@ from infercache.semantic.layer import (
 from infercache.semantic.verify import Verifier
 from infercache.settings import Settings
 from infercache.stores import Backend, open_store
+from infercache.stores.memory import MemoryStore
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 Response = dict[str, Any]
 # What the library calls on a miss: a chat-completions body in, a response body out.
@@ -249,7 +252,18 @@ class Cache:
             flight.settle(done, error)
 
     async def acomplete(self, request: dict[str, Any], upstream: AsyncChatFn) -> Completion:
-        outcome = self.begin(request)
+        """`complete` for asyncio: the same layers, live verification included (its fetch runs
+        `upstream` on this loop from the verifier's thread), with the store and the embedder
+        kept off the event loop."""
+        loop = asyncio.get_running_loop()
+
+        async def call(body: dict[str, Any]) -> Response:
+            return await upstream(body)
+
+        def verify(body: dict[str, Any]) -> Response:
+            return asyncio.run_coroutine_threadsafe(call(body), loop).result()
+
+        outcome = await self._off_loop(self.begin, request, verify=verify)
         if isinstance(outcome, Completion):
             return outcome
         miss = outcome
@@ -273,7 +287,8 @@ class Cache:
         try:
             started = self.clock.monotonic_s()
             response = await upstream(dict(miss.request.body))
-            done = miss.close(response, upstream_s=self.clock.monotonic_s() - started)
+            upstream_s = self.clock.monotonic_s() - started
+            done = await self._off_loop(miss.close, response, upstream_s=upstream_s)
             return _closed(done)
         except BaseException as exc:
             error = exc
@@ -281,6 +296,13 @@ class Cache:
         finally:
             miss.close(None)
             flight.settle(done, error)
+
+    async def _off_loop(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Run `fn` in a thread when it may block (store I/O, embedding); inline when the
+        store is this process's memory and no embedder runs."""
+        if self.semantic is None and isinstance(self.backend, MemoryStore):
+            return fn(*args, **kwargs)
+        return await asyncio.to_thread(fn, *args, **kwargs)
 
     def _join(self, miss: Miss, wait: Callable[[], Completion]) -> Completion:
         """Wait for an identical request's answer: a coalesced hit (or its error)."""
