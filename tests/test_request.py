@@ -52,6 +52,8 @@ def test_an_authenticated_tenant_overrides_the_body_claim() -> None:
         (chat(infercache={"ttl_s": True}), "infercache.ttl_s"),
         (chat(infercache={"tags": "kb"}), "infercache.tags"),
         (chat(infercache={"cache_control": "no-cache,bogus"}), "infercache.cache_control"),
+        (chat(infercache={"cache_control": [["no-cache"]]}), "infercache.cache_control"),
+        (chat(infercache={"cache_control": [{}]}), "infercache.cache_control"),
         (chat(infercache={"tenat": "typo"}), "infercache"),
     ],
 )

@@ -45,11 +45,11 @@ class CacheControl:
             return cls()
         if isinstance(value, str):
             items = [v.strip() for v in value.split(",") if v.strip()]
-        elif isinstance(value, list):
+        elif isinstance(value, list) and all(isinstance(v, str) for v in value):
             items = list(value)
         else:
             raise InvalidRequestError(
-                f"infercache.cache_control must be a string or a list, got {value!r}",
+                f"infercache.cache_control must be a string or a list of strings, got {value!r}",
                 param="infercache.cache_control",
             )
         unknown = [v for v in items if v not in _CACHE_CONTROLS]
