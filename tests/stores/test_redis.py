@@ -12,7 +12,7 @@ from infercache.clock import ManualClock
 from infercache.errors import ConfigError, StoreError
 from infercache.stores import EPOCH_META, Entry, open_store
 from infercache.stores.redis import RedisStore
-from infercache.stores.redis_connect import masked_url, parse_cluster_url
+from infercache.stores.redis_connect import parse_cluster_url
 from tests.conftest import free_port, start_redis
 
 
@@ -84,7 +84,19 @@ def test_cluster_urls_name_seeds_and_credentials() -> None:
     assert "secret" not in str(bad.value)
 
 
-def test_passwords_are_masked() -> None:
-    assert masked_url("redis://:pw@h:1/0") == "redis://:***@h:1/0"
-    assert masked_url("redis+cluster://u:pw@a:1,b:2") == "redis+cluster://u:***@a:1,b:2"
-    assert masked_url("redis://h:1/0") == "redis://h:1/0"
+def test_a_refusal_and_a_store_never_show_the_password(tmp_path: Path) -> None:
+    with start_redis(tmp_path) as server:
+        admin = redis.Redis(port=server.port)
+        admin.config_set("maxmemory-policy", "allkeys-lru")
+        admin.config_set("requirepass", "pl4nted-pw")
+        url = f"redis://:pl4nted-pw@127.0.0.1:{server.port}/0"
+        with pytest.raises(ConfigError) as refused:
+            open_store(url, clock=ManualClock(), max_bytes=1)
+        assert "pl4nted-pw" not in str(refused.value)
+        assert ":***@" in str(refused.value)
+        redis.Redis(port=server.port, password="pl4nted-pw").config_set(
+            "maxmemory-policy", "noeviction"
+        )
+        store = open_store(url, clock=ManualClock(), max_bytes=1)
+        assert "pl4nted-pw" not in repr(store)
+        store.close()

@@ -32,9 +32,9 @@ from infercache.errors import ConfigError, StoreError
 from infercache.stores.base import EPOCH_META, Entry, StoreStats
 from infercache.stores.redis_connect import (
     eviction_policies,
-    masked_url,
     require_safe_eviction,
 )
+from infercache.urls import mask_credentials
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +70,7 @@ class RedisStore:
             self._check_server()
         except redis.RedisError as exc:
             log.warning(
-                "redis store %s unreachable at start, checked later: %s", masked_url(url), exc
+                "redis store %s unreachable at start, checked later: %s", mask_credentials(url), exc
             )
 
     def _check_server(self) -> None:
@@ -215,7 +215,7 @@ class RedisStore:
         self._client.close()
 
     def __repr__(self) -> str:
-        return f"RedisStore({masked_url(self.url)!r}, prefix={self._prefix!r})"
+        return f"RedisStore({mask_credentials(self.url)!r}, prefix={self._prefix!r})"
 
 
 def _meta(names: Sequence[str], values: Sequence[object]) -> dict[str, str]:

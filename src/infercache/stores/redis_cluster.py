@@ -35,10 +35,10 @@ from infercache.stores.redis import glob_escape
 from infercache.stores.redis_connect import (
     REDIS_ERRORS,
     eviction_policies,
-    masked_url,
     require_safe_eviction,
     sync_client,
 )
+from infercache.urls import mask_credentials
 
 log = logging.getLogger(__name__)
 
@@ -242,4 +242,4 @@ class RedisClusterStore:
             self._connected[0].close()
 
     def __repr__(self) -> str:
-        return f"RedisClusterStore({masked_url(self.url)!r}, prefix={self._prefix!r})"
+        return f"RedisClusterStore({mask_credentials(self.url)!r}, prefix={self._prefix!r})"

@@ -28,6 +28,7 @@ from redis.cluster import ClusterNode, RedisCluster
 from redis.exceptions import RedisClusterException
 
 from infercache.errors import ConfigError
+from infercache.urls import mask_credentials
 
 SyncClient = redis.Redis | RedisCluster
 # What redis-py raises: its cluster errors do not all derive from RedisError (an unreachable
@@ -59,12 +60,12 @@ def parse_cluster_url(url: str) -> ClusterAddress:
     """`redis+cluster://[user:pass@]h1:p1,h2:p2[?…]` → its seed nodes and credentials."""
     scheme = scheme_of(url)
     if scheme not in CLUSTER_SCHEMES:
-        raise ConfigError(f"not a cluster URL: {masked_url(url)!r}")
+        raise ConfigError(f"not a cluster URL: {mask_credentials(url)!r}")
     rest = url.split("://", 1)[1].split("?", 1)[0]
     netloc, _, path = rest.partition("/")
     if path.strip("/") not in ("", "0"):
         raise ConfigError(
-            f"a Redis Cluster has no databases: drop /{path} from {masked_url(url)!r}"
+            f"a Redis Cluster has no databases: drop /{path} from {mask_credentials(url)!r}"
         )
     userinfo, _, hosts = netloc.rpartition("@")
     username: str | None = None
@@ -77,7 +78,9 @@ def parse_cluster_url(url: str) -> ClusterAddress:
     for part in hosts.split(","):
         host, sep, port = part.strip().rpartition(":")
         if not sep or not host or not port.isdigit():
-            raise ConfigError(f"cluster node {part!r} is not host:port in {masked_url(url)!r}")
+            raise ConfigError(
+                f"cluster node {part!r} is not host:port in {mask_credentials(url)!r}"
+            )
         nodes.append((host.strip("[]"), int(port)))
     return ClusterAddress(tuple(nodes), username, password, scheme == "rediss+cluster")
 
@@ -93,19 +96,6 @@ def split_store_url(url: str) -> tuple[str, str]:
 def is_redis_url(url: str) -> bool:
     """Does a store URL name Redis (one server or a cluster), i.e. can replicas share it?"""
     return scheme_of(url) in SINGLE_SCHEMES + CLUSTER_SCHEMES
-
-
-def masked_url(url: str) -> str:
-    """`url` with any password replaced by `***`, fit for logs and errors."""
-    scheme, sep, rest = url.partition("://")
-    if not sep:
-        return url
-    netloc, slash, tail = rest.partition("/")
-    userinfo, at, hosts = netloc.rpartition("@")
-    if not at or ":" not in userinfo:
-        return url
-    user = userinfo.split(":", 1)[0]
-    return f"{scheme}://{user}:***@{hosts}{slash}{tail}"
 
 
 def sync_client(url: str, *, socket_timeout_s: float | None) -> SyncClient:
@@ -160,7 +150,7 @@ def require_safe_eviction(policies: Mapping[str, str], url: str) -> None:
     if unsafe:
         shown = ", ".join(f"{node}: {p}" for node, p in sorted(unsafe.items()))
         raise ConfigError(
-            f"refusing the Redis store {masked_url(url)!r}: maxmemory-policy is {shown}. "
+            f"refusing the Redis store {mask_credentials(url)!r}: maxmemory-policy is {shown}. "
             "Under allkeys-* Redis may evict the invalidation counters (model versions, tag "
             "generations), which brings invalidated entries back. Set maxmemory-policy to "
             "volatile-lru, volatile-ttl or noeviction."
