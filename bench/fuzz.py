@@ -46,6 +46,10 @@ def main() -> int:
         figures = json.loads(report.read_text())
     print(f"fuzzed the gateway with {figures['requests']:,} requests in {elapsed_s:.0f} s")
     print(f"  5xx answers: {figures['status_5xx']}")
+    print(
+        f"  504 for only-if-cached with nothing cached (HTTP's answer, RFC 9111): "
+        f"{figures['only_if_cached_504']}"
+    )
     print(f"  answers by status: {figures['by_status']}")
     print(
         f"  answers fetched upstream: {figures['answers_fetched']:,}; entries stored: "

@@ -67,6 +67,8 @@ class FakeUpstream:
         self.loop: asyncio.AbstractEventLoop | None = None
         self.stream_pieces = 3
         self.truncate_streams = False  # end streams early: no finish_reason, no [DONE]
+        self.reset_streams = False  # break the connection mid-stream (a reset)
+        self.delay_s = 0.0  # answer this much later (a slow provider)
         self.cancelled_streams = 0
         self.app = Starlette(
             routes=[
@@ -133,6 +135,8 @@ class FakeUpstream:
         if self.fail_status is not None:
             error = {"error": {"message": "slow down", "type": "rate_limit", "code": "429"}}
             return JSONResponse(error, status_code=self.fail_status)
+        if self.delay_s:
+            await asyncio.sleep(self.delay_s)  # a slow provider (the server's own loop)
         if not body.get("stream"):
             if self.gate is not None:
                 await self.gate.wait()
@@ -158,6 +162,8 @@ class FakeUpstream:
                 yield event([{"index": 0, "delta": delta, "finish_reason": None}])
             if self.truncate_streams:
                 return
+            if self.reset_streams:
+                raise ConnectionResetError("the stand-in resets the stream")
             yield event([{"index": 0, "delta": {}, "finish_reason": "stop"}])
             if (body.get("stream_options") or {}).get("include_usage"):
                 yield event([], usage=full["usage"])

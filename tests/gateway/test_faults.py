@@ -1,0 +1,187 @@
+"""Faults in what the gateway depends on cost hits, never requests or latency: a paused or
+killed Redis, a SQLite file locked by another process, an upstream that is down, slow, or
+resets its stream. Small versions of `bench/faults.py`, which measures the same at length."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.conftest import start_redis
+from tests.gateway.conftest import MakeGateway, Running, body
+from tests.gateway.servers import FakeUpstream, serve
+
+FAULT_S = 2.0  # how long each fault lasts here (bench/faults.py: 10 s)
+
+
+def timed(client: httpx.Client, method: str, path: str, **kw: Any) -> tuple[float, httpx.Response]:
+    started = time.monotonic()
+    response = client.request(method, path, **kw)
+    return time.monotonic() - started, response
+
+
+def drive(running: Running, seconds: float) -> dict[str, list[tuple[float, int, str]]]:
+    """Health checks, a hot (cached) question and fresh questions, in turn, for `seconds`:
+    each answer's (latency, status, layer)."""
+    seen: dict[str, list[tuple[float, int, str]]] = {"healthz": [], "hot": [], "fresh": []}
+    deadline = time.monotonic() + seconds
+    with running.client() as client:
+        i = 0
+        while time.monotonic() < deadline:
+            i += 1
+            for kind, payload in (("hot", body("hot")), ("fresh", body(f"fresh {i}"))):
+                s, r = timed(client, "POST", "/v1/chat/completions", json=payload)
+                seen[kind].append((s, r.status_code, r.headers.get("x-infercache", "")))
+            s, r = timed(client, "GET", "/healthz")
+            seen["healthz"].append((s, r.status_code, ""))
+    return seen
+
+
+def assert_served_fast(seen: dict[str, list[tuple[float, int, str]]], bound_s: float) -> None:
+    for kind, answers in seen.items():
+        assert answers, f"no {kind} request completed during the fault"
+        assert {status for _, status, _ in answers} == {200}, kind
+        assert max(s for s, _, _ in answers) < bound_s, (kind, max(s for s, _, _ in answers))
+
+
+def seconds_until_a_hit(running: Running, deadline_s: float = 5.0) -> float:
+    started = time.monotonic()
+    with running.client() as client:
+        while time.monotonic() - started < deadline_s:
+            r = client.post("/v1/chat/completions", json=body("hot"))
+            if r.headers["x-infercache"] == "exact-hit":
+                return time.monotonic() - started
+    raise AssertionError(f"no hit within {deadline_s} s")
+
+
+def warm(running: Running) -> None:
+    with running.client() as client:
+        client.post("/v1/chat/completions", json=body("hot"))
+        hit = client.post("/v1/chat/completions", json=body("hot"))
+    assert hit.headers["x-infercache"] == "exact-hit"
+
+
+def test_a_paused_redis_costs_hits_never_latency(make_gateway: MakeGateway, tmp_path: Path) -> None:
+    with start_redis(tmp_path) as redis:
+        running = make_gateway(store_url=redis.url())
+        warm(running)
+        os.kill(redis.process.pid, signal.SIGSTOP)
+        try:
+            seen = drive(running, FAULT_S)
+        finally:
+            os.kill(redis.process.pid, signal.SIGCONT)
+        assert_served_fast(seen, bound_s=1.0)
+        assert len(seen["healthz"]) > 10  # ~0.5 req/s when the store stalled the loop
+        assert {layer for _, _, layer in seen["hot"]} == {"miss"}  # hits lost, not latency
+        assert seconds_until_a_hit(running) < 5.0
+    misses = running.exact()["misses"]
+    assert misses["store_unavailable"] >= len(seen["hot"])
+
+
+@contextmanager
+def sqlite_locked_by_another_process(path: Path) -> Iterator[None]:
+    holder = subprocess.Popen(
+        [
+            sys.executable, "-c",
+            "import sqlite3, sys\n"
+            f"c = sqlite3.connect({str(path)!r}, isolation_level=None)\n"
+            "c.execute('BEGIN EXCLUSIVE')\n"
+            "print('locked', flush=True)\n"
+            "sys.stdin.read()\n",
+        ],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert holder.stdout is not None
+    assert holder.stdin is not None
+    assert holder.stdout.readline().strip() == "locked"
+    try:
+        yield
+    finally:
+        holder.stdin.close()
+        holder.wait(10)
+
+
+def test_a_sqlite_file_locked_by_another_process_costs_hits_never_latency(
+    make_gateway: MakeGateway, tmp_path: Path
+) -> None:
+    db = tmp_path / "locked.db"
+    running = make_gateway(store_url=f"sqlite:///{db}")
+    warm(running)
+    with sqlite_locked_by_another_process(db):
+        seen = drive(running, FAULT_S)
+    assert_served_fast(seen, bound_s=1.0)
+    assert seconds_until_a_hit(running) < 5.0
+    with running.client() as client:  # and new answers are stored again
+        client.post("/v1/chat/completions", json=body("after the lock"))
+        again = client.post("/v1/chat/completions", json=body("after the lock"))
+    assert again.headers["x-infercache"] == "exact-hit"
+
+
+def test_an_upstream_that_is_down_is_a_502_and_hits_are_still_served(
+    make_gateway: MakeGateway,
+) -> None:
+    upstream = FakeUpstream()
+    with serve(upstream.app) as url:
+        running = make_gateway(upstreams=(f"{url}/v1",))
+        warm(running)
+    # The upstream is gone now.
+    with running.client() as client:
+        down = client.post("/v1/chat/completions", json=body("new question"))
+        hit = client.post("/v1/chat/completions", json=body("hot"))
+        stream = client.post("/v1/chat/completions", json=body("new", stream=True))
+    assert down.status_code == 502
+    assert down.json()["error"]["type"] == "upstream_unavailable"
+    assert "127.0.0.1" not in down.text  # no internal address in what clients read
+    assert stream.status_code == 502
+    assert (hit.status_code, hit.headers["x-infercache"]) == (200, "exact-hit")
+
+
+def test_a_slow_upstream_holds_up_only_its_own_misses(make_gateway: MakeGateway) -> None:
+    running = make_gateway()
+    warm(running)
+    running.fake.delay_s = 1.5
+    slow: list[float] = []
+
+    def miss() -> None:
+        with running.client() as client:
+            s, r = timed(client, "POST", "/v1/chat/completions", json=body("slow one"))
+            assert r.status_code == 200
+            slow.append(s)
+
+    thread = threading.Thread(target=miss)
+    thread.start()
+    with running.client() as client:
+        quick = [timed(client, "POST", "/v1/chat/completions", json=body("hot")) for _ in range(20)]
+        health = [timed(client, "GET", "/healthz") for _ in range(20)]
+    thread.join(30)
+    assert slow[0] >= 1.5
+    assert {r.headers["x-infercache"] for _, r in quick} == {"exact-hit"}
+    assert max(s for s, _ in quick + health) < 0.5
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_a_stream_reset_by_the_upstream_is_an_error_and_never_stored(
+    make_gateway: MakeGateway, stream: bool
+) -> None:
+    running = make_gateway()
+    running.fake.reset_streams = True
+    with running.client() as client:
+        first = client.post("/v1/chat/completions", json=body("cut", stream=True))
+        if not stream:  # a non-streaming request on the same key after the reset
+            running.fake.reset_streams = False
+        second = client.post("/v1/chat/completions", json=body("cut", stream=stream))
+    assert first.status_code == 200  # the headers went out with the first chunk
+    assert '"error"' in first.text.strip().split("\n\n")[-1]
+    assert "[DONE]" not in first.text
+    assert second.headers.get("x-infercache") == "miss"  # nothing was stored
