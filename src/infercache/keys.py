@@ -55,6 +55,7 @@ IGNORABLE_FIELDS = frozenset(
         "safety_identifier",
         "timeout",
         "extra_headers",
+        "cache_salt",  # which KV-cache namespace serves it (vLLM); never what it says
     }
 )
 

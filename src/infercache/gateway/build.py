@@ -19,8 +19,9 @@ from infercache.gateway.auth import Auth
 from infercache.gateway.config import GatewayConfig
 from infercache.gateway.requestlog import RequestLog
 from infercache.gateway.service import Gateway
-from infercache.gateway.upstream import HTTPUpstream, Upstream
+from infercache.gateway.upstream import SALTED_KINDS, HTTPUpstream, Upstream
 from infercache.gateway.versions import ModelVersionTracker
+from infercache.redaction import load_or_create_secret
 from infercache.settings import Settings
 from infercache.store_guard import GuardedBackend
 from infercache.stores import open_store
@@ -81,11 +82,17 @@ def _upstreams(
     engine_config: EngineConfig | None,
 ) -> list[Upstream]:
     if config.upstreams:
+        salted = any(spec.kind in SALTED_KINDS for spec in config.upstreams)
+        secret = config.salt_secret or (
+            load_or_create_secret(settings.data_dir) if salted else None
+        )
         return [
             HTTPUpstream(
                 spec.url,
                 api_key=config.key_for(spec),
                 forward_client_key=config.forward_client_key,
+                kind=spec.kind,
+                salt_secret=secret,
                 timeout_s=config.upstream_timeout_s,
             )
             for spec in config.upstreams

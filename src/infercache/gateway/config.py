@@ -104,6 +104,9 @@ class GatewayConfig:
     use_fingerprints: bool = True
     upstream_timeout_s: float = 600.0
     store_budget_s: float = 0.05
+    # Mixed into each tenant's vLLM/SGLang `cache_salt`; give every gateway of one deployment
+    # the same (INFERCACHE_CACHE_SALT_SECRET), else each uses its data dir's secret.
+    salt_secret: bytes | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "upstreams", tuple(UpstreamSpec.of(u) for u in self.upstreams))
@@ -143,7 +146,7 @@ class GatewayConfig:
         return self.with_values(section, source=str(path))
 
     def with_values(self, values: Mapping[str, Any], *, source: str) -> GatewayConfig:
-        known = set(self.__dataclass_fields__) - {"upstream_keys"}
+        known = set(self.__dataclass_fields__) - {"upstream_keys", "salt_secret"}
         unknown = set(values) - known
         if unknown:
             raise ConfigError(f"{source}: unknown [gateway] setting(s) {sorted(unknown)}")
@@ -168,6 +171,8 @@ class GatewayConfig:
         ):
             if environ.get(var):
                 changes[name] = environ[var]
+        if environ.get("INFERCACHE_CACHE_SALT_SECRET"):
+            changes["salt_secret"] = environ["INFERCACHE_CACHE_SALT_SECRET"].encode()
         keys: dict[str, str] = {}
         for spec in self.upstreams:
             if spec.key_env is None:

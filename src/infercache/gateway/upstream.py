@@ -15,12 +15,17 @@ auth from `user:password@` in its URL; a caller's bearer only when the gateway w
 and `/stats` show.
 
 The tenant is forwarded as an `x-infercache-tenant` header, which the built-in engine uses to
-salt its KV prefix cache; other servers ignore it. The request body is never changed.
+salt its KV prefix cache. For vLLM and SGLang upstreams (`kind`), the body's `cache_salt` is set
+from the tenant, `HMAC(deployment secret, tenant)`, replacing whatever the client sent, so one
+tenant's time to first token can never reveal what another sent (vLLM CVE-2025-46570) and no
+client can choose another's salt; for other kinds a client's `cache_salt` is dropped. Nothing
+else in the body is changed.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hmac
 import logging
 from collections.abc import AsyncIterator, Iterator, Mapping
 from typing import Any, Protocol
@@ -33,6 +38,8 @@ from infercache.errors import UpstreamError, UpstreamUnavailableError
 from infercache.urls import mask_credentials, split_credentials
 
 log = logging.getLogger(__name__)
+
+SALTED_KINDS = ("vllm", "sglang")  # servers that take a per-request `cache_salt`
 
 
 class Upstream(Protocol):
@@ -86,6 +93,11 @@ def _raise_for_status(status: int, content: bytes) -> None:
     raise UpstreamError(message, status_code=status, body=body)
 
 
+def cache_salt(secret: bytes, tenant: str) -> str:
+    """The KV-cache salt of `tenant`: stable for one tenant, unguessable across tenants."""
+    return hmac.digest(secret, b"cache_salt\x00" + tenant.encode(), "sha256").hex()[:32]
+
+
 class HTTPUpstream:
     records_prefix_metrics = False
 
@@ -95,6 +107,8 @@ class HTTPUpstream:
         *,
         api_key: str | None = None,
         forward_client_key: bool = False,
+        kind: str = "openai",
+        salt_secret: bytes | None = None,
         timeout_s: float = 600.0,
         connect_timeout_s: float = 5.0,
         max_connections: int = 256,
@@ -109,6 +123,10 @@ class HTTPUpstream:
         )
         self._api_key = api_key
         self._forward_client_key = forward_client_key
+        self.kind = kind
+        if kind in SALTED_KINDS and salt_secret is None:
+            raise ValueError(f"a {kind} upstream needs a salt secret")
+        self._salt_secret = salt_secret
         self._timeout = aiohttp.ClientTimeout(
             total=None, connect=connect_timeout_s, sock_connect=connect_timeout_s,
             sock_read=timeout_s,
@@ -124,6 +142,12 @@ class HTTPUpstream:
                 connector=aiohttp.TCPConnector(limit=self._max_connections),
             )
         return self._session
+
+    def _body(self, body: dict[str, Any], tenant: str) -> dict[str, Any]:
+        out = {k: v for k, v in body.items() if k != "cache_salt"}
+        if self._salt_secret is not None and self.kind in SALTED_KINDS:
+            out["cache_salt"] = cache_salt(self._salt_secret, tenant)
+        return out
 
     def _headers(self, tenant: str, api_key: str | None) -> dict[str, str]:
         """`api_key`: the caller's bearer, sent only when forwarding was configured."""
@@ -156,7 +180,8 @@ class HTTPUpstream:
         self, body: dict[str, Any], *, tenant: str, api_key: str | None
     ) -> dict[str, Any]:
         headers = self._headers(tenant, api_key)
-        return await self._json("POST", "/chat/completions", headers, orjson.dumps(body))
+        data = orjson.dumps(self._body(body, tenant))
+        return await self._json("POST", "/chat/completions", headers, data)
 
     async def stream(
         self, body: dict[str, Any], *, tenant: str, api_key: str | None
@@ -165,7 +190,7 @@ class HTTPUpstream:
         with map_aiohttp_errors(self.name):
             response = await self._client().post(
                 url,
-                data=orjson.dumps({**body, "stream": True}),
+                data=orjson.dumps({**self._body(body, tenant), "stream": True}),
                 headers=self._headers(tenant, api_key),
             )
         try:

@@ -1,0 +1,54 @@
+"""Real engines behind the gateway: vLLM and SGLang upstreams get a per-tenant `cache_salt`
+the gateway sets itself (a client's never reaches them)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from infercache.gateway.config import UpstreamSpec
+from tests.gateway.conftest import MakeGateway, Running, body
+
+KEYS = {"sk-a": "team-a", "sk-b": "team-b"}
+
+
+def post(running: Running, key: str, payload: dict[str, Any]) -> None:
+    with running.client(key) as client:
+        assert client.post("/v1/chat/completions", json=payload).status_code == 200
+
+
+@pytest.mark.parametrize("kind", ["vllm", "sglang"])
+def test_each_tenant_gets_its_own_stable_cache_salt_and_a_clients_never_passes(
+    make_gateway: MakeGateway, fake: tuple[Any, str], kind: str
+) -> None:
+    _, url = fake
+    running = make_gateway(api_keys=KEYS, upstreams=(UpstreamSpec.parse(f"{url}/v1,kind={kind}"),))
+    post(running, "sk-a", body("one", cache_salt="chosen-by-the-client"))
+    post(running, "sk-a", body("two", stream=True))
+    post(running, "sk-b", body("one", cache_salt="chosen-by-the-client"))
+    post(running, "sk-b", body("three"))
+    salts = [b.get("cache_salt") for b in running.fake.bodies]
+    assert all(isinstance(s, str) and len(s) >= 16 for s in salts)
+    assert salts[0] == salts[1] != salts[2] == salts[3]
+    assert "chosen-by-the-client" not in salts
+
+
+def test_an_openai_kind_upstream_gets_no_cache_salt(make_gateway: MakeGateway) -> None:
+    running = make_gateway(api_keys=KEYS)
+    post(running, "sk-a", body("one", cache_salt="chosen-by-the-client"))
+    assert "cache_salt" not in running.fake.bodies[0]
+
+
+def test_the_salt_secret_can_be_shared_by_every_gateway_of_a_deployment(
+    make_gateway: MakeGateway, fake: tuple[Any, str]
+) -> None:
+    _, url = fake
+    spec = (UpstreamSpec.parse(f"{url}/v1,kind=vllm"),)
+    environ = {"INFERCACHE_CACHE_SALT_SECRET": "one secret for the deployment"}
+    first = make_gateway(api_keys=KEYS, upstreams=spec, environ=environ)
+    second = make_gateway(api_keys=KEYS, upstreams=spec, environ=environ)
+    post(first, "sk-a", body("first gateway"))
+    post(second, "sk-a", body("second gateway"))
+    salts = [b["cache_salt"] for b in first.fake.bodies]
+    assert salts[0] == salts[1]
