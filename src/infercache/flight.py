@@ -103,6 +103,12 @@ class Flight(Generic[T]):
         return self._settled.is_set()
 
     @property
+    def published(self) -> int:
+        """Chunks published so far."""
+        with self._lock:
+            return len(self._chunks)
+
+    @property
     def waiters(self) -> int:
         """Callers that joined this flight instead of leading it."""
         return self._waiters

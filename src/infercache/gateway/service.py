@@ -9,7 +9,9 @@
       a Miss → flights.lead_or_join(key)    one upstream call per key in flight (flight.py)
         leader: start _fetch(miss, flight) as a task, which owns the leader's Miss:
                   router.lease → a replica, counted in flight while the call runs (router.py)
-                  the upstream call, streamed or not; every chunk published to the flight
+                  the upstream call, streamed or not; every chunk published to the flight;
+                  a replica that fails before any chunk is ejected, and the call is tried
+                  once more on another
                   flight.settle(completion): every reader has its answer now
                   on the store pool: tracker.observe_response (swap detection), then
                   miss.close(response): counted, stored if allowed
@@ -38,7 +40,12 @@ from typing import Any, TypeVar
 
 from infercache.cache import Cache, Completion, Layer, Miss
 from infercache.chat import SSE_DONE, CompletionAssembler, chunks_from_completion, sse_event
-from infercache.errors import InfercacheError, UpstreamAbortedError, UpstreamError
+from infercache.errors import (
+    InfercacheError,
+    UpstreamAbortedError,
+    UpstreamError,
+    UpstreamUnavailableError,
+)
 from infercache.flight import Flight
 from infercache.gateway.prefix_usage import UpstreamPrefixUsage
 from infercache.gateway.requestlog import LogEntry, RequestLog, unlogged
@@ -261,12 +268,9 @@ class Gateway:
         flight: the one function that owns the leader's lease, closed exactly once."""
         done: Completion | None = None
         error: BaseException | None = None
-        tenant = miss.request.directives.tenant
         try:
-            with self.router.lease(tenant, miss.request.body) as replica:
-                upstream = self.upstreams[replica]
-                started = self._clock.monotonic_s()
-                response = await self._call(upstream, miss, flight, bearer)
+            started = self._clock.monotonic_s()
+            upstream, response = await self._call_replicas(miss, flight, bearer)
             upstream_s = self._clock.monotonic_s() - started
             done = miss.answer(response, upstream_s)
             flight.settle(done, None)  # every reader has its answer; storing can take its time
@@ -282,6 +286,30 @@ class Gateway:
         finally:
             miss.close(None)  # no-op unless the call or the close failed
             flight.settle(done, error)
+
+    async def _call_replicas(
+        self, miss: Miss, flight: Flight[Completion], bearer: str | None
+    ) -> tuple[Upstream, dict[str, Any]]:
+        """The upstream call on the replica the router picks; when that replica fails before
+        any chunk came back (unreachable, timed out, a 5xx), it is ejected and the call goes
+        once to another replica."""
+        tried: list[int] = []
+        while True:
+            with self.router.lease(miss.request.directives.tenant, miss.request.body, tried) as i:
+                upstream = self.upstreams[i]
+                try:
+                    response = await self._call(upstream, miss, flight, bearer)
+                except UpstreamError as exc:
+                    if not _replica_fault(exc):
+                        raise
+                    self.router.failed(i)
+                    tried.append(i)
+                    if flight.published or len(tried) > 1 or len(self.upstreams) == 1:
+                        raise
+                    log.warning("retrying on another replica after: %s", exc.message)
+                    continue
+            self.router.succeeded(i)
+            return upstream, response
 
     def _record(self, miss: Miss, response: dict[str, Any], upstream_s: float) -> None:
         """Store I/O after an answer: swap detection, then the Miss closed (stored if allowed)."""
@@ -322,6 +350,11 @@ class Gateway:
 def _include_usage(body: Any) -> bool:
     options = body.get("stream_options")
     return isinstance(options, dict) and options.get("include_usage") is True
+
+
+def _replica_fault(exc: UpstreamError) -> bool:
+    """The replica itself failed (not the request): unreachable, timed out, or a 5xx."""
+    return isinstance(exc, UpstreamUnavailableError) or exc.status_code >= 500
 
 
 def _status_of(exc: BaseException) -> int:

@@ -29,8 +29,10 @@ def gateway_stats(gateway: Gateway) -> dict[str, Any]:
         out["store"] = {"url": mask_credentials(backend.url), "error": "the store is unreadable"}
         log.warning("stats: store %s unreadable: %s", mask_credentials(backend.url), exc)
     out["upstreams"] = [
-        {"name": u.name, "in_flight": n}
-        for u, n in zip(gateway.upstreams, gateway.router.in_flight(), strict=True)
+        {"name": u.name, "in_flight": n, "health": health}
+        for u, n, health in zip(
+            gateway.upstreams, gateway.router.in_flight(), gateway.router.health(), strict=True
+        )
     ]
     out["model_swaps"] = gateway.tracker.swaps
     if isinstance(backend, GuardedBackend):
