@@ -14,6 +14,7 @@ and shape checks raise `ValueError`/`TypeError`, never a client-facing class.
     │   └── ModelNotFoundError         unknown model id: HTTP 404
     ├── OverloadedError                a server's queue is full: HTTP 429 with Retry-After
     ├── NotCachedError                 `only-if-cached` and nothing cached: HTTP 504
+    ├── ClientDisconnectedError        the client left before its request was read (499)
     ├── StoreError                     any cache-store failure; becomes a counted miss, never
     │   │                              a failed request
     │   └── StoreUnavailableError      over its latency budget, or skipped while it fails
@@ -122,6 +123,13 @@ class NotCachedError(InfercacheError):
     status_code = 504
     error_type = "cache_miss"
     code = "not_cached"
+
+
+class ClientDisconnectedError(InfercacheError):
+    """The client hung up before its request was read: nobody to answer (nginx's 499)."""
+
+    status_code = 499
+    error_type = "client_disconnected"
 
 
 class StoreError(InfercacheError):

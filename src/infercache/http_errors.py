@@ -25,11 +25,12 @@ from typing import Any
 import orjson
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from infercache.errors import (
+    ClientDisconnectedError,
     InfercacheError,
     InvalidRequestError,
     PayloadTooLargeError,
@@ -139,11 +140,14 @@ async def read_json(request: Request, max_body_bytes: int) -> Any:
         raise PayloadTooLargeError(f"request body over the limit of {max_body_bytes} bytes")
     parts: list[bytes] = []
     size = 0
-    async for part in request.stream():
-        size += len(part)
-        if size > max_body_bytes:
-            raise PayloadTooLargeError(f"request body over the limit of {max_body_bytes} bytes")
-        parts.append(part)
+    try:
+        async for part in request.stream():
+            size += len(part)
+            if size > max_body_bytes:
+                raise PayloadTooLargeError(f"request body over the limit of {max_body_bytes} bytes")
+            parts.append(part)
+    except ClientDisconnect as exc:
+        raise ClientDisconnectedError("the client left before its request was read") from exc
     return parse_json(b"".join(parts))
 
 
