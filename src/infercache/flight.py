@@ -118,6 +118,11 @@ class Flight(Generic[T]):
         with self._readers_changed:
             return self._readers_changed.wait_for(lambda: self._interested == n, timeout_s)
 
+    def result_now(self) -> T | None:
+        """The result if the flight already settled with one; None otherwise."""
+        with self._lock:
+            return self._result if self._settled.is_set() and self._error is None else None
+
     def outcome(self) -> T:
         """The result of a settled flight; raises its error."""
         if not self._settled.is_set():

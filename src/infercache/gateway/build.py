@@ -14,6 +14,7 @@ from starlette.applications import Starlette
 from infercache.cache import Cache
 from infercache.clock import Clock, SystemClock
 from infercache.engine.config import EngineConfig
+from infercache.gateway.across_replicas import AcrossReplicas
 from infercache.gateway.app import create_app
 from infercache.gateway.auth import Auth
 from infercache.gateway.config import GatewayConfig
@@ -24,8 +25,10 @@ from infercache.gateway.versions import ModelVersionTracker
 from infercache.redaction import load_or_create_secret
 from infercache.settings import Settings
 from infercache.store_guard import GuardedBackend
-from infercache.stores import open_store
+from infercache.stores import Backend, open_store
 from infercache.stores.memory import MemoryStore
+from infercache.stores.redis_connect import is_redis_url
+from infercache.stores.replica_flight import FlightTimings, open_flights
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,7 +62,13 @@ def build(
         if config.request_log
         else None
     )
-    gateway = Gateway(cache, upstreams, tracker=tracker, request_log=request_log)
+    gateway = Gateway(
+        cache,
+        upstreams,
+        tracker=tracker,
+        request_log=request_log,
+        across=_across_replicas(settings, config, clock, backend),
+    )
     if settings.semantic.enabled:
         from infercache.semantic.setup import enable_from_settings
 
@@ -73,6 +82,22 @@ def build(
         version_poll_s=config.version_poll_s,
     )
     return Built(app, gateway, cache)
+
+
+def _across_replicas(
+    settings: Settings, config: GatewayConfig, clock: Clock, backend: Backend
+) -> AcrossReplicas | None:
+    """Replica flights beside a Redis store, so gateways sharing it make one call per key."""
+    url = settings.resolved_store_url
+    if not (config.share_flights and is_redis_url(url)):
+        return None
+    timings = FlightTimings(lease_ms=int(config.replica_lease_s * 1000), answer_ttl_ms=5_000)
+    guard = backend if isinstance(backend, GuardedBackend) else None
+    return AcrossReplicas(
+        open_flights(url, clock=clock, timings=timings),
+        guard=guard,
+        wait_s=config.upstream_timeout_s,
+    )
 
 
 def _upstreams(

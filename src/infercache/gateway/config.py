@@ -17,6 +17,8 @@ secrets from the environment (`INFERCACHE_UPSTREAM_API_KEY`, `INFERCACHE_ADMIN_T
     use_fingerprints = true                     # a new system_fingerprint is a model swap
     upstream_timeout_s = 600
     store_budget_s = 0.05                       # a store call over this is a counted miss
+    share_flights = true                        # Redis store: one call per key across gateways
+    replica_lease_s = 10                        # a dead gateway's call is taken over after it
 
 Credentials: an upstream is called with its own key (its `key_env`, else
 `INFERCACHE_UPSTREAM_API_KEY`), or with none. A client's gateway key is never forwarded; the
@@ -104,6 +106,8 @@ class GatewayConfig:
     use_fingerprints: bool = True
     upstream_timeout_s: float = 600.0
     store_budget_s: float = 0.05
+    share_flights: bool = True  # with a Redis store: one upstream call per key across gateways
+    replica_lease_s: float = 10.0  # a dead gateway's call is taken over after this long
     # Mixed into each tenant's vLLM/SGLang `cache_salt`; give every gateway of one deployment
     # the same (INFERCACHE_CACHE_SALT_SECRET), else each uses its data dir's secret.
     salt_secret: bytes | None = None

@@ -47,12 +47,14 @@ from infercache.errors import (
     UpstreamUnavailableError,
 )
 from infercache.flight import Flight
+from infercache.gateway.across_replicas import AcrossReplicas
 from infercache.gateway.prefix_usage import UpstreamPrefixUsage
 from infercache.gateway.requestlog import LogEntry, RequestLog, unlogged
 from infercache.gateway.router import PrefixRouter, RouterConfig
 from infercache.gateway.upstream import Upstream
 from infercache.gateway.versions import ModelVersionTracker
 from infercache.http_errors import internal_error_body
+from infercache.stores.replica_flight import FlightLease, SharedAnswer
 
 log = logging.getLogger(__name__)
 
@@ -109,8 +111,10 @@ class Gateway:
         tracker: ModelVersionTracker,
         request_log: RequestLog | None = None,
         router_config: RouterConfig | None = None,
+        across: AcrossReplicas | None = None,
     ) -> None:
         self.cache = cache
+        self.across = across
         self.upstreams = list(upstreams)
         self.router: PrefixRouter[Upstream] = PrefixRouter(self.upstreams, router_config)
         self.tracker = tracker
@@ -230,8 +234,10 @@ class Gateway:
             if not leader:
                 miss.close_shared(None)
             raise refusal
-        headers = {"x-infercache": LAYER_HEADER[miss.layer if leader else Layer.EXACT]}
-        if not leader:
+        settled = flight.result_now()
+        coalesced = not leader or (settled is not None and settled.coalesced)
+        headers = {"x-infercache": LAYER_HEADER[Layer.EXACT if coalesced else miss.layer]}
+        if coalesced:
             headers.update({"age": "0", "x-infercache-coalesced": "true"})
         include_usage = _include_usage(miss.request.body)
 
@@ -268,12 +274,21 @@ class Gateway:
         flight: the one function that owns the leader's lease, closed exactly once."""
         done: Completion | None = None
         error: BaseException | None = None
+        lease: FlightLease | None = None
         try:
             started = self._clock.monotonic_s()
+            across = await self.across.join(miss) if self.across is not None else None
+            if isinstance(across, SharedAnswer):  # another gateway replica fetched it
+                done = self._answered_elsewhere(miss, flight, across)
+                flight.settle(done, None)
+                return
+            lease = across
             upstream, response = await self._call_replicas(miss, flight, bearer)
             upstream_s = self._clock.monotonic_s() - started
             done = miss.answer(response, upstream_s)
             flight.settle(done, None)  # every reader has its answer; storing can take its time
+            if lease is not None:
+                await AcrossReplicas.publish(lease, response)
             if not upstream.records_prefix_metrics:
                 self._prefix_usage.count(response)
             await self.offload(self._record, miss, response, upstream_s)
@@ -284,8 +299,23 @@ class Gateway:
             error = exc
             log.info("upstream call for %s ended without an answer: %r", miss.flight_key, exc)
         finally:
+            if lease is not None and not lease.closed:
+                await AcrossReplicas.fail(lease, error or UpstreamAbortedError("no answer"))
             miss.close(None)  # no-op unless the call or the close failed
             flight.settle(done, error)
+
+    def _answered_elsewhere(
+        self, miss: Miss, flight: Flight[Completion], shared: SharedAnswer
+    ) -> Completion:
+        """Another gateway replica's answer to this Miss: a coalesced hit (or its error)."""
+        body = shared.completion()
+        if not shared.ok:
+            error = body.get("error")
+            message = str(error.get("message")) if isinstance(error, dict) else "upstream error"
+            raise UpstreamError(message, status_code=shared.status, body=body)
+        for chunk in chunks_from_completion(body, include_usage=True):
+            flight.publish(chunk)
+        return _first_close(miss.close_shared(miss.answer(body, upstream_s=0.0)))
 
     async def _call_replicas(
         self, miss: Miss, flight: Flight[Completion], bearer: str | None
@@ -344,6 +374,8 @@ class Gateway:
             await upstream.aclose()
         if self.request_log is not None:
             self.request_log.close()
+        if self.across is not None:
+            await self.across.aclose()
         self._store_pool.shutdown(wait=False, cancel_futures=True)
 
 

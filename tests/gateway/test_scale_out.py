@@ -1,0 +1,152 @@
+"""Several gateway processes on one Redis: they share entries, model swaps and in-flight upstream
+calls — one call per key across replicas, taken over when the leading gateway dies."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.conftest import RedisServer, free_port, start_redis
+from tests.gateway.conftest import body
+from tests.gateway.servers import FakeUpstream, serve
+from tests.processes import start, stop
+
+
+class Gateway:
+    def __init__(self, process: subprocess.Popen[str], url: str) -> None:
+        self.process = process
+        self.url = url
+
+    def client(self, key: str | None = "adm") -> httpx.Client:
+        headers = {"authorization": f"Bearer {key}"} if key else {}
+        return httpx.Client(base_url=self.url, headers=headers, timeout=60)
+
+    def stats(self) -> dict[str, Any]:
+        with self.client() as client:
+            data: dict[str, Any] = client.get("/stats").json()
+            return data
+
+
+@pytest.fixture
+def redis(tmp_path: Path) -> Iterator[RedisServer]:
+    with start_redis(tmp_path) as server:
+        yield server
+
+
+@pytest.fixture
+def upstream() -> Iterator[tuple[FakeUpstream, str]]:
+    fake = FakeUpstream()
+    with serve(fake.app) as url:
+        yield fake, f"{url}/v1"
+
+
+@pytest.fixture
+def gateways(
+    tmp_path: Path, redis: RedisServer, upstream: tuple[FakeUpstream, str]
+) -> Iterator[list[Gateway]]:
+    config = tmp_path / "gateway.toml"
+    config.write_text("[gateway]\nreplica_lease_s = 1\nversion_poll_s = 3600\n")
+    running: list[Gateway] = []
+    for name in ("a", "b"):
+        port = free_port()
+        process, _ = start(
+            [
+                "serve", "--port", str(port), "--store", redis.url(), "--upstream", upstream[1],
+                "--config", str(config), "--admin-token", "adm",
+            ],
+            "gateway ready",
+            on_stderr=False,
+            env={"INFERCACHE_DATA_DIR": str(tmp_path / name)},
+        )  # fmt: skip
+        running.append(Gateway(process, f"http://127.0.0.1:{port}"))
+    yield running
+    for gateway in running:
+        if gateway.process.poll() is None:
+            stop(gateway.process)
+
+
+def ask(gateway: Gateway, payload: dict[str, Any], out: list[httpx.Response]) -> None:
+    with gateway.client(None) as client:
+        out.append(client.post("/v1/chat/completions", json=payload))
+
+
+def wait_until_waiting(gateway: Gateway, flights: int, waiting: int) -> None:
+    """Poll the gateway's /stats (a real request each time) until its flights line up."""
+    for _ in range(2000):
+        stats = gateway.stats()
+        if stats["flights"] >= flights and stats["waiting"] >= waiting:
+            return
+    raise AssertionError(f"{gateway.url} never had {waiting} waiting: {stats}")
+
+
+def test_an_entry_and_a_model_swap_through_one_gateway_hold_through_the_other(
+    gateways: list[Gateway],
+) -> None:
+    a, b = gateways
+    with a.client(None) as ca, b.client(None) as cb:
+        assert ca.post("/v1/chat/completions", json=body("q")).headers["x-infercache"] == "miss"
+        assert (
+            cb.post("/v1/chat/completions", json=body("q")).headers["x-infercache"] == "exact-hit"
+        )
+    with a.client() as admin:
+        swap = admin.post("/admin/model-version", json={"model": "test-model", "version": "v9"})
+        assert swap.json()["changed"] is True
+    with b.client(None) as cb:
+        after = cb.post("/v1/chat/completions", json=body("q"))
+    assert after.headers["x-infercache"] == "miss"  # b serves no entry from before the swap
+
+
+def test_ten_identical_misses_over_two_gateways_make_one_upstream_call(
+    gateways: list[Gateway], upstream: tuple[FakeUpstream, str]
+) -> None:
+    fake, _ = upstream
+    fake.hold()
+    answers: list[httpx.Response] = []
+    threads = [
+        threading.Thread(target=ask, args=(gateways[i % 2], body("shared"), answers))
+        for i in range(10)
+    ]
+    for t in threads:
+        t.start()
+    for gateway in gateways:
+        wait_until_waiting(gateway, flights=1, waiting=4)  # a local leader and 4 beside it
+    assert fake.calls == 1  # one gateway's leader calls; the other's waits on Redis
+    fake.release()
+    for t in threads:
+        t.join(60)
+    assert [r.status_code for r in answers] == [200] * 10
+    assert len({r.json()["choices"][0]["message"]["content"] for r in answers}) == 1
+    assert fake.calls == 1
+    assert sorted(r.headers["x-infercache"] for r in answers).count("miss") == 1
+
+
+def test_when_the_leading_gateway_dies_mid_call_the_others_waiters_get_an_answer(
+    gateways: list[Gateway], upstream: tuple[FakeUpstream, str]
+) -> None:
+    a, b = gateways
+    fake, _ = upstream
+    fake.hold()
+    lost: list[httpx.Response] = []
+    threading.Thread(target=ask, args=(a, body("orphan"), lost), daemon=True).start()
+    wait_until_waiting(a, flights=1, waiting=0)
+    answers: list[httpx.Response] = []
+    threads = [threading.Thread(target=ask, args=(b, body("orphan"), answers)) for _ in range(4)]
+    for t in threads:
+        t.start()
+    wait_until_waiting(b, flights=1, waiting=3)
+    assert fake.calls == 1  # a leads
+    a.process.send_signal(signal.SIGKILL)  # mid-call
+    a.process.wait(10)
+    fake.release()  # a's call is answered into the void; b takes over once a's lease expires
+    for t in threads:
+        t.join(60)
+    assert [r.status_code for r in answers] == [200] * 4
+    assert fake.calls == 2
+    assert len({r.json()["id"] for r in answers}) == 1
