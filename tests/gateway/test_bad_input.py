@@ -155,3 +155,16 @@ def test_a_32_mb_header_is_refused_after_the_first_64_kb(make_gateway: MakeGatew
     assert reply.startswith(b"HTTP/1.1 431 ")
     assert stopped is not None
     assert sent < 8 << 20  # refused long before the whole header was sent
+
+
+def test_a_header_control_beside_a_malformed_body_control_is_a_400(
+    make_gateway: MakeGateway,
+) -> None:
+    """Found by the fuzz suite: merging the header's flags into `[null]` crashed."""
+    running = make_gateway()
+    payload = {**body(), "infercache": {"cache_control": [None]}}
+    with running.client() as client:
+        response = client.post(
+            "/v1/chat/completions", json=payload, headers={"cache-control": "no-cache"}
+        )
+    assert_openai_400(response)

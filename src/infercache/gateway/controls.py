@@ -53,9 +53,9 @@ def apply_header_controls(body: dict[str, Any], headers: Mapping[str, str]) -> d
             existing = directives.get("cache_control") or []
             if isinstance(existing, str):
                 existing = [p.strip() for p in existing.split(",") if p.strip()]
-            if isinstance(existing, list):
+            if isinstance(existing, list) and all(isinstance(e, str) for e in existing):
                 directives["cache_control"] = sorted(set(existing) | set(flags))
-                changed = True
+                changed = True  # (a malformed body value is left for parse_request to refuse)
         if max_age is not None and "max_age_s" not in directives:
             directives["max_age_s"] = max_age
             changed = True
