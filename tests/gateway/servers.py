@@ -70,10 +70,12 @@ class FakeUpstream:
         self.reset_streams = False  # break the connection mid-stream (a reset)
         self.delay_s = 0.0  # answer this much later (a slow provider)
         self.cancelled_streams = 0
+        self.other_requests: list[dict[str, Any]] = []
         self.app = Starlette(
             routes=[
                 Route("/v1/chat/completions", self.chat, methods=["POST"]),
                 Route("/v1/models", self.models, methods=["GET"]),
+                Route("/v1/{rest:path}", self.other, methods=["GET", "POST", "DELETE"]),
             ],
             lifespan=self._lifespan,
         )
@@ -171,6 +173,25 @@ class FakeUpstream:
         except asyncio.CancelledError:
             self.cancelled_streams += 1
             raise
+
+    async def other(self, request: Request) -> Response:
+        """Any other endpoint (files, responses, ...): recorded and echoed."""
+        raw = await request.body()
+        self.other_requests.append(
+            {
+                "method": request.method,
+                "path": request.url.path,
+                "query": request.url.query,
+                "headers": dict(request.headers),
+                "body": raw,
+            }
+        )
+        if request.url.path == "/v1/files":
+            return JSONResponse({"object": "list", "data": [{"id": "file-1", "object": "file"}]})
+        return JSONResponse(
+            {"id": "resp-1", "object": "response", "path": request.url.path, "echo": len(raw)},
+            headers={"x-upstream": "stand-in"},
+        )
 
     async def models(self, request: Request) -> Response:
         model = {"id": "test-model", "object": "model"}

@@ -1,7 +1,10 @@
 """HTTP for the gateway (Starlette): routes, body limits, auth, and errors in the OpenAI shape.
 
     POST /v1/chat/completions        the cached path (service.py); streaming and not
-    GET  /v1/models                  what the upstreams serve
+    GET  /v1/models, /v1/models/ID   what the upstreams serve
+    *    /v1/...                     any other path and method: passed through to an upstream
+                                     as is (its credentials, never a gateway key), streamed
+                                     both ways, never cached, counted
     GET  /metrics                    Prometheus text, per strategy
     GET  /stats                      JSON: per strategy, the store, the upstreams
     GET  /healthz                    liveness
@@ -27,14 +30,23 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from infercache.errors import InfercacheError, InvalidRequestError, UpstreamUnavailableError
+from infercache.errors import (
+    InfercacheError,
+    InvalidRequestError,
+    ModelNotFoundError,
+    NotFoundError,
+    UpstreamUnavailableError,
+)
 from infercache.gateway.auth import Auth, resolve_tenant
 from infercache.gateway.controls import apply_header_controls
 from infercache.gateway.service import Gateway, JSONReply
 from infercache.gateway.stats import gateway_stats
+from infercache.gateway.upstream import PassThrough
 from infercache.http_errors import exception_handlers, json_object, middleware, read_json
 
 log = logging.getLogger(__name__)
+
+PASS_THROUGH_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE"]
 
 
 def create_app(
@@ -63,13 +75,46 @@ def create_app(
             headers={**reply.headers, "cache-control": "no-cache"},
         )
 
-    async def models(request: Request) -> Response:
-        auth.caller(request.headers.get("authorization"))
+    async def all_models() -> list[dict[str, Any]]:
         seen: dict[str, dict[str, Any]] = {}
         for upstream in gateway.upstreams:
             for m in await upstream.models():
                 seen.setdefault(str(m.get("id")), m)
-        return JSONResponse({"object": "list", "data": list(seen.values())})
+        return list(seen.values())
+
+    async def models(request: Request) -> Response:
+        auth.caller(request.headers.get("authorization"))
+        return JSONResponse({"object": "list", "data": await all_models()})
+
+    async def model(request: Request) -> Response:
+        auth.caller(request.headers.get("authorization"))
+        wanted = request.path_params["model"]
+        for m in await all_models():
+            if m.get("id") == wanted:
+                return JSONResponse(m)
+        raise ModelNotFoundError(f"the model {wanted!r} does not exist", param="model")
+
+    async def pass_through(request: Request) -> Response:
+        """Any other /v1/* path and method goes to an upstream as is: never cached, counted."""
+        caller = auth.caller(request.headers.get("authorization"))
+        targets = [u for u in gateway.upstreams if isinstance(u, PassThrough)]
+        if not targets:
+            raise NotFoundError(
+                f"{request.method} {request.url.path} is not served by the built-in engine"
+            )
+        path = request.url.path.removeprefix("/v1")
+        gateway.cache.metrics.strategy("passthrough").count(path.strip("/").split("/")[0])
+        forwarded = await targets[0].forward(
+            request.method,
+            path,
+            query=request.url.query,
+            headers=request.headers,
+            body=request.stream(),
+            bearer=caller.bearer,
+        )
+        return StreamingResponse(
+            forwarded.body, status_code=forwarded.status, headers=dict(forwarded.headers)
+        )
 
     async def metrics(request: Request) -> Response:
         auth.require_metrics(request.headers.get("authorization"))
@@ -127,11 +172,13 @@ def create_app(
         routes=[
             Route("/v1/chat/completions", chat, methods=["POST"]),
             Route("/v1/models", models, methods=["GET"]),
+            Route("/v1/models/{model:path}", model, methods=["GET"]),
             Route("/metrics", metrics, methods=["GET"]),
             Route("/stats", stats, methods=["GET"]),
             Route("/healthz", healthz, methods=["GET"]),
             Route("/admin/invalidate", admin_invalidate, methods=["POST"]),
             Route("/admin/model-version", admin_model_version, methods=["POST"]),
+            Route("/v1/{rest:path}", pass_through, methods=PASS_THROUGH_METHODS),
         ],
         exception_handlers=exception_handlers(),
         middleware=middleware(),

@@ -28,7 +28,8 @@ import contextlib
 import hmac
 import logging
 from collections.abc import AsyncIterator, Iterator, Mapping
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
 
 import aiohttp
 import orjson
@@ -91,6 +92,42 @@ def _raise_for_status(status: int, content: bytes) -> None:
     if body and isinstance(body.get("error"), Mapping):
         message = str(body["error"].get("message", message))
     raise UpstreamError(message, status_code=status, body=body)
+
+
+# Hop-by-hop headers (RFC 9110 §7.6.1) and what the gateway sets itself.
+_HOP_BY_HOP = {
+    "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
+    "transfer-encoding", "upgrade",
+}  # fmt: skip
+_NOT_FORWARDED = _HOP_BY_HOP | {"host", "authorization", "content-length", "x-infercache-tenant"}
+_NOT_FORWARDED_BACK = _HOP_BY_HOP | {"content-length", "server", "date"}
+
+
+@dataclass(frozen=True, slots=True)
+class Forwarded:
+    """An upstream's answer to a passed-through request, its body still streaming."""
+
+    status: int
+    headers: list[tuple[str, str]]
+    body: AsyncIterator[bytes]
+
+
+@runtime_checkable
+class PassThrough(Protocol):
+    """An upstream that can take any request as is (an HTTP server; not the in-process engine)."""
+
+    name: str
+
+    async def forward(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: str,
+        headers: Mapping[str, str],
+        body: AsyncIterator[bytes],
+        bearer: str | None,
+    ) -> Forwarded: ...
 
 
 def cache_salt(secret: bytes, tenant: str) -> str:
@@ -210,6 +247,37 @@ class HTTPUpstream:
                     yield chunk
         finally:
             response.release()
+
+    async def forward(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: str,
+        headers: Mapping[str, str],
+        body: AsyncIterator[bytes],
+        bearer: str | None,
+    ) -> Forwarded:
+        """Pass a request through unchanged but for its credentials (ours, never a gateway
+        key) and hop-by-hop headers; the answer streams back as it comes, still encoded."""
+        out = {k: v for k, v in headers.items() if k.lower() not in _NOT_FORWARDED}
+        out.update({k: v for k, v in self._headers("", bearer).items() if k == "authorization"})
+        url = f"{self._url}{path}" + (f"?{query}" if query else "")
+        with map_aiohttp_errors(self.name):
+            response = await self._client().request(
+                method, url, headers=out, data=body, auto_decompress=False
+            )
+        kept = [(k, v) for k, v in response.headers.items() if k.lower() not in _NOT_FORWARDED_BACK]
+
+        async def content() -> AsyncIterator[bytes]:
+            try:
+                with map_aiohttp_errors(self.name, answering=True):
+                    async for piece in response.content.iter_any():
+                        yield piece
+            finally:
+                response.release()
+
+        return Forwarded(response.status, kept, content())
 
     async def models(self) -> list[dict[str, Any]]:
         data = (await self._json("GET", "/models", self._headers("", None))).get("data", [])

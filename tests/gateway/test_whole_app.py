@@ -1,0 +1,69 @@
+"""A whole OpenAI app behind the gateway (the official client): chat is cached, every other
+/v1 endpoint reaches the upstream as is — with the upstream's credentials, never a gateway key
+— and model lookups work."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from infercache.gateway.config import UpstreamSpec
+from tests.gateway.conftest import MakeGateway
+
+
+@pytest.fixture
+def running(make_gateway: MakeGateway, fake: tuple[Any, str]) -> Any:
+    _, url = fake
+    return make_gateway(
+        api_keys={"sk-app": "app"},
+        upstreams=(UpstreamSpec(f"{url}/v1", key_env="PROVIDER_KEY"),),
+        environ={"PROVIDER_KEY": "sk-provider"},
+    )
+
+
+def client(running: Any) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{running.url}/v1", api_key="sk-app", max_retries=0)
+
+
+def test_files_and_responses_reach_the_upstream_with_its_own_key(running: Any) -> None:
+    app = client(running)
+    files = app.files.list()
+    assert [f.id for f in files.data] == ["file-1"]
+    response = app.responses.create(model="test-model", input="hello")
+    assert response.id == "resp-1"
+    seen = running.fake.other_requests
+    assert [(r["method"], r["path"]) for r in seen] == [
+        ("GET", "/v1/files"),
+        ("POST", "/v1/responses"),
+    ]
+    assert {r["headers"].get("authorization") for r in seen} == {"Bearer sk-provider"}
+    assert b'"input":"hello"' in seen[1]["body"].replace(b" ", b"")
+    assert running.built.cache.stats()["strategies"]["passthrough"]["counters"] == {
+        "files": 1,
+        "responses": 1,
+    }
+
+
+def test_pass_through_needs_a_gateway_key_and_keeps_status_headers_and_query(
+    running: Any,
+) -> None:
+    with httpx.Client(base_url=running.url) as http:
+        assert http.get("/v1/files").status_code == 401
+        answer = http.delete(
+            "/v1/things/42?verbose=1", headers={"authorization": "Bearer sk-app", "x-mine": "a"}
+        )
+    assert answer.status_code == 200
+    assert answer.headers["x-upstream"] == "stand-in"
+    last = running.fake.other_requests[-1]
+    assert (last["method"], last["path"], last["query"]) == ("DELETE", "/v1/things/42", "verbose=1")
+    assert last["headers"]["x-mine"] == "a"
+
+
+def test_models_retrieve_works_and_an_unknown_model_is_404(running: Any) -> None:
+    app = client(running)
+    assert app.models.retrieve("test-model").id == "test-model"
+    with pytest.raises(openai.NotFoundError):
+        app.models.retrieve("no-such-model")
