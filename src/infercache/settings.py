@@ -21,12 +21,17 @@ naming it.
 
     [semantic]                           # written by `infercache tune --write-config`, then:
     enabled = true                       # INFERCACHE_SEMANTIC=1 (or `serve --semantic`)
-    threshold = 0.83                     # cosine similarity in [-1, 1]; required, never defaulted
+    mode = "auto"                        # auto | calibrated | shadow (auto: shadow without
+                                         #   a threshold, calibrated with one)
+    threshold = 0.83                     # on the matcher's scale; from `tune`, never defaulted
+    matcher = "/path/to/matcher"         # a fitted matcher (`tune --fit`); absent: plain cosine
     embedder = "minilm"                  # minilm | static | openai (embedder_url, embedder_model)
     guards = ["numbers", "dates", ...]   # see semantic/guards.py
-    target_false_hit = 0.01              # what live verification holds the threshold to
-    verify_sample_rate = 0.02            # share of semantic hits re-asked upstream
-    judge = "embedding"                  # equality | embedding | llm
+    target_false_hit = 0.01              # the bound live verification and shadow mode hold
+    verify_sample_rate = 0.02            # share of semantic hits re-asked upstream (shadow: 0.05)
+    judge = "embedding"                  # exact | equality | embedding | llm
+    shadow_min_pairs = 300               # judged pairs at the operating point before serving
+    answer_stats = true                  # per-answer thresholds learned from judged outcomes
     k = 4                                # neighbours examined per lookup
     store_hits_as_exact = false          # also store a hit under the new wording's exact key
 """
@@ -58,7 +63,9 @@ def default_data_dir(environ: Mapping[str, str]) -> Path:
 @dataclass(frozen=True, slots=True)
 class SemanticSettings:
     enabled: bool = False
-    threshold: float | None = None  # cosine similarity in [-1, 1]; from `infercache tune`
+    mode: str = "auto"  # auto | calibrated | shadow
+    threshold: float | None = None  # on the matcher's score scale; from `infercache tune`
+    matcher: str | None = None  # directory of a fitted matcher (`infercache tune --fit`)
     embedder: str = "minilm"
     embedder_name: str | None = None  # the exact model `tune` calibrated with (checked)
     embedder_url: str | None = None
@@ -66,29 +73,55 @@ class SemanticSettings:
     embedder_dim: int | None = None
     guards: tuple[str, ...] | None = None  # None: the default guards
     target_false_hit: float = 0.01
-    verify_sample_rate: float = 0.0
+    verify_sample_rate: float | None = None  # None: 0.05 in shadow mode, else 0
     judge: str = "embedding"
+    shadow_min_pairs: int = 300
+    shadow_window: int = 5000
+    answer_stats: bool = True
     k: int = 4
     store_hits_as_exact: bool = False
 
     def __post_init__(self) -> None:
         if self.threshold is not None and not -1.0 <= self.threshold <= 1.0:
             raise ConfigError(f"semantic threshold must be in [-1, 1], got {self.threshold}")
-        if self.enabled and self.threshold is None:
+        if self.mode not in ("auto", "calibrated", "shadow"):
+            raise ConfigError(f"semantic mode must be auto, calibrated or shadow: {self.mode}")
+        if self.enabled and self.mode == "calibrated" and self.threshold is None:
             raise ConfigError(
-                "the semantic layer needs a calibrated threshold: run `infercache tune PAIRS "
-                "--write-config FILE` and pass --config FILE (there is no safe default)"
+                "the calibrated semantic layer needs a threshold: run `infercache tune FILE "
+                '--write-config FILE` and pass --config FILE, or use mode = "shadow" to '
+                "calibrate on live traffic (there is no safe default)"
             )
         if self.embedder not in ("minilm", "static", "openai"):
             raise ConfigError(
                 f"semantic embedder must be minilm, static or openai: {self.embedder}"
             )
-        if self.judge not in ("equality", "embedding", "llm"):
-            raise ConfigError(f"semantic judge must be equality, embedding or llm: {self.judge}")
-        if not 0 <= self.verify_sample_rate <= 1:
-            raise ConfigError(f"verify_sample_rate must be in [0, 1]: {self.verify_sample_rate}")
+        if self.judge not in ("exact", "equality", "embedding", "llm"):
+            raise ConfigError(
+                f"semantic judge must be exact, equality, embedding or llm: {self.judge}"
+            )
+        rate = self.verify_sample_rate
+        if rate is not None and not 0 <= rate <= 1:
+            raise ConfigError(f"verify_sample_rate must be in [0, 1]: {rate}")
         if not 0 < self.target_false_hit < 1:
             raise ConfigError(f"target_false_hit must be in (0, 1): {self.target_false_hit}")
+        if not 1 <= self.shadow_min_pairs <= self.shadow_window:
+            raise ConfigError(
+                f"need 1 <= shadow_min_pairs <= shadow_window, got {self.shadow_min_pairs}, "
+                f"{self.shadow_window}"
+            )
+
+    @property
+    def shadow(self) -> bool:
+        """Whether the layer calibrates on live traffic before serving."""
+        return self.mode == "shadow" or (self.mode == "auto" and self.threshold is None)
+
+    @property
+    def sample_rate(self) -> float:
+        """The share of hits verified (the default depends on the mode)."""
+        if self.verify_sample_rate is not None:
+            return self.verify_sample_rate
+        return 0.05 if self.shadow else 0.0
 
 
 @dataclass(frozen=True, slots=True)

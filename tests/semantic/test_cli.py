@@ -135,11 +135,11 @@ def test_tune_text_output_names_threshold_rates_and_guards(
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["tune", "eval", "{pairs}", "--embedder", "static"], "needs --threshold"),
+        (["tune", "eval", "{pairs}", "--embedder", "static"], "needs --threshold X or --config"),
         (["tune", "eval", "--threshold", "0.5"], "needs at least one PAIRS file"),
         (
             ["tune", "{pairs}", "--threshold", "0.5"],
-            "--threshold belongs to `infercache tune eval`",
+            "--threshold and --config belong to `infercache tune eval`",
         ),
         (
             ["tune", "eval", "{pairs}", "--threshold", "0.5", "--write-config", "x.toml"],
@@ -147,7 +147,7 @@ def test_tune_text_output_names_threshold_rates_and_guards(
         ),
         (["tune", "{pairs}", "--embedder", "static"], "240 negative pairs cannot show"),
         (["tune", "{pairs}", "--embedder", "static", "--guards", "colours"], "'colours'"),
-        (["tune", "{missing}", "--embedder", "static"], "missing.tsv: cannot read pairs"),
+        (["tune", "{missing}", "--embedder", "static"], "missing.tsv: cannot read"),
         (
             [
                 "tune",

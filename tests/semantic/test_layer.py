@@ -57,6 +57,7 @@ def make_cache(
     *,
     store_url: str = "memory://",
     verifier: Verifier | None = None,
+    config: SemanticConfig | None = None,
     **settings: Any,
 ) -> Cache:
     cache = Cache(
@@ -65,11 +66,14 @@ def make_cache(
     )
     cache.enable_semantic(
         EMBEDDER,
-        config=SemanticConfig(threshold=THRESHOLD),
+        config=config or SemanticConfig(threshold=THRESHOLD),
         guards=build_guards(TWIN_GUARDS),
         verifier=verifier,
     )
     return cache
+
+
+ONE_THRESHOLD = SemanticConfig(threshold=THRESHOLD, answer_stats=None)
 
 
 ORIGINAL = "How do I reset my password?"
@@ -254,7 +258,8 @@ def test_a_judge_that_disagrees_raises_the_estimate_and_tightens_the_threshold(
 ) -> None:
     url = f"sqlite:///{tmp_path / 'v.db'}"
     judge = FixedJudge(same=False)
-    cache = make_cache(tmp_path, clock, store_url=url, verifier=verifier_with(judge))
+    verifier = verifier_with(judge)
+    cache = make_cache(tmp_path, clock, store_url=url, verifier=verifier, config=ONE_THRESHOLD)
     cache.complete(ask(ORIGINAL), upstream)
     layers = [cache.complete(ask(REPHRASED), upstream).layer for _ in range(10)]
     assert layers == [Layer.SEMANTIC] * 10

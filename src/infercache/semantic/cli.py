@@ -1,15 +1,26 @@
-"""`infercache tune`: choose the semantic similarity threshold on labelled pairs, or measure one.
+"""`infercache tune`: calibrate the semantic layer on labelled data, fit a matcher, or measure.
 
-    infercache tune PAIRS... [--target-false-hit 0.01] [--format text|json] [--plot FILE.png]
-                             [--write-config FILE.toml] [--embedder minilm|static] [--guards ...]
-    infercache tune eval PAIRS... --threshold X [--format text|json] [--plot FILE.png] [...]
+    infercache tune FILE... [--fit] [--target-false-hit 0.01] [--write-config FILE.toml]
+                            [--out DIR] [--format text|json] [--plot FILE.png]
+                            [--embedder minilm|static] [--guards ...] [--threads N]
+    infercache tune eval FILE... (--threshold X | --config FILE.toml) [--format text|json] [...]
 
-argparse cannot hold both a positional list and an `eval` sub-command under one parser (the first
-file name would be read as a sub-command), so `tune` has one parser whose first positional
-selects the mode: `eval` → evaluation, anything else → a pairs file (write `./eval` for a file
-named eval). Options belonging to the other mode are rejected, not ignored.
+FILE is either a pairs file (`pairs.read_pairs`: TSV/CSV/JSONL with a, b, same) or intent-
+labelled texts (`intents.read_labelled`: text and label); `intents.file_kind` tells them apart
+by their header, and one call takes one kind. Pairs are measured pair by pair (calibrate.py:
+false-hit rate = accepted negatives / negatives); labelled texts by simulated lookups
+(cache_sim.py: false-hit rate = wrong answers served / answers served).
 
-PAIRS files are read by `pairs.read_pairs` (TSV/CSV/JSONL with `a`, `b`, `same`). Exit status: 0,
+`--fit` (labelled texts only) fits a matcher on part of the texts and calibrates it on the
+rest (fit.py), writes its artefacts under `--out` (default: `{data dir}/matchers/` plus a
+digest of the data), and `--write-config` points the `[semantic]` table at them. `tune eval
+--config` measures exactly what a written config serves: its embedder, matcher, threshold and
+guards.
+
+argparse cannot hold both a positional list and an `eval` sub-command under one parser (the
+first file name would be read as a sub-command), so `tune` has one parser whose first
+positional selects the mode: `eval` → evaluation, anything else → a file (write `./eval` for a
+file named eval). Options belonging to the other mode are rejected, not ignored. Exit status: 0,
 or 2 with a one-line message on stderr for bad options or files. Heavy imports (torch,
 transformers, matplotlib) happen inside the handler.
 """
@@ -20,19 +31,14 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from infercache.errors import ConfigError, InfercacheError
-
-if TYPE_CHECKING:
-    from infercache.semantic.calibrate import ScoredPair
-    from infercache.semantic.embedder import Embedder
-    from infercache.semantic.guards import Guard
+from infercache.errors import InfercacheError
 
 EMBEDDERS = ("minilm", "static")
 USAGE = (
-    "infercache tune PAIRS... [--target-false-hit P] [--write-config FILE] [options]\n"
-    "       infercache tune eval PAIRS... --threshold X [options]"
+    "infercache tune PAIRS... [--fit] [--target-false-hit P] [--write-config FILE] [options]\n"
+    "       infercache tune eval PAIRS... (--threshold X | --config FILE) [options]"
 )
 
 
@@ -40,17 +46,18 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     """Add the `tune` command (with its `eval` form) to the top-level sub-parsers."""
     parser = sub.add_parser(
         "tune",
-        help="tune the semantic-cache similarity threshold on labelled pairs (or `tune eval`)",
+        help="calibrate the semantic cache on labelled pairs or texts, fit a matcher, or measure",
         usage=USAGE,
         description=(
-            "Pick the lowest cosine-similarity threshold whose false-hit rate (share of "
-            "non-equivalent pairs the cache would accept) has a 95% upper bound at or below "
-            "the target; `tune eval` reports the same figures for a given threshold. PAIRS are "
-            ".tsv/.csv files with a header a,b,same or .jsonl lines {a, b, same}; same is "
-            "1/0/true/false/yes/no."
+            "Pick the lowest threshold whose false-hit rate has a 95% upper bound at or below "
+            "the target; `tune eval` reports the same figures for a threshold or a written "
+            "config. Files are pairs (.tsv/.csv with a header a,b,same or .jsonl {a, b, same}; "
+            "same is 1/0/true/false/yes/no) or intent-labelled texts (header text,label or "
+            ".jsonl {text, label}: the same label means the same answer). --fit fits a matcher "
+            "to labelled texts."
         ),
     )
-    parser.add_argument("pairs", nargs="+", metavar="PAIRS", help="labelled pair files")
+    parser.add_argument("files", nargs="+", metavar="PAIRS", help="pairs or labelled-text files")
     parser.add_argument(
         "--target-false-hit",
         type=float,
@@ -58,9 +65,11 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         metavar="P",
         help="highest acceptable false-hit rate, as a 95%% upper bound (tune; default 0.01)",
     )
-    parser.add_argument(
-        "--threshold", type=float, default=None, help="cosine similarity in [-1, 1] (eval only)"
-    )
+    parser.add_argument("--threshold", type=float, default=None, help="a threshold (eval only)")
+    parser.add_argument("--config", type=Path, default=None, help="a written config (eval only)")
+    parser.add_argument("--fit", action="store_true", help="fit a matcher to labelled texts")
+    parser.add_argument("--out", type=Path, default=None, help="where --fit writes the matcher")
+    parser.add_argument("--epochs", type=int, default=30, help="adapter training passes (--fit)")
     parser.add_argument("--format", choices=("text", "json"), default="text")
     parser.add_argument("--plot", type=Path, default=None, metavar="FILE.png")
     parser.add_argument(
@@ -84,130 +93,55 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
 
 
 def handle(args: argparse.Namespace) -> int:
+    from infercache.semantic.tune import evaluate_files, tune_files
+
     try:
-        if args.pairs[0] == "eval":
-            return _evaluate(args, args.pairs[1:])
-        return _tune(args, args.pairs)
+        if args.files[0] == "eval":
+            report = evaluate_files(args, args.files[1:])
+            how = "given"
+        else:
+            report = tune_files(args, args.files)
+            how = f"lowest with a 95% upper bound <= {report['target_false_hit']}"
     except InfercacheError as exc:
         print(f"infercache tune: error: {exc.message}", file=sys.stderr)
         return 2
-
-
-def _tune(args: argparse.Namespace, files: list[str]) -> int:
-    if args.threshold is not None:
-        raise ConfigError("--threshold belongs to `infercache tune eval`")
-    target = 0.01 if args.target_false_hit is None else args.target_false_hit
-    from infercache.semantic.calibrate import curve, plot, tune
-
-    scored, guards, embedder = _scored(args, files)
-    calibration = tune(scored, target_false_hit=target, guards=guards)
-    report = {
-        **calibration.to_dict(),
-        "embedder": args.embedder,
-        "embedder_name": embedder.name,
-        "files": files,
-    }
-    if args.plot is not None:
-        curves = {"with guards": curve(scored, guards=guards)} if guards else {}
-        curves["no guards"] = curve(scored)
-        plot(curves, args.plot, target_false_hit=target, threshold=calibration.threshold)
-    if args.write_config is not None:
-        _write_config(args.write_config, report)
     if args.format == "json":
         print(json.dumps(report, indent=2))
     else:
-        _print_text(report, f"lowest with a 95% upper bound <= {target}")
+        print_text(report, how)
     return 0
 
 
-def _evaluate(args: argparse.Namespace, files: list[str]) -> int:
-    if args.threshold is None:
-        raise ConfigError("`infercache tune eval` needs --threshold X")
-    if not files:
-        raise ConfigError("`infercache tune eval` needs at least one PAIRS file")
-    if args.target_false_hit is not None or args.write_config is not None:
-        raise ConfigError("--target-false-hit and --write-config belong to `infercache tune`")
-    from infercache.semantic.calibrate import curve, evaluate, plot
-
-    scored, guards, embedder = _scored(args, files)
-    evaluation = evaluate(scored, args.threshold, guards=guards)
-    report = {
-        **evaluation.to_dict(),
-        "embedder": args.embedder,
-        "embedder_name": embedder.name,
-        "files": files,
-    }
-    if args.plot is not None:
-        plot({"pairs": curve(scored, guards=guards)}, args.plot, threshold=args.threshold)
-    if args.format == "json":
-        print(json.dumps(report, indent=2))
-    else:
-        _print_text(report, "given")
-    return 0
-
-
-def _scored(
-    args: argparse.Namespace, files: list[str]
-) -> tuple[list[ScoredPair], list[Guard], Embedder]:
-    from infercache.semantic.calibrate import score_pairs
-    from infercache.semantic.guards import build_guards, default_guards
-    from infercache.semantic.pairs import read_many
-
-    spec = args.guards.strip()
-    guards = (
-        default_guards()
-        if spec == "default"
-        else []
-        if spec == "none"
-        else build_guards(s for s in spec.split(",") if s.strip())
-    )
-    pairs = read_many(files)
-    embedder = _build_embedder(args.embedder, args.threads)
-    return score_pairs(pairs, embedder), guards, embedder
-
-
-def _build_embedder(kind: str, threads: int | None) -> Embedder:
-    if kind == "static":
-        from infercache.semantic.embedder import StaticEmbedder
-
-        return StaticEmbedder()
-    from infercache.semantic.embedder import MiniLMEmbedder
-
-    return MiniLMEmbedder(threads=threads)
-
-
-def _write_config(path: Path, report: dict[str, Any]) -> None:
-    """A `[semantic]` TOML table. JSON string and number literals are valid TOML."""
-    lines = [
-        f"# written by `infercache tune` from {report['pairs']} pairs",
-        "[semantic]",
-        f"threshold = {report['threshold']!r}",
-        f"embedder = {json.dumps(report['embedder'])}",
-        f"embedder_name = {json.dumps(report['embedder_name'])}",
-        f"target_false_hit = {report['target_false_hit']!r}",
-        f"guards = {json.dumps(report['guards'])}",
-        "",
-    ]
-    try:
-        path.write_text("\n".join(lines), encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"cannot write config {path}: {exc.strerror or exc}") from exc
-
-
-def _print_text(report: dict[str, Any], how: str) -> None:
+def print_text(report: dict[str, Any], how: str) -> None:
     def rate(value: float | None) -> str:
         return "n/a" if value is None else f"{value:.4f}"
 
     upper = rate(report["false_hit_upper"])
-    print(f"threshold       {report['threshold']:.4f}  ({how}; cosine similarity)")
+    lookups = report.get("kind") == "lookups"
+    wrong_of = "answers served wrong" if lookups else "negatives accepted"
+    right_of = "answerable lookups served right" if lookups else "positives accepted"
+    print(f"threshold       {report['threshold']:.4f}  ({how}; {report['scale']})")
     print(
         f"false-hit rate  {rate(report['false_hit_rate'])}  ({report['false_hits']} of "
-        f"{report['negatives']} negatives accepted; 95% upper bound {upper})"
+        f"{report['served'] if lookups else report['negatives']} {wrong_of}; "
+        f"95% upper bound {upper})"
     )
     print(
         f"hit rate        {rate(report['hit_rate'])}  ({report['hits']} of "
-        f"{report['positives']} positives accepted)"
+        f"{report['positives']} {right_of})"
     )
-    print(f"pairs           {report['pairs']}")
+    print(f"{report['counted']:<15} {report['pairs']}")
     print(f"guards          {', '.join(report['guards']) or 'none'}")
     print(f"embedder        {report['embedder_name']}")
+    if report.get("matcher") is not None:
+        print(f"matcher         {report['matcher']}")
+    plain = report.get("plain_cosine")
+    if report.get("fit") is not None:
+        print(f"fitted in       {report['fit']['seconds']} s on {report['fit']['split']}")
+        if plain is None:
+            print("plain cosine    no threshold meets the target on the same lookups")
+        else:
+            print(
+                f"plain cosine    threshold {plain['threshold']:.4f}: hit rate "
+                f"{rate(plain['hit_rate'])}, false-hit rate {rate(plain['false_hit_rate'])}"
+            )

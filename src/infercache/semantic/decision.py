@@ -2,9 +2,10 @@
 and the live cache all call `accept`, so what is measured is what runs.
 
 Rule, in order:
-1. `similarity < threshold` → rejected, reason `below_threshold`. Similarity is the cosine
-   similarity of the two texts' embeddings, in [-1, 1] (higher is closer); the threshold is on
-   the same scale, tuned by `calibrate.tune`.
+1. `similarity < threshold` → rejected, reason `below_threshold`. `similarity` is the matcher's
+   decision score (matcher.py): with the plain matcher the cosine similarity of the two texts'
+   embeddings, in [-1, 1]; with a fitted matcher a probability in (0, 1). Higher is closer;
+   the threshold is on the same scale, tuned by `calibrate.tune` or `fit.tune_lookups`.
 2. Any guard whose `check(query, candidate)` is False → rejected, reason `guard`, naming the first
    such guard in the order given. Guards look only at the texts, never at the threshold.
 3. Otherwise accepted.
@@ -12,6 +13,10 @@ Rule, in order:
 Invariant relied on by calibration: for fixed texts and guards, acceptance is monotone in the
 threshold (accepted at t ⇒ accepted at every t' ≤ t), because only step 1 sees the threshold.
 So a pair's decision at `threshold = similarity` is its decision at every lower threshold.
+
+Among a query's candidates the layer tries them in `ranked` order (score, then similarity, both
+descending) and serves the first accepted one whose entry is fresh; the simulated lookups of
+calibration (fit.py) use the same order.
 """
 
 from __future__ import annotations
@@ -60,3 +65,9 @@ def accept(
         if not guard.check(query_text, candidate_text):
             return Decision(False, Reason.GUARD, guard.name)
     return ACCEPTED
+
+
+def ranked(scores: Sequence[float], similarities: Sequence[float]) -> list[int]:
+    """Candidate positions in the order they are tried: score descending, then similarity
+    descending, then position (so equal inputs give equal orders)."""
+    return sorted(range(len(scores)), key=lambda i: (-scores[i], -similarities[i], i))

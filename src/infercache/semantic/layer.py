@@ -5,57 +5,71 @@ Lookup (after an exact miss), `lookup`:
      the model version token and tag generations) and the text compared by meaning. A request
      whose last message is not user text is outside the layer (counted `not_applicable`).
   2. Embed the text (an embedder failure is a counted `embedder_error` miss).
-  3. `registry.ScopedIndexes.search`: the scope's `k` nearest vectors (cosine similarity in
+  3. `registry.ScopedIndexes.search`: the scope's k nearest vectors (cosine similarity in
      [-1, 1]); the nearest one's similarity goes into a histogram, hit or miss.
-  4. Walk the candidates from the most similar: `decision.accept` (threshold, then guards —
-     the same rule `infercache tune` calibrates) must accept, and the candidate's exact entry
-     must be fresh for this request (`ExactCache.fresh_entry`: TTL, model version, tag
-     generations, max-age). A candidate whose entry is gone (expired, evicted, invalidated) is
-     dropped from the index on the spot, so the index never serves what the store would not.
+  4. `matcher.scores`: one decision score per candidate (the cosine itself, or a fitted
+     matcher's probability). The global threshold is the configured one (tightened by live
+     verification, verify.LiveThreshold) or, in shadow mode, the live operating point
+     (shadow.LiveCalibration; none yet = shadow); each candidate's answer group may move it
+     (answer_stats.py).
+  5. Try the candidates in `decision.ranked` order: `decision.accept` (its threshold, then the
+     guards) must take it, and its exact entry must be fresh for this request
+     (`ExactCache.fresh_entry`: TTL, model version, tag generations, max-age). A candidate whose
+     entry is gone is dropped from the index on the spot. The first such is the hit.
+     In shadow (no operating point) nothing is served: the best candidate is only noted.
 Store (after the exact layer stored an answer), `store`: the `records.SemanticRecord` (scope,
-text, vector) goes to the same backend under `sem:{exact key}` with the exact entry's expiry,
-so a restart rebuilds every index from the store (`rebuild`); the vector joins its scope's index.
-
-Live verification (verify.py) samples hits; its verdicts feed `verify.LiveThreshold`, which
-tightens the threshold when the false-hit rate is above target with 95% confidence and keeps
-the new value in the store's meta across restarts.
+text, answer digest, vector) goes to the same backend under `sem:{exact key}` with the exact
+entry's expiry (a restart rebuilds every index from it, `rebuild`); the vector joins its
+scope's index. If the lookup noted a candidate, the judge compares its stored answer with this
+fresh one in the background, and the verdict feeds the answer's statistics and the live
+calibration (`_judged`).
+Verification (`verify`) re-asks a sample of hits upstream in the background; a complaint
+(`report_wrong`) retires the entry that served a wrong answer and counts as a wrong verdict.
 
 Indexes are per process: another process's new records are seen after its restart. Thread-safe
-(the registry and the live threshold each hold a lock).
+(the registry, statistics and calibrations each hold a lock).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+import threading
+from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
+import orjson
 
 from infercache.clock import Clock
 from infercache.errors import EmbedderError, InfercacheError, StoreError
 from infercache.exact import ExactCache
 from infercache.metrics import MissReason, PriceTable, StrategyMetrics
 from infercache.request import ChatRequest
-from infercache.semantic.decision import Reason, accept
+from infercache.semantic.answer_stats import AnswerStats, GroupKey
+from infercache.semantic.decision import Reason, accept, ranked
 from infercache.semantic.embedder import Embedder
 from infercache.semantic.growing_index import GrowingIndex
 from infercache.semantic.guards import Guard
 from infercache.semantic.index import IndexFactory
+from infercache.semantic.layer_config import SemanticConfig, ShadowConfig
+from infercache.semantic.matcher import NearbyAnswer
 from infercache.semantic.records import (
     RECORD_PREFIX,
     SemanticRecord,
+    answer_digest,
     decode_record,
     encode_record,
     record_key,
 )
 from infercache.semantic.registry import Candidate, IndexedItem, ScopedIndexes
 from infercache.semantic.scope import Query, query_of
-from infercache.semantic.verify import FalseHitMonitor, LiveThreshold, Tightened, Verifier
+from infercache.semantic.shadow import LiveCalibration
+from infercache.semantic.verify import FalseHitMonitor, Fetch, LiveThreshold, Tightened, Verifier
 from infercache.stores.base import Backend, Entry
 from infercache.versions import VersionView
+
+__all__ = ["Probe", "SemanticConfig", "SemanticHit", "SemanticLayer", "ShadowConfig"]
 
 log = logging.getLogger(__name__)
 
@@ -66,18 +80,13 @@ _REFUSED = {
 }
 
 
-@dataclass(frozen=True, slots=True)
-class SemanticConfig:
-    threshold: float  # cosine similarity in [-1, 1], from `infercache tune`; never a default
-    k: int = 4  # neighbours examined per lookup
-    max_vectors: int = 1_000_000  # in-process index bound (oldest dropped first)
-    store_hits_as_exact: bool = False  # also store a semantic hit under the new wording's key
+class Noted(NamedTuple):
+    """A miss's best candidate, to be judged against the fresh answer when it arrives."""
 
-    def __post_init__(self) -> None:
-        if not -1.0 <= self.threshold <= 1.0:
-            raise ValueError(f"threshold is a cosine similarity in [-1, 1], got {self.threshold}")
-        if self.k < 1:
-            raise ValueError(f"k must be >= 1, got {self.k}")
+    key: str
+    score: float
+    group: GroupKey
+    cached: bytes  # the candidate's stored response body
 
 
 class Probe(NamedTuple):
@@ -86,12 +95,21 @@ class Probe(NamedTuple):
 
     query: Query
     vector: npt.NDArray[np.float32]
+    noted: Noted | None = None
 
 
 class SemanticHit(NamedTuple):
     entry: Entry
     key: str  # the exact key of the near-duplicate whose answer is served
-    similarity: float
+    similarity: float  # cosine similarity in [-1, 1] (what `x-infercache-similarity` shows)
+    score: float = float("nan")  # the matcher's decision score the threshold was applied to
+    group: GroupKey | None = None  # the answer group whose statistics the hit belongs to
+
+
+class _Choice(NamedTuple):
+    hit: SemanticHit | None
+    reason: MissReason
+    noted: Noted | None
 
 
 class SemanticLayer:
@@ -113,31 +131,53 @@ class SemanticLayer:
         self.exact = exact
         self.embedder = embedder
         self.config = config
+        self.matcher = config.matcher
         self.guards = tuple(guards)
         self.metrics = metrics
         self._prices = prices
         self._clock = clock
+        self.verifier = verifier
         self.indexes = ScopedIndexes(
             embedder.dim, index_factory or GrowingIndex, max_vectors=config.max_vectors
         )
-        monitor: FalseHitMonitor | None = verifier.monitor if verifier is not None else None
-        self.live_threshold = LiveThreshold(
-            backend,
-            configured=config.threshold,
-            embedder_name=embedder.name,
-            metrics=metrics,
-            monitor=monitor,
-        )
-        self.verifier = verifier
-        if verifier is not None:
-            verifier.attach(self.live_threshold.on_verdict)
+        self.answer_stats = AnswerStats(config.answer_stats) if config.answer_stats else None
+        self.calibration: LiveCalibration | None = None
+        self.live_threshold: LiveThreshold | None = None
+        if config.shadow is not None:
+            if verifier is None:
+                raise ValueError("shadow mode needs a verifier (its judge labels the pairs)")
+            self.calibration = LiveCalibration(
+                backend,
+                name=f"{self.matcher.name}:{embedder.name}",
+                target_false_hit=config.shadow.target_false_hit,
+                metrics=metrics,
+                min_pairs=config.shadow.min_pairs,
+                window=config.shadow.window,
+            )
+        else:
+            assert config.threshold is not None  # SemanticConfig checks it
+            monitor: FalseHitMonitor | None = verifier.monitor if verifier is not None else None
+            self.live_threshold = LiveThreshold(
+                backend,
+                configured=config.threshold,
+                embedder_name=embedder.name,
+                metrics=metrics,
+                monitor=monitor,
+            )
+        self._k = max(config.k, self.matcher.k or 0)
+        self._last_hit = threading.local()  # for `verify`, called right after `lookup`
 
     @property
-    def threshold(self) -> float:
+    def threshold(self) -> float | None:
+        """The global threshold served at now (None: in shadow, nothing is served)."""
+        if self.calibration is not None:
+            return self.calibration.operating_point
+        assert self.live_threshold is not None
         return self.live_threshold.value
 
     def tighten(self, event: Tightened) -> None:
-        self.live_threshold.tighten(event)
+        if self.live_threshold is not None:
+            self.live_threshold.tighten(event)
 
     # -- lookup --
 
@@ -150,63 +190,121 @@ class SemanticLayer:
             return None, None
         started = self._clock.monotonic_s()
         try:
-            probe = Probe(query, self._embed(query.text))
+            vector = self._embed(query.text)
         except EmbedderError as exc:
             self.metrics.miss(MissReason.EMBEDDER_ERROR)
             log.warning("semantic lookup skipped: %s", exc.message)
             return None, None
-        candidates = self.indexes.search(query.scope, probe.vector, self.config.k)
+        candidates = self.indexes.search(query.scope, vector, self._k)
         if candidates:
             self.metrics.observe("nn_similarity", candidates[0].similarity, SIMILARITY_BUCKETS)
-        hit, reason = self._first_acceptable(query, view, request, candidates)
+        base = self.threshold
+        choice = self._choose(query, view, request, candidates, base)
         self.metrics.overhead(self._clock.monotonic_s() - started)
-        if hit is None:
-            self.metrics.miss(reason)
+        probe = Probe(query, vector, choice.noted)
+        self._last_hit.value = choice.hit
+        if base is None:
+            assert self.calibration is not None
+            self.calibration.note_lookup()
+            self.metrics.count("shadow_lookups")
             return None, probe
-        e = hit.entry
+        if self.calibration is not None:
+            self.calibration.note_lookup()
+        if choice.hit is None:
+            self.metrics.miss(choice.reason)
+            return None, probe
+        e = choice.hit.entry
         self.metrics.hit(
             prompt_tokens=e.prompt_tokens,
             completion_tokens=e.completion_tokens,
             upstream_s=e.upstream_s,
             money_usd=self._prices.cost_usd(e.model, e.prompt_tokens, e.completion_tokens),
         )
-        return hit, probe
+        return choice.hit, probe
 
-    def _first_acceptable(
+    def _choose(
         self,
         query: Query,
         view: VersionView,
         request: ChatRequest,
         candidates: list[Candidate],
-    ) -> tuple[SemanticHit | None, MissReason]:
-        """The first candidate (most similar first) that the rule accepts and whose entry is
-        fresh; else None and why the best one was refused."""
+        base: float | None,
+    ) -> _Choice:
+        """The hit (the first candidate, in ranked order, that its threshold and the guards
+        accept and whose entry is fresh), why there is none, and the candidate to judge."""
+        neighbours = [NearbyAnswer(c.similarity, c.item.answer) for c in candidates]
+        scores = self.matcher.scores(neighbours)
         reason = MissReason.ABSENT
-        threshold = self.threshold
-        for similarity, vid, item in candidates:
-            decision = accept(similarity, query.text, item.text, threshold, self.guards)
-            if not decision.accepted:
-                if reason is MissReason.ABSENT:
-                    reason = _REFUSED[decision.reason]
-                if decision.reason is Reason.BELOW_THRESHOLD:
-                    break  # candidates come most similar first: the rest are lower still
+        best: tuple[Candidate, float, GroupKey] | None = None  # best guard-passing candidate
+        for j in ranked(scores, [n.similarity for n in neighbours]):
+            candidate, score = candidates[j], scores[j]
+            group = GroupKey(query.scope, candidate.item.answer or candidate.item.key)
+            needed = score if base is None else self._threshold_of(group, base)
+            decision = accept(score, query.text, candidate.item.text, needed, self.guards)
+            if reason is MissReason.ABSENT and not decision.accepted:
+                reason = _REFUSED[decision.reason]
+            if decision.reason is Reason.GUARD:
+                continue
+            if best is None:
+                best = (candidate, score, group)
+            if base is None or not decision.accepted:
                 continue
             try:
-                entry = self.exact.fresh_entry(item.key, view, request.directives.max_age_s)
+                entry = self.exact.fresh_entry(
+                    candidate.item.key, view, request.directives.max_age_s
+                )
             except StoreError as exc:
                 self.metrics.count("store_errors")
                 log.warning("semantic candidate unreadable, serving without it: %s", exc)
-                return None, MissReason.STORE_ERROR
+                return _Choice(None, MissReason.STORE_ERROR, None)
             if entry is None:
-                self.indexes.forget(vid)  # expired, evicted or invalidated in the store
+                self.indexes.forget(candidate.vid)  # expired, evicted or invalidated
+                best = None if best[0] is candidate else best
                 continue
-            return SemanticHit(entry, item.key, similarity), reason
-        return None, reason
+            hit = SemanticHit(entry, candidate.item.key, candidate.similarity, score, group)
+            return _Choice(hit, reason, None)
+        return _Choice(None, reason, self._note(best, view, request, base))
+
+    def _fresh(self, candidate: Candidate, view: VersionView, request: ChatRequest) -> Entry | None:
+        return self.exact.fresh_entry(candidate.item.key, view, request.directives.max_age_s)
+
+    def _threshold_of(self, group: GroupKey, base: float) -> float:
+        if self.answer_stats is None:
+            return base
+        return self.answer_stats.threshold(group, base)
+
+    def _note(
+        self,
+        best: tuple[Candidate, float, GroupKey] | None,
+        view: VersionView,
+        request: ChatRequest,
+        base: float | None,
+    ) -> Noted | None:
+        """The miss's best candidate with its stored answer, when it is worth judging: always
+        in shadow; serving, when it scored near enough the threshold to move statistics."""
+        if best is None or self.verifier is None:
+            return None
+        candidate, score, group = best
+        if base is not None and (
+            (self.answer_stats is None and self.calibration is None)
+            or score < base - self.config.judge_margin
+        ):
+            return None
+        try:
+            entry = self._fresh(candidate, view, request)
+        except StoreError as exc:
+            self.metrics.count("store_errors")
+            log.warning("semantic candidate unreadable, not judged: %s", exc)
+            return None
+        if entry is None:
+            return None
+        return Noted(candidate.item.key, score, group, entry.response)
 
     # -- store --
 
     def store(self, request: ChatRequest, view: VersionView, key: str, probe: Probe | None) -> None:
-        """Index the answer just stored under exact `key` with `view` (and persist its vector)."""
+        """Index the answer just stored under exact `key` with `view` (and persist its vector);
+        judge the candidate the lookup noted against it."""
         query = query_of(request, view, self.exact.ignorable_fields)
         if query is None:
             return
@@ -216,18 +314,29 @@ class SemanticLayer:
         except EmbedderError as exc:
             log.warning("semantic record not stored: %s", exc.message)
             return
-        record = SemanticRecord(query.scope, query.text, key, self.embedder.name, vector)
         try:
             answer = self.backend.get(key)
             if answer is None:
                 return
+            digest = answer_digest(answer.response)
+            record = SemanticRecord(
+                query.scope, query.text, key, self.embedder.name, vector, digest
+            )
             self.backend.put(record_key(key), encode_record(record, answer))
         except StoreError as exc:
             self.metrics.count("store_errors")
             log.warning("semantic record not stored: %s", exc)
             return
-        size = self.indexes.add(IndexedItem(query.scope, key, query.text), vector)
+        size = self.indexes.add(IndexedItem(query.scope, key, query.text, digest), vector)
         self.metrics.gauge("vectors", size)
+        if probe is not None and probe.noted is not None and self.verifier is not None:
+            noted = probe.noted
+            self.verifier.judge_later(
+                request.body,
+                orjson.loads(noted.cached),
+                orjson.loads(answer.response),
+                lambda wrong: self._judged(noted.score, noted.group, wrong, hit=False),
+            )
 
     def rebuild(self) -> int:
         """Load every live record of this embedder from the store; return how many."""
@@ -244,7 +353,7 @@ class SemanticLayer:
                 continue
             if record.embedder != self.embedder.name or len(record.vector) != self.embedder.dim:
                 continue  # vectors of another model are not comparable
-            items.append(IndexedItem(record.scope, record.key, record.text))
+            items.append(IndexedItem(record.scope, record.key, record.text, record.answer))
             vectors.append(record.vector)
         if items:
             self.indexes.add_many(items, np.stack(vectors))
@@ -260,17 +369,73 @@ class SemanticLayer:
             raise EmbedderError(f"the embedder failed: {exc.message}") from exc
         return vector
 
-    # -- live verification --
+    # -- feedback: verification, judgments, complaints --
 
     def verify(
         self,
         body: Mapping[str, Any],
         cached: Mapping[str, Any],
         similarity: float,
-        fetch: Callable[[dict[str, Any]], dict[str, Any]],
+        fetch: Fetch,
     ) -> None:
-        """Maybe check this hit against a fresh upstream answer, in the background."""
-        if self.verifier is not None and self.verifier.maybe_verify(
-            body, cached, similarity, fetch
-        ):
+        """Maybe check the hit this thread's last `lookup` served, in the background."""
+        hit: SemanticHit | None = getattr(self._last_hit, "value", None)
+        if hit is None or hit.similarity != similarity:
+            hit = None  # not the hit just looked up: judge it at its similarity, no group
+        score = hit.score if hit is not None else similarity
+        group = hit.group if hit is not None else None
+        if self.verifier is not None and self.verifier.sampled():
             self.metrics.count("verifications_scheduled")
+            self.verifier.judge_later(
+                body, cached, fetch, lambda wrong: self._judged(score, group, wrong, hit=True)
+            )
+
+    def _judged(self, score: float, group: GroupKey | None, wrong: bool, *, hit: bool) -> None:
+        """A judge's verdict on an answer served (`hit`) or one a miss would have served."""
+        self.metrics.count("pairs_judged")
+        if wrong:
+            self.metrics.count("pairs_judged_wrong")
+        if group is not None and self.answer_stats is not None:
+            self.answer_stats.record(group, score, wrong)
+        if self.calibration is not None:
+            self.calibration.record(score, wrong)
+        elif hit and self.live_threshold is not None:
+            self.live_threshold.on_verdict(score, wrong)
+
+    def report_wrong(self, key: str, *, score: float, group: GroupKey | None = None) -> bool:
+        """A served semantic answer was reported wrong (`key`, `score`, `group`: the
+        `SemanticHit` that served it). Retires that entry at once — its vector, its record and
+        the exact entry — so it is never served again, records the complaint in its answer's
+        statistics (that answer is never again served at that score) and counts it as a wrong
+        verdict for the live threshold or calibration. Returns whether the entry was held."""
+        item = self.indexes.item_of_key(key)
+        if group is None and item is not None:
+            group = GroupKey(item.scope, item.answer or key)
+        held = self.indexes.forget_key(key)
+        try:
+            self.backend.delete(record_key(key))
+            self.backend.delete(key)
+        except StoreError as exc:
+            self.metrics.count("store_errors")
+            log.warning("could not delete the entry reported wrong: %s", exc)
+        self.metrics.count("complaints")
+        self.metrics.gauge("vectors", len(self.indexes))
+        if group is not None and self.answer_stats is not None:
+            self.answer_stats.complain(group, score)
+        if self.calibration is not None:
+            self.calibration.record(score, True)
+        elif self.live_threshold is not None:
+            self.live_threshold.on_verdict(score, True, complaint=True)
+        return held
+
+    def state(self) -> dict[str, Any]:
+        """The layer's mode and calibration, for `/stats`."""
+        calibration = self.calibration.state().to_dict() if self.calibration else None
+        return {
+            "mode": "shadow" if self.calibration is not None else "calibrated",
+            "serving": self.threshold is not None,
+            "threshold": self.threshold,
+            "matcher": self.matcher.name,
+            "calibration": calibration,
+            "answer_groups": len(self.answer_stats) if self.answer_stats is not None else 0,
+        }

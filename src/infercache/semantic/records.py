@@ -4,16 +4,19 @@ rebuild every scope's index without embedding anything again.
 Stored under `sem:{exact key}` in the same backend as the exact entry, as an `Entry` whose
 response body is compact JSON:
 
-    {"scope", "text", "key", "embedder", "vector": base64 of the float32 vector's bytes}
+    {"scope", "text", "key", "answer", "embedder", "vector": base64 of the float32 vector's bytes}
 
-The record copies the exact entry's model, version, tags and expiry, so it expires (and is
-evicted by TTL) with the answer it indexes. `embedder` is the embedder's `name`: vectors of
+`answer` is `answer_digest` of the answer indexed: candidates whose answers are equal agree
+(matcher.py), and statistics are kept per answer (answer_stats.py). The record copies the
+exact entry's model, version, tags and expiry, so it expires (and is evicted by TTL) with the
+answer it indexes. `embedder` is the embedder's `name`: vectors of
 another model are not comparable and are skipped on rebuild. Pure.
 """
 
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 from typing import NamedTuple
 
@@ -31,6 +34,19 @@ class SemanticRecord(NamedTuple):
     key: str  # the exact key whose answer this record indexes
     embedder: str
     vector: npt.NDArray[np.float32]
+    answer: str = ""  # answer_digest of the indexed answer ("" in records written before it)
+
+
+def answer_digest(response: bytes) -> str:
+    """A short digest naming an answer: of its first message's text when it has one (so two
+    responses saying the same thing under different ids agree), else of the whole body."""
+    try:
+        body = json.loads(response)
+        content = body["choices"][0]["message"]["content"]
+    except (ValueError, KeyError, IndexError, TypeError):
+        content = None
+    data = content.strip().encode() if isinstance(content, str) else response
+    return hashlib.sha256(data).hexdigest()[:16]
 
 
 def record_key(key: str) -> str:
@@ -43,6 +59,7 @@ def encode_record(record: SemanticRecord, answer: Entry) -> Entry:
         "scope": record.scope,
         "text": record.text,
         "key": record.key,
+        "answer": record.answer,
         "embedder": record.embedder,
         "vector": base64.b64encode(record.vector.astype(np.float32).tobytes()).decode(),
     }
@@ -64,6 +81,9 @@ def decode_record(entry: Entry) -> SemanticRecord:
     try:
         body = json.loads(entry.response)
         vector = np.frombuffer(base64.b64decode(body["vector"]), dtype=np.float32)
-        return SemanticRecord(body["scope"], body["text"], body["key"], body["embedder"], vector)
+        return SemanticRecord(
+            body["scope"], body["text"], body["key"], body["embedder"], vector,
+            body.get("answer", ""),
+        )  # fmt: skip
     except (KeyError, TypeError, ValueError) as exc:
         raise ValueError(f"not a semantic record: {exc!r}") from exc

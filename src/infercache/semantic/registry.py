@@ -30,6 +30,7 @@ class IndexedItem(NamedTuple):
     scope: str
     key: str  # the exact key whose answer the vector stands for
     text: str  # the text compared by meaning (guards read it)
+    answer: str = ""  # records.answer_digest of that answer ("" unknown)
 
 
 class Candidate(NamedTuple):
@@ -98,6 +99,11 @@ class ScopedIndexes:
             while len(self._items) > self._max_vectors:
                 self._forget_locked(next(iter(self._items)))
             return len(self._items)
+
+    def item_of_key(self, key: str) -> IndexedItem | None:
+        with self._lock:
+            vid = self._vid_of_key.get(key)
+            return self._items.get(vid) if vid is not None else None
 
     def forget(self, vid: int) -> None:
         with self._lock:

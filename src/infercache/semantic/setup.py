@@ -1,20 +1,25 @@
-"""Turn the semantic layer on from `[semantic]` settings: embedder, guards, live verification.
+"""Turn the semantic layer on from `[semantic]` settings: embedder, matcher, guards, judge,
+verification and the mode (calibrated or shadow).
 
-The threshold must come from calibration (`infercache tune --write-config`); settings refuse to
-enable the layer without one. If the config names the embedder the threshold was tuned with
-(`embedder_name`), the embedder built here must be that one: a threshold is only meaningful for
-the model it was measured on.
+A calibrated layer serves from the start at the threshold `infercache tune --write-config`
+chose; a shadow layer (`mode = "shadow"`, or no threshold at all) serves nothing until judged
+live traffic certifies an operating point (shadow.py). If the config names the embedder the
+threshold was tuned with (`embedder_name`), the embedder built here — the fitted one when a
+`matcher` directory is configured — must be that one: a threshold is only meaningful for the
+model it was measured on.
 """
 
 from __future__ import annotations
 
 import os
 import random
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from concurrent.futures import Executor, ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from infercache.errors import ConfigError
+from infercache.semantic.answer_stats import AnswerStatsConfig
 from infercache.semantic.embedder import Embedder
 from infercache.semantic.guards import build_guards, default_guards
 from infercache.semantic.judges import (
@@ -24,17 +29,18 @@ from infercache.semantic.judges import (
     LLMJudge,
     NormalisedEqualityJudge,
 )
-from infercache.semantic.layer import SemanticConfig, SemanticLayer
-from infercache.semantic.verify import FalseHitMonitor, Verifier
+from infercache.semantic.layer import SemanticLayer
+from infercache.semantic.layer_config import SemanticConfig, ShadowConfig
+from infercache.semantic.matcher import CosineMatcher, Matcher, load_fitted
+from infercache.semantic.verify import FalseHitMonitor, Fetch, Verifier
 from infercache.settings import SemanticSettings
 
 if TYPE_CHECKING:
     from infercache.cache import Cache
 
-Fetch = Callable[[dict[str, Any]], dict[str, Any]]
-
 
 def build_embedder(s: SemanticSettings, environ: Mapping[str, str] | None = None) -> Embedder:
+    """The base embedder `s.embedder` names (no fitted adapter; see `build_matcher`)."""
     env = os.environ if environ is None else environ
     embedder: Embedder
     if s.embedder == "static":
@@ -58,12 +64,27 @@ def build_embedder(s: SemanticSettings, environ: Mapping[str, str] | None = None
         # threads left alone: torch's thread count is process-wide and the in-process engine
         # owns it (setting it here would slow every generation down).
         embedder = MiniLMEmbedder()
+    if s.matcher is None:
+        check_embedder_name(s, embedder)
+    return embedder
+
+
+def build_matcher(s: SemanticSettings, base: Embedder) -> tuple[Embedder, Matcher]:
+    """The embedder and matcher the layer runs: `base` and the plain cosine, or the fitted
+    ones stored in `s.matcher`."""
+    if s.matcher is None:
+        return base, CosineMatcher()
+    fitted = load_fitted(Path(s.matcher).expanduser(), base)
+    check_embedder_name(s, fitted.embedder)
+    return fitted.embedder, fitted.matcher
+
+
+def check_embedder_name(s: SemanticSettings, embedder: Embedder) -> None:
     if s.embedder_name is not None and s.embedder_name != embedder.name:
         raise ConfigError(
             f"the semantic threshold was tuned with {s.embedder_name!r} but the embedder is "
             f"{embedder.name!r}: tune again with this embedder"
         )
-    return embedder
 
 
 def build_judge(s: SemanticSettings, embedder: Embedder, fetch: Fetch | None) -> Judge:
@@ -78,6 +99,24 @@ def build_judge(s: SemanticSettings, embedder: Embedder, fetch: Fetch | None) ->
     return EmbeddingJudge(embedder)
 
 
+def build_config(s: SemanticSettings, matcher: Matcher) -> SemanticConfig:
+    shadow = None
+    if s.shadow:
+        shadow = ShadowConfig(
+            target_false_hit=s.target_false_hit,
+            min_pairs=s.shadow_min_pairs,
+            window=s.shadow_window,
+        )
+    return SemanticConfig(
+        threshold=s.threshold,
+        k=s.k,
+        store_hits_as_exact=s.store_hits_as_exact,
+        matcher=matcher,
+        shadow=shadow,
+        answer_stats=AnswerStatsConfig() if s.answer_stats else None,
+    )
+
+
 def enable_from_settings(
     cache: Cache,
     s: SemanticSettings,
@@ -87,19 +126,21 @@ def enable_from_settings(
     rng: random.Random | None = None,
     executor: Executor | None = None,
 ) -> SemanticLayer:
-    """Build and enable the layer on `cache` (`s.enabled` is the caller's decision)."""
-    if s.threshold is None:
-        raise ConfigError("the semantic layer needs a calibrated threshold (infercache tune)")
-    embedder = embedder or build_embedder(s)
+    """Build and enable the layer on `cache` (`s.enabled` is the caller's decision).
+    `embedder`: the base embedder to use instead of building the one `s` names."""
+    if s.threshold is None and not s.shadow:
+        raise ConfigError("the calibrated semantic layer needs a threshold (infercache tune)")
+    base = embedder or build_embedder(s)
+    embedder, matcher = build_matcher(s, base)
     guards = default_guards() if s.guards is None else build_guards(s.guards)
     verifier = None
-    if s.verify_sample_rate > 0:
+    if s.sample_rate > 0 or s.shadow:
         verifier = Verifier(
-            build_judge(s, embedder, judge_fetch),
+            build_judge(s, base, judge_fetch),
             FalseHitMonitor(target_false_hit=s.target_false_hit),
-            sample_rate=s.verify_sample_rate,
+            sample_rate=s.sample_rate,
             rng=rng or random.Random(),
             executor=executor or ThreadPoolExecutor(1, thread_name_prefix="infercache-verify"),
         )
-    config = SemanticConfig(threshold=s.threshold, k=s.k, store_hits_as_exact=s.store_hits_as_exact)
+    config = build_config(s, matcher)
     return cache.enable_semantic(embedder, config=config, guards=guards, verifier=verifier)

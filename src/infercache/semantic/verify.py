@@ -109,8 +109,15 @@ class FalseHitMonitor:
             return event
 
 
+Fetch = Callable[[dict[str, Any]], dict[str, Any]]
+
+
 class Verifier:
-    """Samples semantic hits and checks them in the background on `executor`."""
+    """Judges cached answers against fresh ones, in the background on `executor`: a sampled
+    share of hits (`sampled`, then `judge_later` with a fetch: the client already has its
+    answer) and the best candidates of misses (`judge_later` with the fresh answer in hand).
+    `then(wrong)` hears each verdict on the executor's thread; a judge or fetch that fails
+    gives no verdict (logged)."""
 
     def __init__(
         self,
@@ -125,51 +132,45 @@ class Verifier:
             raise ValueError(f"sample_rate must be in [0, 1], got {sample_rate}")
         self.judge = judge
         self.monitor = monitor
-        self._rate = sample_rate
+        self.sample_rate = sample_rate
         self._rng = rng
         self._rng_lock = threading.Lock()
         self._executor = executor
-        self._on_verdict: Callable[[float, bool], None] | None = None
 
-    def attach(self, on_verdict: Callable[[float, bool], None]) -> None:
-        """Who hears each verdict (the semantic layer, which owns the threshold)."""
-        self._on_verdict = on_verdict
+    def sampled(self) -> bool:
+        """Whether to verify this hit (true with probability `sample_rate`)."""
+        with self._rng_lock:
+            return self._rng.random() < self.sample_rate
 
-    def maybe_verify(
+    def judge_later(
         self,
         request: Mapping[str, Any],
         cached: Mapping[str, Any],
-        similarity: float,
-        fetch: Callable[[dict[str, Any]], dict[str, Any]],
-    ) -> bool:
-        """Schedule a check of this hit with probability `sample_rate`; True if scheduled."""
-        with self._rng_lock:
-            chosen = self._rng.random() < self._rate
-        if chosen:
-            self._executor.submit(self._verify, dict(request), cached, similarity, fetch)
-        return chosen
+        fresh: Mapping[str, Any] | Fetch,
+        then: Callable[[bool], None],
+    ) -> None:
+        self._executor.submit(self._judge, dict(request), cached, fresh, then)
 
-    def _verify(
+    def _judge(
         self,
         request: dict[str, Any],
         cached: Mapping[str, Any],
-        similarity: float,
-        fetch: Callable[[dict[str, Any]], dict[str, Any]],
+        fresh: Mapping[str, Any] | Fetch,
+        then: Callable[[bool], None],
     ) -> None:
         try:
-            fresh = fetch(request)
-            same = self.judge.same(request, cached, fresh)
+            answer = fresh(request) if callable(fresh) else fresh
+            same = self.judge.same(request, cached, answer)
         except Exception as exc:  # noqa: BLE001 - a background check must never take down serving
-            log.warning("semantic verification failed (not counted): %r", exc)
+            log.warning("semantic judgment failed (not counted): %r", exc)
             return
-        if self._on_verdict is not None:
-            self._on_verdict(similarity, not same)
+        then(not same)
 
 
 class LiveThreshold:
-    """The similarity threshold (cosine, in [-1, 1]) the layer applies, fed by verification
-    verdicts (`on_verdict`, from the Verifier's thread) and persisted in the store's meta.
-    Thread-safe."""
+    """The configured threshold (on the matcher's score scale) the layer applies, fed by
+    verification verdicts (`on_verdict`, from the Verifier's thread) and persisted in the
+    store's meta. Thread-safe."""
 
     def __init__(
         self,
@@ -207,14 +208,16 @@ class LiveThreshold:
             return self.configured  # the operator re-tuned: their value wins
         return float(saved["current"])
 
-    def on_verdict(self, similarity: float, wrong: bool) -> None:
-        """One verified hit at cosine `similarity`: count it, maybe tighten."""
-        self._metrics.count("verified")
-        if wrong:
-            self._metrics.count("verified_false_hits")
+    def on_verdict(self, score: float, wrong: bool, *, complaint: bool = False) -> None:
+        """One verified hit at `score` (the matcher's scale), or a `complaint` about one:
+        count it, maybe tighten."""
+        if not complaint:
+            self._metrics.count("verified")
+            if wrong:
+                self._metrics.count("verified_false_hits")
         if self.monitor is None:
             return
-        event = self.monitor.record(similarity, wrong, self._value)
+        event = self.monitor.record(score, wrong, self._value)
         lower, upper = self.monitor.interval()
         self._metrics.gauge("false_hit_estimate", self.monitor.estimate())
         self._metrics.gauge("false_hit_lower", lower)

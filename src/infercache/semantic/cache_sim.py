@@ -1,0 +1,176 @@
+"""A semantic cache simulated on labelled texts: how `tune` measures and calibrates a matcher on
+intent-labelled data (pairs files are measured by calibrate.py instead).
+
+Each query text is looked up in a cache holding the other texts of the set ("cache" texts),
+exactly as the layer would: its `k` nearest cached vectors by cosine, one decision score each
+from the matcher (matcher.py), tried in `decision.ranked` order, the first that
+`decision.accept` takes (threshold, then guards) is served. The served answer is right when its
+label equals the query's.
+
+Figures at a threshold (`evaluate_lookups`):
+- lookups: queries with at least one cached candidate; answerable: those whose label is among
+  the cached texts (a right answer exists);
+- hit rate = right answers served / answerable lookups;
+- false-hit rate = wrong answers served / answers served (the share of served answers that are
+  wrong, the figure live verification watches), with its one-sided Wilson upper bound.
+Serving is monotone in the threshold: a query is served at threshold t exactly when its best
+guard-passing candidate (by rank) scores ≥ t, so each lookup has one ceiling, and
+`tune_lookups` picks the lowest threshold whose false-hit upper bound is ≤ the target by one
+sorted walk over the ceilings.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from infercache.errors import InvalidRequestError
+from infercache.semantic.calibrate import wilson_upper
+from infercache.semantic.decision import accept, ranked
+from infercache.semantic.guards import Guard
+from infercache.semantic.intents import LabelledText
+from infercache.semantic.matcher import Matcher, NearbyAnswer
+
+
+@dataclass(frozen=True, slots=True)
+class LookupCase:
+    query: LabelledText
+    candidates: tuple[tuple[LabelledText, float], ...]
+    """The k nearest cached texts with their cosine similarity, most similar first."""
+
+    @property
+    def answerable(self) -> bool:
+        return any(c.label == self.query.label for c, _ in self.candidates)
+
+
+@dataclass(frozen=True, slots=True)
+class LookupEvaluation:
+    threshold: float
+    lookups: int
+    answerable: int
+    served: int
+    right: int
+    wrong: int
+    hit_rate: float | None
+    false_hit_rate: float | None
+    false_hit_upper: float | None
+    confidence: float
+    guards: tuple[str, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The figures under the keys `tune` reports for pairs too."""
+        return {
+            "kind": "lookups",
+            "threshold": self.threshold,
+            "pairs": self.lookups,
+            "positives": self.answerable,
+            "negatives": self.lookups - self.answerable,
+            "hits": self.right,
+            "false_hits": self.wrong,
+            "served": self.served,
+            "hit_rate": self.hit_rate,
+            "false_hit_rate": self.false_hit_rate,
+            "false_hit_upper": self.false_hit_upper,
+            "confidence": self.confidence,
+            "guards": list(self.guards),
+        }
+
+
+def simulate_lookups(
+    queries: Sequence[LabelledText],
+    query_vectors: npt.NDArray[np.float32],
+    cache: Sequence[LabelledText],
+    cache_vectors: npt.NDArray[np.float32],
+    *,
+    k: int,
+) -> list[LookupCase]:
+    """Each query's k nearest cache texts (the query itself excluded when cached too)."""
+    if len(queries) != len(query_vectors) or len(cache) != len(cache_vectors):
+        raise ValueError("texts and vectors must have the same length")
+    cases = []
+    for start in range(0, len(queries), 512):
+        block = query_vectors[start : start + 512] @ cache_vectors.T
+        for offset, similarities in enumerate(block):
+            query = queries[start + offset]
+            order = np.argsort(-similarities, kind="stable")[: k + 1]
+            picked = [(cache[j], float(similarities[j])) for j in order if cache[j] != query][:k]
+            if picked:
+                cases.append(LookupCase(query, tuple(picked)))
+    return cases
+
+
+def ceilings(
+    cases: Sequence[LookupCase], matcher: Matcher, guards: Sequence[Guard]
+) -> list[tuple[float, bool]]:
+    """Per case, the highest threshold at which it is served and whether that answer is right
+    (cases that are never served are left out)."""
+    out = []
+    for case in cases:
+        neighbours = [NearbyAnswer(s, c.label) for c, s in case.candidates]
+        scores = matcher.scores(neighbours)
+        for j in ranked(scores, [n.similarity for n in neighbours]):
+            text = case.candidates[j][0].text
+            if accept(scores[j], case.query.text, text, scores[j], guards).accepted:
+                out.append((scores[j], case.candidates[j][0].label == case.query.label))
+                break
+    return out
+
+
+def evaluate_lookups(
+    cases: Sequence[LookupCase],
+    matcher: Matcher,
+    threshold: float,
+    *,
+    guards: Sequence[Guard] = (),
+    confidence: float = 0.95,
+) -> LookupEvaluation:
+    served = [right for score, right in ceilings(cases, matcher, guards) if score >= threshold]
+    right = sum(served)
+    wrong = len(served) - right
+    answerable = sum(case.answerable for case in cases)
+    return LookupEvaluation(
+        threshold=threshold,
+        lookups=len(cases),
+        answerable=answerable,
+        served=len(served),
+        right=right,
+        wrong=wrong,
+        hit_rate=right / answerable if answerable else None,
+        false_hit_rate=wrong / len(served) if served else None,
+        false_hit_upper=wilson_upper(wrong, len(served), confidence) if served else None,
+        confidence=confidence,
+        guards=tuple(g.name for g in guards),
+    )
+
+
+def tune_lookups(
+    cases: Sequence[LookupCase],
+    matcher: Matcher,
+    *,
+    target_false_hit: float,
+    guards: Sequence[Guard] = (),
+    confidence: float = 0.95,
+) -> LookupEvaluation:
+    """The evaluation at the lowest threshold whose false-hit upper bound is ≤ the target;
+    `InvalidRequestError` when no threshold serves anything within it."""
+    walk = sorted(ceilings(cases, matcher, guards), key=lambda c: -c[0])
+    best: float | None = None
+    wrong = 0
+    for index, (score, right) in enumerate(walk):
+        served = index + 1
+        wrong += not right
+        at_boundary = index + 1 == len(walk) or walk[index + 1][0] < score
+        if at_boundary and wilson_upper(wrong, served, confidence) <= target_false_hit:
+            best = score
+    if best is None:
+        floor = wilson_upper(0, max(1, len(walk)), confidence)
+        raise InvalidRequestError(
+            f"no threshold keeps the false-hit rate's {confidence:.0%} upper bound at or below "
+            f"{target_false_hit} on these {len(cases)} lookups (with every answer right the "
+            f"bound would be {floor:.4f}): add labelled texts or raise the target"
+        )
+    return evaluate_lookups(cases, matcher, best, guards=guards, confidence=confidence)

@@ -1,0 +1,218 @@
+"""Matchers: the score that decides whether a cached candidate may answer a query.
+
+The layer finds a query's `k` nearest cached vectors in its scope, then asks the matcher for one
+decision score per candidate; `decision.accept(score, ..., threshold, guards)` decides. What
+`tune` calibrates is this score, so calibration and the live cache apply the same function
+(`FittedMatcher.scores` is called by fit.py and by the layer).
+
+- `CosineMatcher`: the score is the cosine similarity in [-1, 1] (the plain threshold, as
+  GPTCache or RedisVL apply it).
+- `FittedMatcher` (built by `infercache tune --fit`, fit.py): queries and cached texts are
+  embedded by an `AdaptedEmbedder` — the packaged model followed by a linear map trained
+  contrastively on the user's labelled texts — and each candidate j among the k nearest gets
+  the probability that its answer is right, a logistic head over four features:
+    1. s_j, its cosine similarity to the query;
+    2. s_j − s_rival, where s_rival is the best similarity (floored at 0) among candidates with
+       a different answer: a close rival means the query is ambiguous;
+    3. how many other candidates share j's answer within `agree_band` below s_j (capped at 3):
+       several phrasings of one answer agreeing is strong evidence;
+    4. the neighbours' vote for j's answer, Σ exp(s/τ) over candidates with that answer divided
+       by Σ exp(s/τ) over all k (a kNN posterior at temperature τ).
+  Answers are compared by digest (`records.answer_digest`); an unknown answer ("") agrees with
+  nothing. The score is a probability in (0, 1); the threshold is on that scale.
+
+Artefacts live in one directory: `matcher.json` (format below) and `adapter.npy` (the float32
+`(dim, dim)` map). `load_fitted` checks the base embedder is the one the matcher was fitted on.
+
+    {"format": 1, "base": {"kind": "minilm", "name": ...}, "adapter": "adapter.npy",
+     "adapter_sha256": ..., "head": {"weights": [w1..w4], "bias": b, "k": 8,
+     "agree_band": 0.15, "temperature": 0.05}, "fit": {...report...}}
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NamedTuple, Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from infercache.errors import ConfigError
+from infercache.semantic.embedder import Embedder, Matrix, l2_normalise
+
+MATCHER_FILE = "matcher.json"
+ADAPTER_FILE = "adapter.npy"
+FORMAT = 1
+
+
+class NearbyAnswer(NamedTuple):
+    """What a matcher sees of one candidate."""
+
+    similarity: float  # cosine similarity to the query, in [-1, 1]
+    answer: str  # digest of the candidate's answer; "" when unknown
+
+
+class Matcher(Protocol):
+    @property
+    def name(self) -> str:
+        """Identifies the scoring; a change invalidates calibrated thresholds."""
+        ...
+
+    @property
+    def k(self) -> int | None:
+        """How many neighbours the scores need (None: any number)."""
+        ...
+
+    def scores(self, neighbours: Sequence[NearbyAnswer]) -> list[float]:
+        """One decision score per neighbour (given most similar first); higher is better."""
+        ...
+
+
+class CosineMatcher:
+    name = "cosine"
+    k: int | None = None
+
+    def scores(self, neighbours: Sequence[NearbyAnswer]) -> list[float]:
+        return [n.similarity for n in neighbours]
+
+
+@dataclass(frozen=True, slots=True)
+class Head:
+    weights: tuple[float, float, float, float]
+    bias: float
+    k: int = 8
+    agree_band: float = 0.15
+    temperature: float = 0.05
+
+    def __post_init__(self) -> None:
+        if self.k < 1 or self.agree_band < 0 or self.temperature <= 0:
+            raise ValueError(f"bad head parameters: {self}")
+
+
+def features(neighbours: Sequence[NearbyAnswer], head: Head) -> npt.NDArray[np.float64]:
+    """The `(len(neighbours), 4)` feature matrix (see the module docstring)."""
+    n = len(neighbours)
+    out = np.zeros((n, 4))
+    if n == 0:
+        return out
+    sims = np.array([x.similarity for x in neighbours], dtype=np.float64)
+    answers = [x.answer or f"\0unknown{i}" for i, x in enumerate(neighbours)]
+    votes = np.exp((sims - sims.max()) / head.temperature)
+    total = votes.sum()
+    for j in range(n):
+        same = np.array([a == answers[j] for a in answers])
+        rivals = sims[~same]
+        rival = max(float(rivals.max()), 0.0) if len(rivals) else 0.0
+        agree = int(np.sum(same & (sims >= sims[j] - head.agree_band))) - 1
+        out[j] = (sims[j], sims[j] - rival, min(agree, 3), votes[same].sum() / total)
+    return out
+
+
+class FittedMatcher:
+    """Scores with a fitted logistic head (module docstring). Pure and thread-safe."""
+
+    def __init__(self, head: Head, name: str) -> None:
+        self.head = head
+        self.name = name
+        self.k: int | None = head.k
+        self._w = np.array(head.weights, dtype=np.float64)
+
+    def scores(self, neighbours: Sequence[NearbyAnswer]) -> list[float]:
+        if not neighbours:
+            return []
+        logits = features(neighbours, self.head) @ self._w + self.head.bias
+        return [1.0 / (1.0 + math.exp(-float(z))) for z in np.clip(logits, -60.0, 60.0)]
+
+
+class AdaptedEmbedder:
+    """`base` followed by a linear map and L2 normalisation: the fitted matcher's embedder.
+    `name` adds the map's digest to the base's, so vectors of another fit are never mixed."""
+
+    def __init__(self, base: Embedder, adapter: npt.ArrayLike) -> None:
+        matrix = np.ascontiguousarray(adapter, dtype=np.float32)
+        if matrix.shape != (base.dim, base.dim):
+            raise ConfigError(
+                f"adapter shape {matrix.shape} does not fit the {base.dim}-d base embedder"
+            )
+        self.base = base
+        self.adapter = matrix
+        self.dim: int = base.dim
+        digest = hashlib.sha256(matrix.tobytes()).hexdigest()[:16]
+        self.name: str = f"{base.name};adapter={digest}"
+
+    def embed(self, texts: Sequence[str]) -> Matrix:
+        return l2_normalise(self.base.embed(texts) @ self.adapter.T)
+
+
+class FittedParts(NamedTuple):
+    embedder: AdaptedEmbedder
+    matcher: FittedMatcher
+    meta: dict[str, Any]
+
+
+def save_fitted(
+    directory: Path, *, adapter: npt.NDArray[np.float32], head: Head, base: Embedder,
+    base_kind: str, report: dict[str, Any],
+) -> Path:  # fmt: skip
+    """Write the artefacts; returns the directory."""
+    directory.mkdir(parents=True, exist_ok=True)
+    np.save(directory / ADAPTER_FILE, adapter.astype(np.float32))
+    meta = {
+        "format": FORMAT,
+        "base": {"kind": base_kind, "name": base.name},
+        "adapter": ADAPTER_FILE,
+        "adapter_sha256": hashlib.sha256(adapter.astype(np.float32).tobytes()).hexdigest(),
+        "head": {
+            "weights": list(head.weights),
+            "bias": head.bias,
+            "k": head.k,
+            "agree_band": head.agree_band,
+            "temperature": head.temperature,
+        },
+        "fit": report,
+    }
+    (directory / MATCHER_FILE).write_text(json.dumps(meta, indent=2), encoding="utf-8")
+    return directory
+
+
+def read_meta(directory: Path) -> dict[str, Any]:
+    path = directory / MATCHER_FILE
+    try:
+        meta: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"cannot read the fitted matcher {path}: {exc}") from exc
+    if meta.get("format") != FORMAT:
+        raise ConfigError(f"{path}: unsupported matcher format {meta.get('format')!r}")
+    return meta
+
+
+def load_fitted(directory: Path, base: Embedder) -> FittedParts:
+    """The fitted embedder and matcher stored in `directory`, over `base` (which must be the
+    embedder the matcher was fitted on)."""
+    meta = read_meta(directory)
+    if meta["base"]["name"] != base.name:
+        raise ConfigError(
+            f"the matcher in {directory} was fitted on {meta['base']['name']!r}, "
+            f"not on {base.name!r}"
+        )
+    try:
+        adapter = np.load(directory / meta["adapter"])
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"cannot read the adapter in {directory}: {exc}") from exc
+    if hashlib.sha256(adapter.astype(np.float32).tobytes()).hexdigest() != meta["adapter_sha256"]:
+        raise ConfigError(f"the adapter in {directory} does not match its recorded digest")
+    h = meta["head"]
+    head = Head(
+        weights=tuple(float(w) for w in h["weights"]),  # type: ignore[arg-type]
+        bias=float(h["bias"]),
+        k=int(h["k"]),
+        agree_band=float(h["agree_band"]),
+        temperature=float(h["temperature"]),
+    )
+    embedder = AdaptedEmbedder(base, adapter)
+    return FittedParts(embedder, FittedMatcher(head, f"fitted:{embedder.name}"), meta)

@@ -1,0 +1,307 @@
+"""What `infercache tune` does with its files (cli.py parses and prints; this module decides).
+
+- pairs files → `calibrate.tune` / `calibrate.evaluate`, pair by pair;
+- labelled texts → simulated lookups (`cache_sim`), with the plain cosine matcher, or with a
+  matcher fitted on part of the texts (`--fit`, fit.py) and calibrated on the rest;
+- `eval --config FILE` rebuilds the embedder, matcher, threshold and guards a written config
+  serves (setup.py) and measures them on the files.
+Every report is a dict with the keys `pairs`, `positives`, `negatives`, `hits`,
+`false_hits`, `hit_rate`, `false_hit_rate`, `false_hit_upper`, `threshold`, `guards` and
+`embedder_name` (plus `kind`, "pairs" or "lookups", and what the mode adds).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from infercache.errors import ConfigError
+from infercache.semantic.embedder import Embedder
+from infercache.semantic.guards import Guard, build_guards, default_guards
+from infercache.semantic.intents import FileKind, LabelledText, file_kind, read_labelled
+from infercache.semantic.matcher import CosineMatcher, Matcher, NearbyAnswer
+
+SCALES = {"cosine": "cosine similarity", "fitted": "fitted match probability"}
+
+
+def tune_files(args: argparse.Namespace, files: list[str]) -> dict[str, Any]:
+    check_modes(args, evaluating=False)
+    target = 0.01 if args.target_false_hit is None else args.target_false_hit
+    kind = _kind(files)
+    guards = parse_guards(args.guards)
+    base = build_base(args.embedder, args.threads)
+    if kind == "pairs":
+        if args.fit:
+            raise ConfigError("--fit needs intent-labelled texts (text,label), not pairs")
+        report = _tune_pairs(args, files, base, guards, target)
+    elif args.fit:
+        report = _fit(args, _labelled(files), base, guards, target)
+    else:
+        report = _tune_lookups(_labelled(files), base, CosineMatcher(), guards, target)
+    report.update(
+        embedder=args.embedder,
+        embedder_name=report.get("embedder_name", base.name),
+        target_false_hit=target,
+        files=files,
+    )
+    if args.write_config is not None:
+        write_config(args.write_config, report)
+    return report
+
+
+def evaluate_files(args: argparse.Namespace, files: list[str]) -> dict[str, Any]:
+    check_modes(args, evaluating=True)
+    if not files:
+        raise ConfigError("`infercache tune eval` needs at least one PAIRS file")
+    kind = _kind(files)
+    guards = parse_guards(args.guards)
+    embedder_kind, matcher_dir = args.embedder, None
+    threshold = args.threshold
+    if args.config is not None:
+        from infercache.settings import Settings
+
+        s = Settings.load(environ={}, config_file=args.config).semantic
+        if s.threshold is None:
+            raise ConfigError(f"{args.config} holds no semantic threshold")
+        threshold, embedder_kind, matcher_dir = s.threshold, s.embedder, s.matcher
+        guards = default_guards() if s.guards is None else build_guards(s.guards)
+    base = build_base(embedder_kind, args.threads)
+    embedder: Embedder = base
+    matcher: Matcher = CosineMatcher()
+    if matcher_dir is not None:
+        from infercache.semantic.matcher import load_fitted
+
+        fitted = load_fitted(Path(matcher_dir).expanduser(), base)
+        embedder, matcher = fitted.embedder, fitted.matcher
+    if kind == "pairs":
+        report = _evaluate_pairs(args, files, embedder, matcher, guards, threshold)
+    else:
+        from infercache.semantic.cache_sim import evaluate_lookups
+
+        cases = _all_lookups(_labelled(files), embedder, matcher)
+        report = _lookup_report(evaluate_lookups(cases, matcher, threshold, guards=guards))
+    report.update(
+        embedder=embedder_kind,
+        embedder_name=embedder.name,
+        matcher=matcher_dir,
+        scale=_scale(matcher),
+        files=files,
+    )
+    return report
+
+
+def check_modes(args: argparse.Namespace, *, evaluating: bool) -> None:
+    """Refuse options that belong to the other mode."""
+    if evaluating:
+        if args.target_false_hit is not None or args.write_config is not None or args.fit:
+            raise ConfigError(
+                "--target-false-hit, --write-config and --fit belong to `infercache tune`"
+            )
+        if (args.threshold is None) == (args.config is None):
+            raise ConfigError("`infercache tune eval` needs --threshold X or --config FILE")
+    elif args.threshold is not None or args.config is not None:
+        raise ConfigError("--threshold and --config belong to `infercache tune eval`")
+    if args.target_false_hit is not None and not 0 < args.target_false_hit < 1:
+        raise ConfigError(f"--target-false-hit must lie in (0, 1), got {args.target_false_hit}")
+    if args.epochs < 1:
+        raise ConfigError(f"--epochs must be at least 1, got {args.epochs}")
+
+
+def write_config(path: Path, report: dict[str, Any]) -> None:
+    """A `[semantic]` TOML table. JSON string and number literals are valid TOML."""
+    lines = [
+        f"# written by `infercache tune` from {report['pairs']} {report['counted']}",
+        "[semantic]",
+        f"threshold = {report['threshold']!r}",
+        f"embedder = {json.dumps(report['embedder'])}",
+        f"embedder_name = {json.dumps(report['embedder_name'])}",
+        f"target_false_hit = {report['target_false_hit']!r}",
+        f"guards = {json.dumps(report['guards'])}",
+    ]
+    if report.get("matcher") is not None:
+        lines.append(f"matcher = {json.dumps(report['matcher'])}")
+    try:
+        path.write_text("\n".join([*lines, ""]), encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot write config {path}: {exc.strerror or exc}") from exc
+
+
+def parse_guards(spec: str) -> list[Guard]:
+    spec = spec.strip()
+    if spec == "default":
+        return default_guards()
+    if spec == "none":
+        return []
+    return build_guards(s for s in spec.split(",") if s.strip())
+
+
+def build_base(kind: str, threads: int | None) -> Embedder:
+    if kind == "static":
+        from infercache.semantic.embedder import StaticEmbedder
+
+        return StaticEmbedder()
+    from infercache.semantic.embedder import MiniLMEmbedder
+
+    return MiniLMEmbedder(threads=threads)
+
+
+def _kind(files: Sequence[str]) -> FileKind:
+    kinds = {file_kind(f) for f in files}
+    if len(kinds) > 1:
+        raise ConfigError("pass either pairs files or labelled-text files, not both")
+    return kinds.pop()
+
+
+def _labelled(files: Sequence[str]) -> list[LabelledText]:
+    seen: dict[str, LabelledText] = {}
+    for path in files:
+        for row in read_labelled(path):
+            seen.setdefault(row.text, row)
+    return list(seen.values())
+
+
+def _scale(matcher: Matcher) -> str:
+    return SCALES["cosine" if isinstance(matcher, CosineMatcher) else "fitted"]
+
+
+def _tune_pairs(
+    args: argparse.Namespace, files: list[str], base: Embedder, guards: list[Guard], target: float
+) -> dict[str, Any]:
+    from infercache.semantic.calibrate import curve, plot, score_pairs, tune
+    from infercache.semantic.pairs import read_many
+
+    scored = score_pairs(read_many(files), base)
+    calibration = tune(scored, target_false_hit=target, guards=guards)
+    if args.plot is not None:
+        curves = {"with guards": curve(scored, guards=guards)} if guards else {}
+        curves["no guards"] = curve(scored)
+        plot(curves, args.plot, target_false_hit=target, threshold=calibration.threshold)
+    return {
+        **calibration.to_dict(),
+        "kind": "pairs",
+        "counted": "pairs",
+        "served": None,
+        "scale": SCALES["cosine"],
+    }
+
+
+def _evaluate_pairs(
+    args: argparse.Namespace,
+    files: list[str],
+    embedder: Embedder,
+    matcher: Matcher,
+    guards: list[Guard],
+    threshold: float,
+) -> dict[str, Any]:
+    from infercache.semantic.calibrate import ScoredPair, curve, evaluate, plot, score_pairs
+    from infercache.semantic.pairs import read_many
+
+    cosine = score_pairs(read_many(files), embedder)
+    scored = [
+        ScoredPair(p.pair, matcher.scores([NearbyAnswer(p.similarity, "")])[0]) for p in cosine
+    ]
+    if args.plot is not None:
+        plot({"pairs": curve(scored, guards=guards)}, args.plot, threshold=threshold)
+    return {
+        **evaluate(scored, threshold, guards=guards).to_dict(),
+        "kind": "pairs",
+        "counted": "pairs",
+        "served": None,
+    }
+
+
+def _all_lookups(rows: Sequence[LabelledText], embedder: Embedder, matcher: Matcher) -> list[Any]:
+    """Every text looked up in a cache of all the others."""
+    from infercache.semantic.cache_sim import simulate_lookups
+    from infercache.semantic.fit import embed_all
+
+    vectors = embed_all(embedder, [r.text for r in rows], None)
+    return simulate_lookups(rows, vectors, rows, vectors, k=max(8, matcher.k or 0))
+
+
+def _lookup_report(evaluation: Any) -> dict[str, Any]:
+    return {**evaluation.to_dict(), "counted": "lookups"}
+
+
+def _tune_lookups(
+    rows: Sequence[LabelledText],
+    base: Embedder,
+    matcher: Matcher,
+    guards: list[Guard],
+    target: float,
+) -> dict[str, Any]:
+    from infercache.semantic.cache_sim import tune_lookups
+
+    cases = _all_lookups(rows, base, matcher)
+    evaluation = tune_lookups(cases, matcher, target_false_hit=target, guards=guards)
+    return {**_lookup_report(evaluation), "scale": _scale(matcher)}
+
+
+def _fit(
+    args: argparse.Namespace,
+    rows: list[LabelledText],
+    base: Embedder,
+    guards: list[Guard],
+    target: float,
+) -> dict[str, Any]:
+    from infercache.semantic.fit import FitOptions, fit_matcher
+
+    out = args.out or _default_out(rows, base, args.epochs)
+    options = FitOptions(target_false_hit=target, epochs=args.epochs, guards=tuple(guards))
+    with _ProgressBar(enabled=args.format == "text" or sys.stderr.isatty()) as bar:
+        result = fit_matcher(
+            rows, base, out, base_kind=args.embedder, options=options, progress=bar.update
+        )
+    return {
+        **_lookup_report(result.fitted),
+        "scale": SCALES["fitted"],
+        "matcher": str(out.resolve()),
+        "embedder_name": result.matcher.name.removeprefix("fitted:"),
+        "fit": result.report,
+        "plain_cosine": result.plain.to_dict() if result.plain is not None else None,
+    }
+
+
+def _default_out(rows: Sequence[LabelledText], base: Embedder, epochs: int) -> Path:
+    from infercache.settings import default_data_dir
+
+    digest = hashlib.sha256(base.name.encode() + str(epochs).encode())
+    for row in sorted(rows, key=lambda r: r.text):
+        digest.update(f"{row.label}\0{row.text}\0".encode())
+    return default_data_dir(os.environ) / "matchers" / f"matcher-{digest.hexdigest()[:12]}"
+
+
+class _ProgressBar:
+    """A rich progress bar on stderr, one task per stage (embed, adapter)."""
+
+    def __init__(self, *, enabled: bool) -> None:
+        self._enabled = enabled
+        self._progress: Any = None
+        self._tasks: dict[str, Any] = {}
+
+    def __enter__(self) -> _ProgressBar:
+        if self._enabled:
+            from rich.console import Console
+            from rich.progress import Progress
+
+            self._progress = Progress(console=Console(stderr=True), transient=False)
+            self._progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+
+    def update(self, stage: str, done: int, total: int) -> None:
+        if self._progress is None:
+            return
+        if stage not in self._tasks:
+            label = {"embed": "embedding texts", "adapter": "training the adapter"}
+            self._tasks[stage] = self._progress.add_task(label.get(stage, stage), total=total)
+        self._progress.update(self._tasks[stage], completed=done)
