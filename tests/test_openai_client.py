@@ -1,134 +1,354 @@
-"""`infercache.wrap` puts the official `openai` client (sync and async) behind the cache.
-
-The provider is a stand-in (a paid API cannot run here): an httpx transport that answers like
-the chat-completions endpoint and counts calls. The end-to-end tests against a real server on
-loopback live with the engine and the gateway."""
+"""`wrap(client, cache)`: the official `openai` client (sync and async, httpx2 and legacy httpx)
+in front of a real HTTP stand-in provider on loopback, its chat completions and embeddings
+cached, everything else passed through untouched."""
 
 from __future__ import annotations
 
-import json
+import base64
+import struct
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import openai
 import pytest
+from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
-from infercache.cache import Cache
+from infercache import Cache, Settings, wrap
 from infercache.clock import ManualClock
-from infercache.openai_client import wrap
-from infercache.settings import Settings
-from tests.conftest import CountingUpstream
-
-
-class FakeProvider:
-    def __init__(self, clock: ManualClock) -> None:
-        self.answer = CountingUpstream(clock)
-        self.bodies: list[dict[str, Any]] = []
-
-    def handle(self, request: httpx.Request) -> httpx.Response:
-        body = json.loads(request.content)
-        self.bodies.append(body)
-        if request.url.path != "/v1/chat/completions":
-            return httpx.Response(404, json={"error": {"message": "no such route"}})
-        return httpx.Response(200, json=self.answer(body))
-
-    async def ahandle(self, request: httpx.Request) -> httpx.Response:
-        return self.handle(request)
-
-
-def provider_client(handler: Any) -> openai.OpenAI:
-    """The official client, talking to the stand-in provider through `handler`."""
-    return openai.OpenAI(
-        api_key="sk-test",
-        base_url="http://provider.test/v1",
-        http_client=httpx.Client(transport=httpx.MockTransport(handler)),
-    )
-
-
-def make_cache(tmp_path: Path, clock: ManualClock) -> Cache:
-    return Cache(Settings(data_dir=tmp_path, store_url="memory://"), clock=clock)
-
+from tests.gateway.servers import serve
+from tests.integrations.openai_standin import StandIn, vector
 
 MESSAGES = [{"role": "user", "content": "Say hi"}]
+CHAT = "/v1/chat/completions"
+EMBED = "/v1/embeddings"
 
 
-def test_sync_client_repeats_are_served_from_the_cache(tmp_path: Path, clock: ManualClock) -> None:
-    provider = FakeProvider(clock)
-    client = provider_client(provider.handle)
-    cached = wrap(client, make_cache(tmp_path, clock))
-    first = cached.chat.completions.create(model="m", messages=MESSAGES, temperature=0)
-    second = cached.chat.completions.create(model="m", messages=MESSAGES, temperature=0)
-    assert isinstance(second, openai.types.chat.ChatCompletion)
-    assert second.choices[0].message.content == first.choices[0].message.content
-    assert (first.infercache["layer"], second.infercache["layer"]) == ("miss", "exact")
-    assert len(provider.bodies) == 1
+@pytest.fixture(scope="module")
+def served() -> Iterator[tuple[StandIn, str]]:
+    standin = StandIn()
+    with serve(standin.app) as url:
+        yield standin, url
+
+
+@pytest.fixture
+def standin(served: tuple[StandIn, str]) -> StandIn:
+    served[0].reset()
+    return served[0]
+
+
+@pytest.fixture
+def base_url(served: tuple[StandIn, str]) -> str:
+    return f"{served[1]}/v1"
+
+
+@pytest.fixture
+def cache(tmp_path: Path, clock: ManualClock) -> Iterator[Cache]:
+    cache = Cache(Settings(data_dir=tmp_path, store_url="memory://"), clock=clock)
+    yield cache
+    cache.close()
+
+
+@pytest.fixture
+def client(base_url: str, cache: Cache) -> Iterator[openai.OpenAI]:
+    wrapped = wrap(openai.OpenAI(api_key="sk-test", base_url=base_url, max_retries=0), cache)
+    yield wrapped
+    wrapped.close()
+
+
+def create(client: openai.OpenAI, **fields: Any) -> Any:
+    fields = {"model": "m", "messages": MESSAGES, "temperature": 0, **fields}
+    return client.chat.completions.with_raw_response.create(**fields)
+
+
+# -- chat completions --
+
+
+def test_the_wrapped_client_is_the_sdks_own_client(client: openai.OpenAI) -> None:
+    assert isinstance(client, openai.OpenAI)
+    assert client.api_key == "sk-test"
+
+
+def test_a_repeat_is_served_from_the_cache_and_the_headers_say_which_layer(
+    client: openai.OpenAI, standin: StandIn
+) -> None:
+    first, second = create(client), create(client)
+    assert (first.headers["x-infercache"], second.headers["x-infercache"]) == ("miss", "exact-hit")
+    assert first.headers["x-request-id"] == "req-1"  # a miss is the upstream's own response
+    assert second.headers["age"] == "0"
+    assert isinstance(second.parse(), ChatCompletion)
+    assert second.parse().choices[0].message.content == "answer #1 to Say hi"
+    plain = client.chat.completions.create(model="m", messages=MESSAGES, temperature=0)
+    assert plain.choices[0].message.content == "answer #1 to Say hi"
+    assert len(standin.bodies(CHAT)) == 1
+
+
+def test_directives_are_stripped_scope_the_key_and_unknown_fields_reach_the_provider(
+    client: openai.OpenAI, standin: StandIn
+) -> None:
+    scoped = {"infercache": {"tenant": "acme", "tags": ["kb"]}, "top_k": 5}
+    assert create(client, extra_body=scoped).headers["x-infercache"] == "miss"
+    sent = standin.bodies(CHAT)[0]
+    assert "infercache" not in sent
+    assert sent["top_k"] == 5
+    other_tenant = create(client, extra_body={"top_k": 5})
+    assert other_tenant.headers["x-infercache"] == "miss"
+    assert create(client, extra_body=scoped).headers["x-infercache"] == "exact-hit"
+
+
+def test_header_controls_work_and_never_reach_the_provider(
+    client: openai.OpenAI, standin: StandIn
+) -> None:
+    create(client)
+    refreshed = create(client, extra_headers={"Cache-Control": "no-cache"})
+    assert refreshed.headers["x-infercache"] == "bypass"
+    create(client, extra_headers={"x-infercache-tags": "kb:pricing"})
+    assert all(not k.startswith("x-infercache") for r in standin.received for k in r.headers)
+
+
+def test_invalidating_a_tag_string_refetches_only_its_entries(
+    client: openai.OpenAI, cache: Cache, standin: StandIn
+) -> None:
+    tagged = {"infercache": {"tags": ["kb:pricing"]}}
+    create(client, extra_body=tagged)
+    create(client)
+    cache.invalidate(["kb:pricing"])
+    assert create(client, extra_body=tagged).headers["x-infercache"] == "miss"
+    assert create(client).headers["x-infercache"] == "exact-hit"
+
+
+def test_an_upstream_error_raises_the_sdks_error_and_nothing_is_stored(
+    client: openai.OpenAI, standin: StandIn
+) -> None:
+    standin.fail_status = 400
+    with pytest.raises(openai.BadRequestError, match="stand-in refuses"):
+        create(client)
+    standin.fail_status = None
+    assert create(client).headers["x-infercache"] == "miss"
+
+
+def test_a_bad_directive_is_a_400_that_never_reaches_the_provider(
+    client: openai.OpenAI, standin: StandIn
+) -> None:
+    with pytest.raises(openai.BadRequestError, match=r"infercache\.ttl_s"):
+        create(client, extra_body={"infercache": {"ttl_s": -1}})
+    assert standin.received == []
+
+
+def test_only_if_cached_without_an_entry_is_a_504_not_retried(
+    base_url: str, cache: Cache, standin: StandIn
+) -> None:
+    client = wrap(openai.OpenAI(api_key="k", base_url=base_url, max_retries=2), cache)
+    with pytest.raises(openai.APIStatusError) as raised:
+        create(client, extra_headers={"Cache-Control": "only-if-cached"})
+    assert raised.value.status_code == 504
+    assert standin.received == []
     client.close()
 
 
-def test_directives_are_stripped_and_unknown_fields_still_reach_the_provider(
-    tmp_path: Path, clock: ManualClock
+# -- streams --
+
+
+def stream_text(stream: Any) -> str:
+    chunks = list(stream)
+    assert all(isinstance(c, ChatCompletionChunk) for c in chunks)
+    return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+
+
+def test_a_fresh_stream_is_passed_through_stored_and_then_replayed_as_chunks(
+    client: openai.OpenAI, standin: StandIn
 ) -> None:
-    provider = FakeProvider(clock)
-    client = provider_client(provider.handle)
-    cached = wrap(client, make_cache(tmp_path, clock))
-    cached.chat.completions.create(
+    raw = create(client, stream=True)
+    assert raw.headers["x-infercache"] == "miss"
+    assert stream_text(raw.parse()) == "answer #1 to Say hi"
+    plain = create(client)
+    assert plain.headers["x-infercache"] == "exact-hit"
+    assert plain.parse().choices[0].message.content == "answer #1 to Say hi"
+    replay = client.chat.completions.create(
         model="m",
         messages=MESSAGES,
         temperature=0,
-        infercache={"tenant": "acme", "tags": ["kb"]},
-        extra_body={"top_k": 5},
+        stream=True,
+        stream_options={"include_usage": True},
     )
-    sent = provider.bodies[0]
-    assert "infercache" not in sent
-    assert sent["top_k"] == 5
-    assert sent["temperature"] == 0
-    other_tenant = cached.chat.completions.create(
-        model="m", messages=MESSAGES, temperature=0, extra_body={"top_k": 5}
+    chunks = list(replay)
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == (
+        "answer #1 to Say hi"
     )
-    assert other_tenant.infercache["layer"] == "miss"
-    client.close()
+    assert standin.chat_calls == 1
 
 
-def test_streaming_goes_straight_to_the_client_and_counts_as_bypassed(
-    tmp_path: Path, clock: ManualClock
+def test_a_cut_off_stream_reaches_the_caller_but_is_never_stored(
+    client: openai.OpenAI, standin: StandIn
 ) -> None:
-    def sse(request: httpx.Request) -> httpx.Response:
-        chunk = {
-            "id": "c1",
-            "object": "chat.completion.chunk",
-            "created": 0,
-            "model": "m",
-            "choices": [{"index": 0, "delta": {"content": "hi"}, "finish_reason": "stop"}],
-        }
-        text = f"data: {json.dumps(chunk)}\n\ndata: [DONE]\n\n"
-        return httpx.Response(200, text=text, headers={"content-type": "text/event-stream"})
-
-    client = provider_client(sse)
-    cache = make_cache(tmp_path, clock)
-    stream = wrap(client, cache).chat.completions.create(
+    standin.cut_streams = True
+    stream = client.chat.completions.create(
         model="m", messages=MESSAGES, temperature=0, stream=True
     )
-    assert [c.choices[0].delta.content for c in stream] == ["hi"]
-    assert cache.stats()["strategies"]["exact"]["misses"] == {"bypassed": 1}
+    assert stream_text(stream) == "answer #1 to Say hi"
+    standin.cut_streams = False
+    assert create(client).headers["x-infercache"] == "miss"
+    assert standin.chat_calls == 2
+
+
+def test_a_stream_the_caller_closes_early_stores_nothing(
+    client: openai.OpenAI, standin: StandIn, cache: Cache
+) -> None:
+    stream = client.chat.completions.create(
+        model="m", messages=MESSAGES, temperature=0, stream=True
+    )
+    next(iter(stream))
+    stream.close()
+    assert create(client).headers["x-infercache"] == "miss"
+    assert cache.stats()["strategies"]["exact"]["counters"].get("stored") == 1
+
+
+# -- embeddings --
+
+
+def test_a_batch_with_one_new_input_sends_only_that_one_upstream(
+    client: openai.OpenAI, standin: StandIn
+) -> None:
+    first = client.embeddings.create(model="e", input=["a b", "c", "d e f"])
+    raw = client.embeddings.with_raw_response.create(
+        model="e", input=["c", "new one", "a b", "d e f"]
+    )
+    second = raw.parse()
+    assert [b["input"] for b in standin.bodies(EMBED)] == [["a b", "c", "d e f"], ["new one"]]
+    assert raw.headers["x-infercache"] == "miss"
+    assert raw.headers["x-infercache-cached-inputs"] == "3"
+    assert [d.index for d in second.data] == [0, 1, 2, 3]
+    by_text = {t: d.embedding for t, d in zip(["a b", "c", "d e f"], first.data, strict=True)}
+    assert second.data[0].embedding == by_text["c"]
+    assert second.data[2].embedding == by_text["a b"]
+    assert second.data[3].embedding == by_text["d e f"]
+    assert second.data[1].embedding == vector("new one", 4)
+    assert second.usage.prompt_tokens == 1 + 2 + 2 + 3  # every input's tokens, in order
+
+
+def test_an_all_cached_batch_never_reaches_the_provider(
+    client: openai.OpenAI, standin: StandIn
+) -> None:
+    client.embeddings.create(model="e", input="hello there", encoding_format="float")
+    raw = client.embeddings.with_raw_response.create(
+        model="e", input="hello there", encoding_format="float"
+    )
+    assert raw.headers["x-infercache"] == "exact-hit"
+    assert raw.parse().data[0].embedding == vector("hello there", 4)
+    assert raw.parse().usage.prompt_tokens == 2
+    assert len(standin.bodies(EMBED)) == 1
+
+
+def test_the_embedding_key_covers_dimensions_encoding_format_and_the_model_version(
+    client: openai.OpenAI, cache: Cache, standin: StandIn
+) -> None:
+    client.embeddings.create(model="e", input="x", encoding_format="float")
+    client.embeddings.create(model="e", input="x", encoding_format="base64")
+    client.embeddings.create(model="e", input="x", encoding_format="float", dimensions=8)
+    client.embeddings.create(model="e2", input="x", encoding_format="float")
+    client.embeddings.create(model="e", input="x", encoding_format="float")  # a hit
+    assert len(standin.bodies(EMBED)) == 4
+    cache.set_model_version("e", "v2")
+    client.embeddings.create(model="e", input="x", encoding_format="float")
+    assert len(standin.bodies(EMBED)) == 5
+
+
+def test_base64_vectors_are_cached_as_sent_and_decoded_by_the_sdk(
+    client: openai.OpenAI, standin: StandIn
+) -> None:
+    first = client.embeddings.create(model="e", input=["p", "q"])  # the SDK asks base64
+    again = client.embeddings.create(model="e", input=["q", "p"])
+    assert standin.bodies(EMBED)[0]["encoding_format"] == "base64"
+    assert len(standin.bodies(EMBED)) == 1
+    assert again.data[0].embedding == first.data[1].embedding == vector("q", 4)
+    raw = client.embeddings.create(model="e", input="p", encoding_format="base64")
+    packed = base64.b64decode(str(raw.data[0].embedding))
+    assert list(struct.unpack("<4f", packed)) == vector("p", 4)
+
+
+def test_an_embedding_error_is_the_sdks_error_and_nothing_is_stored(
+    client: openai.OpenAI, standin: StandIn
+) -> None:
+    standin.fail_status = 400
+    with pytest.raises(openai.BadRequestError):
+        client.embeddings.create(model="e", input="x")
+    standin.fail_status = None
+    client.embeddings.create(model="e", input="x")
+    assert len(standin.bodies(EMBED)) == 2
+
+
+# -- everything else passes through --
+
+
+def test_every_other_call_reaches_the_provider_untouched(
+    client: openai.OpenAI, standin: StandIn
+) -> None:
+    assert [m.id for m in client.models.list()] == ["m"]
+    assert client.models.retrieve("m-7").id == "m-7"
+    raw = client.responses.with_raw_response.create(model="m", input="hi")
+    assert raw.headers["x-standin"] == "1"
+    assert "x-infercache" not in raw.headers
+    assert [(r.method, r.path) for r in standin.received] == [
+        ("GET", "/v1/models"),
+        ("GET", "/v1/models/m-7"),
+        ("POST", "/v1/responses"),
+    ]
+    assert standin.received[2].body == {"model": "m", "input": "hi"}
+
+
+def test_a_legacy_httpx_client_is_wrapped_too(
+    base_url: str, cache: Cache, standin: StandIn
+) -> None:
+    legacy = openai.OpenAI(api_key="k", base_url=base_url, http_client=httpx.Client())
+    client = wrap(legacy, cache)
+    assert [create(client).headers["x-infercache"] for _ in range(2)] == ["miss", "exact-hit"]
+    assert stream_text(create(client, stream=True).parse()) == "answer #1 to Say hi"
     client.close()
+    assert legacy.is_closed()  # the copy shares the wrapped client's pool
+
+
+def test_a_sqlite_store_serves_the_wrapped_client(
+    tmp_path: Path, base_url: str, standin: StandIn
+) -> None:
+    settings = Settings(data_dir=tmp_path, store_url=f"sqlite:///{tmp_path / 'c.db'}")
+    cache = Cache(settings)
+    client = wrap(openai.OpenAI(api_key="k", base_url=base_url), cache)
+    create(client)
+    reopened = wrap(openai.OpenAI(api_key="k", base_url=base_url), Cache(settings))
+    assert create(reopened).headers["x-infercache"] == "exact-hit"
+    client.close()
+    reopened.close()
+
+
+# -- asyncio --
 
 
 @pytest.mark.anyio
-async def test_async_client_repeats_are_served_from_the_cache(
-    tmp_path: Path, clock: ManualClock
+async def test_the_async_client_caches_chat_streams_and_embeddings(
+    base_url: str, cache: Cache, standin: StandIn
 ) -> None:
-    provider = FakeProvider(clock)
-    client = openai.AsyncOpenAI(
-        api_key="sk-test",
-        base_url="http://provider.test/v1",
-        http_client=httpx.AsyncClient(transport=httpx.MockTransport(provider.ahandle)),
+    client = wrap(openai.AsyncOpenAI(api_key="k", base_url=base_url, max_retries=0), cache)
+    assert isinstance(client, openai.AsyncOpenAI)
+    kwargs: dict[str, Any] = {"model": "m", "messages": MESSAGES, "temperature": 0}
+    first = await client.chat.completions.with_raw_response.create(**kwargs)
+    second = await client.chat.completions.with_raw_response.create(**kwargs)
+    assert (first.headers["x-infercache"], second.headers["x-infercache"]) == ("miss", "exact-hit")
+    assert second.parse().choices[0].message.content == "answer #1 to Say hi"
+
+    fresh = await client.chat.completions.create(**kwargs, seed=1, stream=True)
+    assert "".join([c.choices[0].delta.content or "" async for c in fresh]) == (
+        "answer #2 to Say hi"
     )
-    cached = wrap(client, make_cache(tmp_path, clock))
-    first = await cached.chat.completions.create(model="m", messages=MESSAGES, temperature=0)
-    second = await cached.chat.completions.create(model="m", messages=MESSAGES, temperature=0)
-    assert second.choices[0].message.content == first.choices[0].message.content
-    assert second.infercache["layer"] == "exact"
-    assert len(provider.bodies) == 1
-    assert cached.models is client.models  # everything else is the client's own
+    replay = await client.chat.completions.create(**kwargs, seed=1, stream=True)
+    assert "".join([c.choices[0].delta.content or "" async for c in replay]) == (
+        "answer #2 to Say hi"
+    )
+    assert standin.chat_calls == 2
+
+    await client.embeddings.create(model="e", input=["a", "b"])
+    both = await client.embeddings.create(model="e", input=["b", "c", "a"])
+    assert [b["input"] for b in standin.bodies(EMBED)] == [["a", "b"], ["c"]]
+    assert [d.embedding for d in both.data] == [vector(t, 4) for t in ("b", "c", "a")]
+    assert [m.id for m in (await client.models.list()).data] == ["m"]
     await client.close()

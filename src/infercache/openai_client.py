@@ -1,110 +1,161 @@
-"""`wrap(client, cache)`: route an official `openai` client's `chat.completions.create` through
-the cache. Everything else on the client is passed through untouched.
+"""`wrap(client, cache)`: an official `openai` client (`OpenAI` or `AsyncOpenAI`) whose chat
+completions and embeddings go through the cache; every other call is the client's own.
 
-    client = wrap(openai.OpenAI(), cache)          # or openai.AsyncOpenAI()
-    r = client.chat.completions.create(model=..., messages=..., temperature=0,
-                                       infercache={"tenant": "acme", "tags": ["kb:v7"]})
-    r.infercache  # {"layer": "exact", "age_s": 12.5}
+    client = wrap(openai.OpenAI(), cache)
+    r = client.chat.completions.with_raw_response.create(
+        model="gpt-4o-mini", messages=[...], temperature=0,
+        extra_body={"infercache": {"tenant": "acme", "tags": ["kb:pricing"]}})
+    r.headers["x-infercache"], r.headers.get("age"), r.parse()   # "exact-hit", "12", the answer
 
-Directives go in an `infercache=` keyword (or `extra_body={"infercache": ...}`). Streaming
-requests (`stream=True`) are passed straight to the client and counted as `bypassed`: the
-gateway caches streams; this wrapper does not.
+How: `wrap` returns `client.with_options(http_client=<a caching http client>)`, the SDK's own
+copy of the client (same key, base URL, retries, timeouts and connection pool), so every
+attribute — `with_raw_response`, `with_streaming_response`, `.parse`, `embeddings`, `models`,
+`responses`, streams and their chunk types — is the SDK's own. The caching client sits where
+the SDK builds and sends its HTTP requests: it builds them with the wrapped client (its
+headers, cookies, params) and sends them through `openai_http.sync_send` / `async_send`, which
+caches `POST .../chat/completions` (streams included) and `POST .../embeddings` (per input) and
+hands every other request to the wrapped client's own `send`, untouched. openai_http.py draws
+that path.
+
+Directives travel as in the gateway: an `infercache` object in the body (`extra_body=`), or
+`Cache-Control` / `x-infercache-tags` / `x-infercache-context` headers (`extra_headers=`).
+An upstream error status comes back as it came (the SDK raises and retries as usual) and
+nothing is stored. A request the cache refuses (malformed directives, `only-if-cached` with no
+entry) is an OpenAI-shaped error response with `x-should-retry: false`, so the SDK raises
+`openai.BadRequestError` (400) or `openai.APIStatusError` (504) without retrying.
+
+Both HTTP libraries the SDK accepts are supported: httpx2 (its default) and httpx (a legacy
+`http_client=httpx.Client(...)`); the caching client is of the same library as the wrapped one.
+The copy shares the wrapped client's connection pool: closing either closes both, as with
+`with_options`.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
+import httpx
+import httpx2
 import openai
-from openai.types.chat import ChatCompletion
 
-from infercache.cache import Cache, Completion
-from infercache.metrics import MissReason
+from infercache.cache import Cache
+from infercache.openai_http import CachingRouter, async_send, sync_send
 
-# Keywords of `create` that configure the HTTP call rather than the request body.
-_TRANSPORT_KWARGS = ("extra_headers", "extra_query", "timeout")
+ClientT = TypeVar("ClientT", openai.OpenAI, openai.AsyncOpenAI)
 
 
-def _split(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(request body, transport options) from `create`'s keyword arguments."""
-    transport = {k: kwargs[k] for k in _TRANSPORT_KWARGS if k in kwargs}
-    body = {k: v for k, v in kwargs.items() if k not in _TRANSPORT_KWARGS and k != "extra_body"}
-    body.update(kwargs.get("extra_body") or {})
-    return body, transport
+def wrap(client: ClientT, cache: Cache) -> ClientT:
+    """`client` with its chat completions and embeddings cached (see the module docstring)."""
+    inner = client._client  # the SDK's http client: it has no public accessor
+    caching: Any
+    if isinstance(client, openai.AsyncOpenAI):
+        caching = _async_caching_client(inner, cache)
+    elif isinstance(client, openai.OpenAI):
+        caching = _sync_caching_client(inner, cache)
+    else:
+        raise TypeError(f"wrap() takes an openai.OpenAI or openai.AsyncOpenAI, got {client!r}")
+    wrapped: ClientT = client.with_options(http_client=caching)
+    return wrapped
 
 
-def _call_kwargs(body: dict[str, Any], transport: dict[str, Any]) -> dict[str, Any]:
-    # model and messages by name; every other field as raw JSON so unknown ones survive too.
-    rest = {k: v for k, v in body.items() if k not in ("model", "messages")}
-    return {"model": body["model"], "messages": body["messages"], "extra_body": rest, **transport}
+class _NoTransport(
+    httpx.BaseTransport, httpx2.BaseTransport, httpx.AsyncBaseTransport, httpx2.AsyncBaseTransport
+):
+    """The caching clients' own pool is never used: every request goes through the wrapped
+    client's `send`."""
+
+    def handle_request(self, request: Any) -> Any:
+        raise RuntimeError("the caching client sends through the wrapped client only")
+
+    async def handle_async_request(self, request: Any) -> Any:
+        raise RuntimeError("the caching client sends through the wrapped client only")
 
 
-def _result(done: Completion) -> ChatCompletion:
-    result = ChatCompletion.model_validate(done.response)
-    # The client's models allow extra fields; this one tells the caller which layer answered.
-    result.infercache = {"layer": done.layer.value, "age_s": done.age_s}  # type: ignore[attr-defined]
-    return result
+# -- the caching http clients: where the SDK builds and sends its requests --
 
 
-class _Completions:
-    def __init__(self, client: openai.OpenAI, cache: Cache) -> None:
-        self._client = client
-        self._cache = cache
+class _SyncCaching:
+    """Builds requests with the wrapped client (its headers, cookies, params) and sends them
+    through `_sync_send`, which calls the wrapped client's own `send`."""
 
-    def create(self, **kwargs: Any) -> Any:
-        if kwargs.get("stream"):
-            self._cache.metrics.strategy("exact").miss(MissReason.BYPASSED)
-            return self._client.chat.completions.create(**kwargs)
-        body, transport = _split(kwargs)
+    _inner: Any
+    _router: CachingRouter
 
-        def upstream(request: dict[str, Any]) -> dict[str, Any]:
-            response = self._client.chat.completions.create(**_call_kwargs(request, transport))
-            dumped: dict[str, Any] = response.model_dump(mode="json", exclude_unset=True)
-            return dumped
+    def build_request(self, *args: Any, **kwargs: Any) -> Any:
+        return self._inner.build_request(*args, **kwargs)
 
-        return _result(self._cache.complete(body, upstream))
+    def send(self, request: Any, *, stream: bool = False, **kwargs: Any) -> Any:
+        def forward(sent: Any, streamed: bool) -> Any:
+            return self._inner.send(sent, stream=streamed, **kwargs)
 
+        return sync_send(self._router, request, stream, forward)
 
-class _AsyncCompletions:
-    def __init__(self, client: openai.AsyncOpenAI, cache: Cache) -> None:
-        self._client = client
-        self._cache = cache
+    def close(self) -> None:
+        self._inner.close()
 
-    async def create(self, **kwargs: Any) -> Any:
-        if kwargs.get("stream"):
-            self._cache.metrics.strategy("exact").miss(MissReason.BYPASSED)
-            return await self._client.chat.completions.create(**kwargs)
-        body, transport = _split(kwargs)
-
-        async def upstream(request: dict[str, Any]) -> dict[str, Any]:
-            call = _call_kwargs(request, transport)
-            response = await self._client.chat.completions.create(**call)
-            dumped: dict[str, Any] = response.model_dump(mode="json", exclude_unset=True)
-            return dumped
-
-        return _result(await self._cache.acomplete(body, upstream))
+    @property
+    def is_closed(self) -> bool:
+        closed: bool = self._inner.is_closed
+        return closed
 
 
-class _Chat:
-    def __init__(self, completions: _Completions | _AsyncCompletions) -> None:
-        self.completions = completions
+class _AsyncCaching:
+    _inner: Any
+    _router: CachingRouter
+
+    def build_request(self, *args: Any, **kwargs: Any) -> Any:
+        return self._inner.build_request(*args, **kwargs)
+
+    async def send(self, request: Any, *, stream: bool = False, **kwargs: Any) -> Any:
+        async def forward(sent: Any, streamed: bool) -> Any:
+            return await self._inner.send(sent, stream=streamed, **kwargs)
+
+        return await async_send(self._router, request, stream, forward)
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+    @property
+    def is_closed(self) -> bool:
+        closed: bool = self._inner.is_closed
+        return closed
 
 
-class CachedClient:
-    """The wrapped client: `.chat.completions.create` is cached, the rest is the client's."""
-
-    def __init__(self, client: openai.OpenAI | openai.AsyncOpenAI, cache: Cache) -> None:
-        self._client = client
-        completions: _Completions | _AsyncCompletions
-        if isinstance(client, openai.AsyncOpenAI):
-            completions = _AsyncCompletions(client, cache)
-        else:
-            completions = _Completions(client, cache)
-        self.chat = _Chat(completions)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._client, name)
+class _Httpx2Caching(_SyncCaching, httpx2.Client):
+    def __init__(self, inner: httpx2.Client, router: CachingRouter) -> None:
+        httpx2.Client.__init__(self, transport=_NoTransport(), trust_env=False)
+        self._inner, self._router = inner, router
 
 
-def wrap(client: openai.OpenAI | openai.AsyncOpenAI, cache: Cache) -> CachedClient:
-    return CachedClient(client, cache)
+class _HttpxCaching(_SyncCaching, httpx.Client):
+    def __init__(self, inner: httpx.Client, router: CachingRouter) -> None:
+        httpx.Client.__init__(self, transport=_NoTransport(), trust_env=False)
+        self._inner, self._router = inner, router
+
+
+class _AsyncHttpx2Caching(_AsyncCaching, httpx2.AsyncClient):
+    def __init__(self, inner: httpx2.AsyncClient, router: CachingRouter) -> None:
+        httpx2.AsyncClient.__init__(self, transport=_NoTransport(), trust_env=False)
+        self._inner, self._router = inner, router
+
+
+class _AsyncHttpxCaching(_AsyncCaching, httpx.AsyncClient):
+    def __init__(self, inner: httpx.AsyncClient, router: CachingRouter) -> None:
+        httpx.AsyncClient.__init__(self, transport=_NoTransport(), trust_env=False)
+        self._inner, self._router = inner, router
+
+
+def _sync_caching_client(inner: object, cache: Cache) -> httpx2.Client | httpx.Client:
+    if isinstance(inner, httpx2.Client):
+        return _Httpx2Caching(inner, CachingRouter(cache, httpx2))
+    if isinstance(inner, httpx.Client):
+        return _HttpxCaching(inner, CachingRouter(cache, httpx))
+    raise TypeError(f"the client's http client is neither httpx2 nor httpx: {inner!r}")
+
+
+def _async_caching_client(inner: object, cache: Cache) -> httpx2.AsyncClient | httpx.AsyncClient:
+    if isinstance(inner, httpx2.AsyncClient):
+        return _AsyncHttpx2Caching(inner, CachingRouter(cache, httpx2))
+    if isinstance(inner, httpx.AsyncClient):
+        return _AsyncHttpxCaching(inner, CachingRouter(cache, httpx))
+    raise TypeError(f"the client's http client is neither httpx2 nor httpx: {inner!r}")

@@ -1,0 +1,281 @@
+"""`EmbeddingCache`: embeddings cached per input, so a batch with k new inputs out of n sends
+only those k upstream. The pure steps are in embedding_request.py; this file does the store I/O.
+
+    begin(body, tenant) → EmbeddingLookup                                  (store reads)
+      1. parse and key each input                      (embedding_request.parse_embedding_request)
+      2. read the version view once (the model's version token, the tags' generations), then
+         each distinct key; an entry serves when unexpired, younger than `max_age_s` and
+         recorded under the current model version and tag generations (as exact.py judges);
+         a stale one is deleted (lazy reclamation)
+      3. count a hit or a miss (with its reason) per input, under the strategy `embeddings`
+      → lookup.upstream_body: only the distinct missing inputs (None: every input hit)
+    the caller sends upstream_body to its upstream (an HTTP client, the engine, a test double)
+    finish(lookup, response, upstream_s) → EmbeddingResult                 (store writes)
+      4. check the answer and give each fetched input its share of tokens and seconds
+      5. store each fetched vector under its key, recorded under the view read in step 2, so a
+         model swap or an invalidation during the call leaves it unreachable
+      6. merge: every input's vector in request order, with usage        (embedding_request.merge)
+
+Embeddings are deterministic, so every request is cacheable; `cache_control` works as for chat
+(`no-cache` skips the reads, `no-store` the writes, `only-if-cached` raises NotCachedError when
+any input is missing). Entries carry the TTL policy of the chat entries. A store failure is a
+counted `store_error` miss, never the caller's problem. Thread-safe: no state beyond the
+backend's. Not coalesced: two identical batches in flight both go upstream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import Counter
+from collections.abc import Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from infercache.clock import Clock
+from infercache.embedding_request import (
+    STRATEGY,
+    CachedVector,
+    EmbeddingLookup,
+    EmbeddingRequest,
+    EmbeddingResult,
+    fetched_vectors,
+    merge,
+    parse_embedding_request,
+)
+from infercache.errors import NotCachedError, StoreError, StoreUnavailableError
+from infercache.keys import IGNORABLE_FIELDS
+from infercache.metrics import MissReason, PriceTable, StrategyMetrics
+from infercache.policy import CachePolicy
+from infercache.stores.base import Backend, Entry
+from infercache.versions import Versions, VersionView
+
+if TYPE_CHECKING:
+    from infercache.cache import Cache
+
+log = logging.getLogger(__name__)
+
+
+class EmbeddingCache:
+    """Per-input embeddings on any backend, beside the chat entries (keys never collide:
+    their prefixes differ). `EmbeddingCache.of(cache)` shares a `Cache`'s store, clock, TTL
+    policy and metrics (strategy `embeddings`)."""
+
+    def __init__(
+        self,
+        backend: Backend,
+        *,
+        policy: CachePolicy,
+        clock: Clock,
+        metrics: StrategyMetrics,
+        prices: PriceTable,
+        ignorable_fields: frozenset[str] = IGNORABLE_FIELDS,
+    ) -> None:
+        self.backend = backend
+        self.versions = Versions(backend)
+        self._policy = policy
+        self._clock = clock
+        self._metrics = metrics
+        self._prices = prices
+        self._ignorable = ignorable_fields
+
+    @classmethod
+    def of(cls, cache: Cache) -> EmbeddingCache:
+        return cls(
+            cache.backend,
+            policy=cache.policy,
+            clock=cache.clock,
+            metrics=cache.metrics.strategy(STRATEGY),
+            prices=cache.metrics.prices,
+            ignorable_fields=cache.settings.ignorable_fields,
+        )
+
+    # -- the two steps around the upstream call --
+
+    def begin(self, body: object, *, tenant: str | None = None) -> EmbeddingLookup:
+        """Parse, then find each distinct input's fresh entry. Raises InvalidRequestError, and
+        NotCachedError for `only-if-cached` with an input missing."""
+        request = parse_embedding_request(body, tenant=tenant, ignorable=self._ignorable)
+        started = self._clock.monotonic_s()
+        cc = request.directives.cache_control
+        view, found, why = self._read(request, read_entries=not cc.no_cache)
+        self._metrics.overhead(self._clock.monotonic_s() - started)
+        first: dict[str, int] = {}
+        for pos, key in enumerate(request.keys):
+            first.setdefault(key, pos)
+        missing = tuple(pos for key, pos in first.items() if key not in found)
+        lookup = EmbeddingLookup(request, view, found, missing)
+        self._count(lookup, why)
+        if missing and cc.only_if_cached:
+            raise NotCachedError(f"{len(missing)} embedding input(s) not cached (only-if-cached)")
+        return lookup
+
+    def finish(
+        self, lookup: EmbeddingLookup, response: Mapping[str, Any] | None, *, upstream_s: float
+    ) -> EmbeddingResult:
+        """Merge the upstream's answer for `lookup.upstream_body` (None when there was
+        nothing to fetch) with the hits, and store the fetched vectors."""
+        if response is None:
+            if lookup.missing:
+                raise ValueError("finish(None) with inputs missing: fetch upstream_body first")
+            return EmbeddingResult(merge(lookup, {}), lookup.hits, 0, 0)
+        fetched = fetched_vectors(lookup, response, upstream_s)
+        positions = Counter(lookup.request.keys)
+        for key, vector in fetched.items():
+            self._metrics.prompt_tokens(vector.prompt_tokens * positions[key])
+        stored = 0
+        if lookup.view is not None and not lookup.request.directives.cache_control.no_store:
+            stored = self._store(lookup, fetched)
+        model = response.get("model")
+        answer = merge(lookup, fetched, model if isinstance(model, str) else None)
+        return EmbeddingResult(answer, lookup.hits, len(fetched), stored)
+
+    # -- conveniences for library callers --
+
+    def create(
+        self,
+        body: dict[str, Any],
+        upstream: Callable[[dict[str, Any]], dict[str, Any]],
+        *,
+        tenant: str | None = None,
+    ) -> EmbeddingResult:
+        lookup = self.begin(body, tenant=tenant)
+        sent = lookup.upstream_body
+        if sent is None:
+            return self.finish(lookup, None, upstream_s=0.0)
+        started = self._clock.monotonic_s()
+        response = upstream(sent)
+        return self.finish(lookup, response, upstream_s=self._clock.monotonic_s() - started)
+
+    async def acreate(
+        self,
+        body: dict[str, Any],
+        upstream: Callable[[dict[str, Any]], Awaitable[dict[str, Any]]],
+        *,
+        tenant: str | None = None,
+    ) -> EmbeddingResult:
+        """`create` for asyncio; the store I/O runs in a thread, off the event loop."""
+        lookup = await asyncio.to_thread(self.begin, body, tenant=tenant)
+        sent = lookup.upstream_body
+        if sent is None:
+            return self.finish(lookup, None, upstream_s=0.0)
+        started = self._clock.monotonic_s()
+        response = await upstream(sent)
+        upstream_s = self._clock.monotonic_s() - started
+        return await asyncio.to_thread(self.finish, lookup, response, upstream_s=upstream_s)
+
+    # -- store I/O --
+
+    def _read(
+        self, request: EmbeddingRequest, *, read_entries: bool
+    ) -> tuple[VersionView | None, dict[str, CachedVector], dict[str, MissReason]]:
+        """(the view, the fresh entries by key, why each other key missed)."""
+        found: dict[str, CachedVector] = {}
+        why: dict[str, MissReason] = {}
+        try:
+            view = self.versions.view(request.model, request.directives.tags)
+            for key in dict.fromkeys(request.keys):
+                entry = self.backend.get(key) if read_entries else None
+                reason = self._staleness(entry, view, request.directives.max_age_s)
+                if entry is not None and reason is None:
+                    found[key] = self._vector(entry)
+                    continue
+                why[key] = reason or (MissReason.ABSENT if read_entries else MissReason.BYPASSED)
+                if reason in (MissReason.STALE_MODEL_VERSION, MissReason.INVALIDATED_TAG):
+                    self._delete(key)  # lazy reclamation, as the exact layer does
+        except StoreError as exc:
+            self._store_error("lookup", exc)
+            unavailable = isinstance(exc, StoreUnavailableError)
+            reason = MissReason.STORE_UNAVAILABLE if unavailable else MissReason.STORE_ERROR
+            return None, {}, dict.fromkeys(request.keys, reason)
+        return view, found, why
+
+    def _staleness(
+        self, entry: Entry | None, view: VersionView, max_age_s: float | None
+    ) -> MissReason | None:
+        if entry is None:
+            return None
+        now_s = self._clock.now_s()
+        if now_s >= entry.expires_at_s:
+            return MissReason.EXPIRED
+        if not view.model_is_current(entry.model_version):
+            return MissReason.STALE_MODEL_VERSION
+        if not view.tags_are_current(entry.tags):
+            return MissReason.INVALIDATED_TAG
+        if max_age_s is not None and now_s - entry.created_at_s > max_age_s:
+            return MissReason.EXPIRED  # fresh for others, too old for this caller
+        return None
+
+    def _delete(self, key: str) -> None:
+        try:
+            self.backend.delete(key)
+        except StoreError as exc:
+            self._store_error("delete", exc)
+
+    def _vector(self, entry: Entry) -> CachedVector:
+        try:
+            stored = orjson.loads(entry.response)
+            embedding, model = stored["embedding"], str(stored["model"])
+        except (orjson.JSONDecodeError, KeyError, TypeError) as exc:
+            raise StoreError(f"undecodable embedding entry: {exc}") from exc
+        return CachedVector(
+            embedding=embedding,
+            model=model,
+            prompt_tokens=entry.prompt_tokens,
+            upstream_s=entry.upstream_s,
+            age_s=max(0.0, self._clock.now_s() - entry.created_at_s),
+        )
+
+    def _store(self, lookup: EmbeddingLookup, fetched: Mapping[str, CachedVector]) -> int:
+        assert lookup.view is not None
+        started = self._clock.monotonic_s()
+        d = lookup.request.directives
+        ttl_s = min(d.ttl_s if d.ttl_s is not None else self._policy.default_ttl_s,
+                    self._policy.max_ttl_s)  # fmt: skip
+        now_s = self._clock.now_s()
+        stored = 0
+        try:
+            for key, vector in fetched.items():
+                body = {"embedding": vector.embedding, "model": vector.model}
+                entry = Entry(
+                    response=orjson.dumps(body),
+                    model=lookup.request.model,
+                    model_version=lookup.view.model_version,
+                    tags=lookup.view.tags,
+                    created_at_s=now_s,
+                    expires_at_s=now_s + ttl_s,
+                    upstream_s=vector.upstream_s,
+                    prompt_tokens=vector.prompt_tokens,
+                    completion_tokens=0,
+                )
+                self.backend.put(key, entry)
+                stored += 1
+        except StoreError as exc:
+            self._store_error("store", exc)
+        finally:
+            self._metrics.overhead(self._clock.monotonic_s() - started)
+        self._metrics.count("stored", stored)
+        return stored
+
+    def _count(self, lookup: EmbeddingLookup, why: Mapping[str, MissReason]) -> None:
+        model = lookup.request.model
+        for key in lookup.request.keys:
+            hit = lookup.found.get(key)
+            if hit is None:
+                self._metrics.miss(why[key])
+                continue
+            self._metrics.hit(
+                prompt_tokens=hit.prompt_tokens,
+                completion_tokens=0,
+                upstream_s=hit.upstream_s,
+                money_usd=self._prices.cost_usd(model, hit.prompt_tokens, 0),
+            )
+
+    def _store_error(self, op: str, exc: StoreError) -> None:
+        if isinstance(exc, StoreUnavailableError):
+            self._metrics.count("store_unavailable")
+            log.debug("embedding store skipped on %s: %s", op, exc)
+            return
+        self._metrics.count("store_errors")
+        log.warning("embedding store failed on %s, serving without it: %s", op, exc)
