@@ -111,7 +111,7 @@ async def test_one_leader_and_every_waiter_on_every_replica_gets_the_whole_answe
 async def test_a_dead_leaders_lease_expires_and_exactly_one_waiter_takes_over(
     servers: Servers,
 ) -> None:
-    replicas = [servers.flights(lease_ms=300) for _ in range(4)]
+    replicas = [servers.flights(lease_ms=1000) for _ in range(4)]
     dead = await replicas[0].join("k", timeout_s=30)
     assert isinstance(dead, FlightLease)
     dead.abandon()  # crashed: no renewal, no release
@@ -137,7 +137,7 @@ async def test_a_leader_process_killed_mid_call_is_replaced(
         "async def main():\n"
         "    client = async_client(sys.argv[1], socket_timeout_s=None)\n"
         "    flights = ReplicaFlights(client, clock=SystemClock(), prefix=sys.argv[2],\n"
-        "                             timings=FlightTimings(lease_ms=400))\n"
+        "                             timings=FlightTimings(lease_ms=1000))\n"
         "    lease = await flights.join('k', timeout_s=30)\n"
         "    print(type(lease).__name__, flush=True)\n"
         "    await asyncio.Event().wait()  # fetching forever\n"
@@ -151,7 +151,7 @@ async def test_a_leader_process_killed_mid_call_is_replaced(
     )
     assert leader.stdout is not None
     assert leader.stdout.readline().strip() == "FlightLease"
-    replicas = [servers.flights(lease_ms=400) for _ in range(3)]
+    replicas = [servers.flights(lease_ms=1000) for _ in range(3)]
     waiters = [asyncio.create_task(r.join("k", timeout_s=30)) for r in replicas]
     await until(lambda: servers.blocked_clients() >= 3)
     leader.send_signal(signal.SIGKILL)
@@ -208,20 +208,20 @@ async def test_an_error_reaches_waiters_and_is_kept_only_briefly(servers: Server
 
 
 async def test_renewal_keeps_a_slow_leader_in_charge(servers: Servers) -> None:
-    a, b = servers.flights(lease_ms=300), servers.flights(lease_ms=300)
+    a, b = servers.flights(lease_ms=900), servers.flights(lease_ms=900)
     lease = await a.join("k", timeout_s=30)
     assert isinstance(lease, FlightLease)
     waiter = asyncio.create_task(b.join("k", timeout_s=30))
     renewals, last = 0, servers.lease_pttl_ms("k")
 
-    def renewed_three_times() -> bool:
+    def renewed_four_times() -> bool:
         nonlocal renewals, last
         now = servers.lease_pttl_ms("k")
         renewals += now > last
         last = now
-        return renewals >= 3
+        return renewals >= 4
 
-    await until(renewed_three_times)  # three lease lifetimes (~300 ms) seen through
+    await until(renewed_four_times)  # every 300 ms: the leader outlives its first 900 ms
     assert not waiter.done()
     assert not lease.lost.is_set()
     await lease.close(SharedAnswer.of_completion(COMPLETION))
@@ -229,7 +229,7 @@ async def test_renewal_keeps_a_slow_leader_in_charge(servers: Servers) -> None:
 
 
 async def test_a_leader_presumed_dead_learns_it_lost_the_lease(servers: Servers) -> None:
-    a, b = servers.flights(lease_ms=300), servers.flights(lease_ms=300)
+    a, b = servers.flights(lease_ms=900), servers.flights(lease_ms=900)
     lease = await a.join("k", timeout_s=30)
     assert isinstance(lease, FlightLease)
     await b._client.delete(f"{servers.prefix}{{fl:k}}lease")  # as if it had expired
@@ -244,7 +244,7 @@ async def test_a_leader_presumed_dead_learns_it_lost_the_lease(servers: Servers)
 
 async def test_a_waiter_gives_up_at_its_deadline_on_the_injected_clock(servers: Servers) -> None:
     clock = ManualClock()
-    a, b = servers.flights(lease_ms=200), servers.flights(clock, lease_ms=200)
+    a, b = servers.flights(lease_ms=5000), servers.flights(clock, max_block_ms=100)
     lease = await a.join("k", timeout_s=30)
     assert isinstance(lease, FlightLease)
     waiter = asyncio.create_task(b.join("k", timeout_s=30))
