@@ -289,6 +289,9 @@ class SQLiteStore:
         return int(row[0])
 
     def epoch(self) -> str:
+        found = self.read_meta([EPOCH_META]).get(EPOCH_META)
+        if found is not None:
+            return found  # no write (and no write lock) once minted
         with self._write() as conn:
             conn.execute(
                 "INSERT OR IGNORE INTO meta VALUES (?, ?)", (EPOCH_META, secrets.token_hex(8))
