@@ -1,6 +1,7 @@
 """infercache: a layered cache for LLM inference (exact, semantic, KV-prefix reuse).
 
-The names a library user handles, importable from here:
+The names a library user handles, importable from here (and every class of the error tree,
+infercache.errors):
 
     from infercache import Cache, Settings, wrap
     cache = Cache(Settings.load())
@@ -103,10 +104,11 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time `__getattr__` 
 
 
 def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
+    # Every class of the error tree is reachable here, the ones added later included.
+    module = _EXPORTS.get(name) or ("infercache.errors" if name.endswith("Error") else None)
+    value = getattr(import_module(module), name, None) if module is not None else None
+    if value is None:
         raise AttributeError(f"module 'infercache' has no attribute {name!r}")
-    value = getattr(import_module(module), name)
     globals()[name] = value  # the next lookup is a plain attribute
     return value
 
