@@ -17,10 +17,16 @@ from infercache.settings import Settings
 from tests.conftest import CountingUpstream, chat
 
 
-def cli(*args: str) -> subprocess.CompletedProcess[str]:
+def cli_exe() -> list[str]:
     exe = shutil.which("infercache", path=str(Path(sys.executable).parent))
     assert exe is not None, "the infercache entry point is not installed in this venv"
-    return subprocess.run([exe, *args], capture_output=True, text=True, timeout=60, check=False)
+    return [exe]
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*cli_exe(), *args], capture_output=True, text=True, timeout=60, check=False
+    )
 
 
 def test_another_process_invalidates_and_swaps_versions_of_a_shared_sqlite_store(
@@ -61,3 +67,47 @@ def test_every_command_has_help(command: str, capsys: pytest.CaptureFixture[str]
 def test_a_bad_store_url_is_a_clear_error(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["stats", "--store", "ftp://nope"]) == 1
     assert "unknown store URL" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", [["stats"], ["purge"], ["invalidate", "--tag", "kb"]])
+def test_a_store_that_does_not_exist_is_an_error_and_nothing_is_created(
+    command: list[str], tmp_path: Path
+) -> None:
+    relative = subprocess.run(
+        [*cli_exe(), *command, "--store", "sqlite:///typo/path"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        cwd=tmp_path,
+    )
+    assert relative.returncode == 1
+    assert "no store at sqlite:///typo/path" in relative.stderr
+    absolute = cli(*command, "--store", f"sqlite:///{tmp_path / 'nope' / 'c.db'}")
+    assert absolute.returncode == 1
+    assert "does not exist" in absolute.stderr
+    assert list(tmp_path.iterdir()) == []  # no database, no directory
+
+
+def test_the_default_store_must_exist_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("INFERCACHE_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.delenv("INFERCACHE_STORE", raising=False)
+    assert main(["stats"]) == 1
+    assert "no store at sqlite:///" in capsys.readouterr().err
+    assert not (tmp_path / "data").exists()
+
+
+def test_a_memory_store_is_refused_it_lives_in_one_process(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["purge", "--store", "memory://"]) == 1
+    assert "inside one process" in capsys.readouterr().err
+
+
+def test_set_model_version_may_create_the_store_a_gateway_will_read(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'new.db'}"
+    assert cli("set-model-version", "m", "v1", "--store", url).returncode == 0
+    stats = cli("stats", "--store", url, "--model", "m")
+    assert json.loads(stats.stdout)["model_versions"] == {"m": "v1"}

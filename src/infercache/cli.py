@@ -3,6 +3,11 @@
 Each area registers its own sub-commands through a `register(subparsers)` function in its
 package, so this file only assembles them. Heavy imports (torch, transformers) happen inside the
 command handlers, never at startup.
+
+A bad flag is reported with the usage of the command it was given to (`serve --bogus` shows
+serve's usage): argparse hands a sub-command's unrecognised arguments back to the top-level
+parser, which would report them with its own usage, so every sub-command parser is a
+`_CommandParser` that reports them itself.
 """
 
 from __future__ import annotations
@@ -10,8 +15,27 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable, Sequence
+from typing import Any
+
+from infercache import __version__
 
 Handler = Callable[[argparse.Namespace], int]
+
+
+class _CommandParser(argparse.ArgumentParser):
+    """A sub-command's parser: arguments it does not know are an error with its own usage."""
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        parsed, extras = super().parse_known_args(args, namespace)
+        if extras:
+            self.error(f"unrecognized arguments: {' '.join(extras)}")
+        return parsed, extras
+
+    def add_subparsers(self, **kwargs: Any) -> Any:
+        kwargs.setdefault("parser_class", _CommandParser)
+        return super().add_subparsers(**kwargs)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -19,7 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="infercache",
         description="A layered cache for LLM inference: exact, semantic and KV-prefix reuse.",
     )
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    parser.add_argument("--version", action="version", version=f"infercache {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_CommandParser)
     from infercache.analyze.cli import register as register_analyze
     from infercache.cli_cache import register as register_cache
     from infercache.engine.cli import register as register_engine

@@ -2,6 +2,11 @@
 
 Each works on the store a URL names (`--store`, default: the settings' store), so it acts on
 the same SQLite file or Redis server a running gateway uses, from another process.
+
+`stats`, `invalidate` and `purge` only read or change a store that exists: a SQLite file that
+is not there is an error, and nothing is created (a typo in a path never leaves a new database
+or directory behind). `set-model-version` may create the store: it records state a gateway
+started later will read. `memory://` is refused: it lives inside one process, out of reach.
 """
 
 from __future__ import annotations
@@ -13,9 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from infercache.clock import SystemClock
-from infercache.errors import InfercacheError
+from infercache.errors import ConfigError, InfercacheError
 from infercache.settings import Settings
 from infercache.stores import Backend, open_store
+from infercache.stores.memory import MemoryStore
+from infercache.stores.sqlite import SQLiteStore
 from infercache.versions import Versions
 
 
@@ -31,11 +38,20 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     return settings
 
 
-def _open(args: argparse.Namespace) -> Backend:
+def _open(args: argparse.Namespace, *, create: bool = False) -> Backend:
+    """The store `args` name; unless `create`, only one that exists (opening is lazy, so a
+    refused store was never touched)."""
     settings = settings_from_args(args)
-    return open_store(
-        settings.resolved_store_url, clock=SystemClock(), max_bytes=settings.max_store_bytes
-    )
+    url = settings.resolved_store_url
+    backend = open_store(url, clock=SystemClock(), max_bytes=settings.max_store_bytes)
+    if isinstance(backend, MemoryStore):
+        raise ConfigError(
+            f"{url} is a store inside one process: this command cannot reach it; name the "
+            "gateway's SQLite or Redis store with --store"
+        )
+    if not create and isinstance(backend, SQLiteStore) and not backend.path.is_file():
+        raise ConfigError(f"no store at {url}: {backend.path} does not exist (nothing created)")
+    return backend
 
 
 def _stats(args: argparse.Namespace) -> int:
@@ -68,7 +84,7 @@ def _invalidate(args: argparse.Namespace) -> int:
 
 
 def _set_model_version(args: argparse.Namespace) -> int:
-    backend = _open(args)
+    backend = _open(args, create=True)
     try:
         changed = Versions(backend).set_model_version(args.model, args.version)
     finally:
