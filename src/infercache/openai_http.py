@@ -152,6 +152,20 @@ class CachingRouter:
         return self.reply(request, response, headers)
 
 
+def _answer(response: Any) -> dict[str, Any]:
+    """The upstream's answer, or its response handed back as it came: an error status, or a
+    body that is not a JSON object (the SDK reports it as it would without the cache)."""
+    if response.status_code != 200:
+        raise _UpstreamStatus(response)
+    try:
+        answer = response.json()
+    except ValueError:
+        raise _UpstreamStatus(response) from None
+    if not isinstance(answer, dict):
+        raise _UpstreamStatus(response)
+    return answer
+
+
 def _layer_headers(done: Completion) -> dict[str, str]:
     headers = {"x-infercache": LAYER_HEADER[done.layer]}
     if done.layer in (Layer.EXACT, Layer.SEMANTIC):
@@ -246,10 +260,8 @@ def _sync_chat(router: CachingRouter, request: Any, body: dict[str, Any], send: 
 
     def upstream(sent: dict[str, Any]) -> dict[str, Any]:
         response = send(router.forward(request, sent), False)
-        if response.status_code != 200:
-            raise _UpstreamStatus(response)
+        answer = _answer(response)
         fetched.append(response)
-        answer: dict[str, Any] = response.json()
         return answer
 
     done = router.cache.complete(body, upstream)
@@ -283,10 +295,9 @@ def _sync_embed(router: CachingRouter, request: Any, body: dict[str, Any], send:
     clock = router.cache.clock
     started_s = clock.monotonic_s()
     upstream = send(router.forward(request, sent), False)
-    if upstream.status_code != 200:
-        raise _UpstreamStatus(upstream)
+    answer = _answer(upstream)
     upstream_s = clock.monotonic_s() - started_s
-    result = router.embeddings.finish(lookup, upstream.json(), upstream_s=upstream_s)
+    result = router.embeddings.finish(lookup, answer, upstream_s=upstream_s)
     return router.embedded(request, result.response, result.hits, upstream)
 
 
@@ -318,10 +329,8 @@ async def _async_chat(
 
     async def upstream(sent: dict[str, Any]) -> dict[str, Any]:
         response = await send(router.forward(request, sent), False)
-        if response.status_code != 200:
-            raise _UpstreamStatus(response)
+        answer = _answer(response)
         fetched.append(response)
-        answer: dict[str, Any] = response.json()
         return answer
 
     done = await router.cache.acomplete(body, upstream)
@@ -360,9 +369,8 @@ async def _async_embed(
     clock = router.cache.clock
     started_s = clock.monotonic_s()
     upstream = await send(router.forward(request, sent), False)
-    if upstream.status_code != 200:
-        raise _UpstreamStatus(upstream)
+    answer = _answer(upstream)
     upstream_s = clock.monotonic_s() - started_s
     finish = router.embeddings.finish
-    result = await asyncio.to_thread(finish, lookup, upstream.json(), upstream_s=upstream_s)
+    result = await asyncio.to_thread(finish, lookup, answer, upstream_s=upstream_s)
     return router.embedded(request, result.response, result.hits, upstream)
