@@ -87,17 +87,28 @@ def simulate_lookups(
     cache_vectors: npt.NDArray[np.float32],
     *,
     k: int,
+    without_own_label: bool = False,
 ) -> list[LookupCase]:
-    """Each query's k nearest cache texts (the query itself excluded when cached too)."""
+    """Each query's k nearest cache texts (the query itself excluded when cached too).
+    `without_own_label`: leave out every text of the query's label too — the lookup of a
+    question whose answer is not cached yet, where every candidate is wrong."""
     if len(queries) != len(query_vectors) or len(cache) != len(cache_vectors):
         raise ValueError("texts and vectors must have the same length")
+    labels = np.array([c.label for c in cache])
+    own = {label: labels == label for label in {q.label for q in queries}}
     cases = []
     for start in range(0, len(queries), 512):
         block = query_vectors[start : start + 512] @ cache_vectors.T
         for offset, similarities in enumerate(block):
             query = queries[start + offset]
+            if without_own_label:
+                similarities = np.where(own[query.label], -np.inf, similarities)
             order = np.argsort(-similarities, kind="stable")[: k + 1]
-            picked = [(cache[j], float(similarities[j])) for j in order if cache[j] != query][:k]
+            picked = [
+                (cache[j], float(similarities[j]))
+                for j in order
+                if cache[j] != query and np.isfinite(similarities[j])
+            ][:k]
             if picked:
                 cases.append(LookupCase(query, tuple(picked)))
     return cases

@@ -14,9 +14,13 @@ Steps (`fit_matcher`):
      a supervised contrastive loss (SupCon, temperature `adapter_temperature`): each text is
      pulled towards the other texts of its label in the batch and pushed from the rest. AdamW,
      `epochs` passes in batches of 256.
-  4. Head: the head and calibration texts form the simulated cache (cache_sim.py); every
-     head-part lookup gives its k candidates, each a row of `matcher.features` labelled "same
-     answer or not"; a logistic regression (L2, Newton steps) fits the four weights and bias.
+  4. Head: the head and calibration texts form the simulated cache (cache_sim.py). The
+     background similarity (95th percentile cosine between texts of different labels) is
+     measured on it. Every head-part text is looked up in that cache, in it without the texts
+     of its own label (a question whose answer is not cached yet: every candidate is wrong),
+     and in sparser samples of it (`training_lookups`); each of the k candidates is a row of
+     `matcher.features` labelled "same answer or not"; a logistic regression (L2, Newton
+     steps) fits the four weights and bias.
   5. Calibrate: the lowest threshold on the head's probability whose false-hit rate (share of
      served answers that are wrong) has a 95% upper bound ≤ the target, over the calibration
      part's lookups only (`cache_sim.tune_lookups`). The plain cosine threshold is tuned on the
@@ -38,7 +42,12 @@ import numpy as np
 import numpy.typing as npt
 
 from infercache.errors import InvalidRequestError
-from infercache.semantic.cache_sim import LookupEvaluation, simulate_lookups, tune_lookups
+from infercache.semantic.cache_sim import (
+    LookupCase,
+    LookupEvaluation,
+    simulate_lookups,
+    tune_lookups,
+)
 from infercache.semantic.embedder import Embedder, l2_normalise
 from infercache.semantic.guards import Guard
 from infercache.semantic.intents import LabelledText, split_labelled
@@ -100,11 +109,12 @@ def fit_matcher(
     adapter = train_adapter(fit_v, [r.label for r in fit_rows], o, progress)
     adapted = l2_normalise(rest_v @ adapter.T)
     cache_rows = [*head_rows, *calib_rows]
-    head_cases = simulate_lookups(head_rows, adapted[: len(head_rows)], cache_rows, adapted, k=o.k)
+    background = background_similarity(adapted, [r.label for r in cache_rows], o.seed)
+    head_cases = training_lookups(head_rows, adapted[: len(head_rows)], cache_rows, adapted, o)
     calib_cases = simulate_lookups(
         calib_rows, adapted[len(head_rows) :], cache_rows, adapted, k=o.k
     )
-    head = train_head(head_cases_rows(head_cases), o.k)
+    head = train_head(head_cases_rows(head_cases, background), o.k, background=background)
     matcher = FittedMatcher(head, "fitted:candidate")
     fitted = tune_lookups(
         calib_cases, matcher, target_false_hit=o.target_false_hit, guards=o.guards
@@ -180,11 +190,51 @@ def _supcon(z: Any, y: Any, temperature: float) -> Any:
     return -((log_prob * positive).sum(dim=1)[has] / positive.sum(dim=1)[has]).mean()
 
 
+def background_similarity(
+    vectors: npt.NDArray[np.float32], labels: Sequence[str], seed: int, pairs: int = 20_000
+) -> float:
+    """The 95th percentile cosine of texts with different labels (sampled pairs)."""
+    rng = np.random.default_rng(seed)
+    a = rng.integers(0, len(labels), pairs)
+    b = rng.integers(0, len(labels), pairs)
+    keep = np.array([labels[i] != labels[j] for i, j in zip(a, b, strict=True)])
+    if not keep.any():
+        return 0.0
+    cosines = np.einsum("ij,ij->i", vectors[a[keep]], vectors[b[keep]])
+    return float(np.quantile(cosines, 0.95))
+
+
+def training_lookups(
+    queries: Sequence[LabelledText],
+    query_vectors: npt.NDArray[np.float32],
+    cache: Sequence[LabelledText],
+    cache_vectors: npt.NDArray[np.float32],
+    o: FitOptions,
+) -> list[LookupCase]:
+    """The head's examples: each query looked up in the whole cache, in the cache without its
+    own label (its answer not cached yet), and in sparser caches (a quarter and a twentieth of
+    the texts, as a live cache is early in the day), so agreement among few neighbours is not
+    mistaken for certainty."""
+    rng = np.random.default_rng(o.seed)
+    cases = [
+        *simulate_lookups(queries, query_vectors, cache, cache_vectors, k=o.k),
+        *simulate_lookups(
+            queries, query_vectors, cache, cache_vectors, k=o.k, without_own_label=True
+        ),
+    ]
+    for share in (0.25, 0.05):
+        keep = np.flatnonzero(rng.random(len(cache)) < share)
+        if len(keep):
+            subset = [cache[int(i)] for i in keep]
+            cases += simulate_lookups(queries, query_vectors, subset, cache_vectors[keep], k=o.k)
+    return cases
+
+
 def head_cases_rows(
-    cases: Sequence[Any],
+    cases: Sequence[LookupCase], background: float
 ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
     """(features, same-answer labels) of every candidate of every case, for the head."""
-    head = Head(weights=(0.0, 0.0, 0.0, 0.0), bias=0.0)
+    head = Head(weights=(0.0, 0.0, 0.0, 0.0), bias=0.0, background=background)
     rows, labels = [], []
     for case in cases:
         neighbours = [NearbyAnswer(s, c.label) for c, s in case.candidates]
@@ -194,7 +244,11 @@ def head_cases_rows(
 
 
 def train_head(
-    data: tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]], k: int, *, l2: float = 1e-3
+    data: tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]],
+    k: int,
+    *,
+    background: float,
+    l2: float = 1e-3,
 ) -> Head:
     """Logistic regression by Newton steps (module docstring, step 4)."""
     x, y = data
@@ -211,7 +265,7 @@ def train_head(
         if float(np.abs(step).max()) < 1e-8:
             break
     weights = (float(w[0]), float(w[1]), float(w[2]), float(w[3]))
-    return Head(weights=weights, bias=float(w[4]), k=k)
+    return Head(weights=weights, bias=float(w[4]), k=k, background=background)
 
 
 def _plain_baseline(

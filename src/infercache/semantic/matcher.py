@@ -12,12 +12,15 @@ decision score per candidate; `decision.accept(score, ..., threshold, guards)` d
   contrastively on the user's labelled texts — and each candidate j among the k nearest gets
   the probability that its answer is right, a logistic head over four features:
     1. s_j, its cosine similarity to the query;
-    2. s_j − s_rival, where s_rival is the best similarity (floored at 0) among candidates with
-       a different answer: a close rival means the query is ambiguous;
+    2. s_j − s_rival, where s_rival is the best similarity among candidates with a different
+       answer, and at least `background` — how similar unrelated questions get in this
+       embedding (fit.py measures it): a close rival means the query is ambiguous;
     3. how many other candidates share j's answer within `agree_band` below s_j (capped at 3):
        several phrasings of one answer agreeing is strong evidence;
     4. the neighbours' vote for j's answer, Σ exp(s/τ) over candidates with that answer divided
-       by Σ exp(s/τ) over all k (a kNN posterior at temperature τ).
+       by Σ exp(s/τ) over all k plus one unseen rival at `background` (a kNN posterior at
+       temperature τ). The background rival keeps a sparse cache — one answer nearby, all its
+       candidates agreeing — from looking like certainty when every similarity is low.
   Answers are compared by digest (`records.answer_digest`); an unknown answer ("") agrees with
   nothing. The score is a probability in (0, 1); the threshold is on that scale.
 
@@ -26,7 +29,7 @@ Artefacts live in one directory: `matcher.json` (format below) and `adapter.npy`
 
     {"format": 1, "base": {"kind": "minilm", "name": ...}, "adapter": "adapter.npy",
      "adapter_sha256": ..., "head": {"weights": [w1..w4], "bias": b, "k": 8,
-     "agree_band": 0.15, "temperature": 0.05}, "fit": {...report...}}
+     "agree_band": 0.15, "temperature": 0.05, "background": b}, "fit": {...report...}}
 """
 
 from __future__ import annotations
@@ -88,6 +91,7 @@ class Head:
     k: int = 8
     agree_band: float = 0.15
     temperature: float = 0.05
+    background: float = 0.0  # cosine of unrelated questions (a high percentile), in [-1, 1]
 
     def __post_init__(self) -> None:
         if self.k < 1 or self.agree_band < 0 or self.temperature <= 0:
@@ -102,12 +106,13 @@ def features(neighbours: Sequence[NearbyAnswer], head: Head) -> npt.NDArray[np.f
         return out
     sims = np.array([x.similarity for x in neighbours], dtype=np.float64)
     answers = [x.answer or f"\0unknown{i}" for i, x in enumerate(neighbours)]
-    votes = np.exp((sims - sims.max()) / head.temperature)
-    total = votes.sum()
+    top = max(float(sims.max()), head.background)
+    votes = np.exp((sims - top) / head.temperature)
+    total = votes.sum() + math.exp((head.background - top) / head.temperature)
     for j in range(n):
         same = np.array([a == answers[j] for a in answers])
         rivals = sims[~same]
-        rival = max(float(rivals.max()), 0.0) if len(rivals) else 0.0
+        rival = max(float(rivals.max()), head.background) if len(rivals) else head.background
         agree = int(np.sum(same & (sims >= sims[j] - head.agree_band))) - 1
         out[j] = (sims[j], sims[j] - rival, min(agree, 3), votes[same].sum() / total)
     return out
@@ -173,6 +178,7 @@ def save_fitted(
             "k": head.k,
             "agree_band": head.agree_band,
             "temperature": head.temperature,
+            "background": head.background,
         },
         "fit": report,
     }
@@ -213,6 +219,7 @@ def load_fitted(directory: Path, base: Embedder) -> FittedParts:
         k=int(h["k"]),
         agree_band=float(h["agree_band"]),
         temperature=float(h["temperature"]),
+        background=float(h["background"]),
     )
     embedder = AdaptedEmbedder(base, adapter)
     return FittedParts(embedder, FittedMatcher(head, f"fitted:{embedder.name}"), meta)
