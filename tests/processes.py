@@ -48,7 +48,9 @@ def start(
 
 
 def stop(process: subprocess.Popen[str]) -> tuple[str, str]:
-    """Terminate it; (the rest of its stdout, the rest of its stderr)."""
-    process.terminate()
+    """Terminate it (if it still runs) and close its pipes; (the rest of its stdout and
+    stderr)."""
+    if process.poll() is None:
+        process.terminate()
     out, err = process.communicate(timeout=60)
     return out, err

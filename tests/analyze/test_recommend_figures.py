@@ -17,9 +17,9 @@ from infercache.analyze.analysis import Analysis
 from infercache.analyze.census import Class
 from infercache.analyze.cost_model import UpstreamProfile
 from infercache.analyze.options import SemanticOptions
-from infercache.analyze.recommend import at
 from infercache.analyze.reports.document import build_report
 from infercache.analyze.reports.replay_numbers import layered, strategy
+from infercache.analyze.rules import at
 from infercache.analyze.tokenizing.tokenizers import Chars4Tokenizer
 from infercache.metrics import Price, PriceTable
 from infercache.semantic.embedder import HashingEmbedder

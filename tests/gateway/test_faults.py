@@ -110,6 +110,7 @@ def sqlite_locked_by_another_process(path: Path) -> Iterator[None]:
     finally:
         holder.stdin.close()
         holder.wait(10)
+        holder.stdout.close()
 
 
 def test_a_sqlite_file_locked_by_another_process_costs_hits_never_latency(

@@ -68,13 +68,16 @@ def gateways(
         running.append(Gateway(process, f"http://127.0.0.1:{port}"))
     yield running
     for gateway in running:
-        if gateway.process.poll() is None:
-            stop(gateway.process)
+        stop(gateway.process)
 
 
-def ask(gateway: Gateway, payload: dict[str, Any], out: list[httpx.Response]) -> None:
+def ask(gateway: Gateway, payload: dict[str, Any], out: list[Any]) -> None:
+    """One request; its response, or the transport error (a gateway killed under it)."""
     with gateway.client(None) as client:
-        out.append(client.post("/v1/chat/completions", json=payload))
+        try:
+            out.append(client.post("/v1/chat/completions", json=payload))
+        except httpx.TransportError as exc:
+            out.append(exc)
 
 
 def wait_until_waiting(gateway: Gateway, flights: int, waiting: int) -> None:
@@ -133,8 +136,9 @@ def test_when_the_leading_gateway_dies_mid_call_the_others_waiters_get_an_answer
     a, b = gateways
     fake, _ = upstream
     fake.hold()
-    lost: list[httpx.Response] = []
-    threading.Thread(target=ask, args=(a, body("orphan"), lost), daemon=True).start()
+    lost: list[Any] = []
+    orphan = threading.Thread(target=ask, args=(a, body("orphan"), lost))
+    orphan.start()
     wait_until_waiting(a, flights=1, waiting=0)
     answers: list[httpx.Response] = []
     threads = [threading.Thread(target=ask, args=(b, body("orphan"), answers)) for _ in range(4)]
@@ -147,6 +151,8 @@ def test_when_the_leading_gateway_dies_mid_call_the_others_waiters_get_an_answer
     fake.release()  # a's call is answered into the void; b takes over once a's lease expires
     for t in threads:
         t.join(60)
+    orphan.join(60)
+    assert isinstance(lost[0], httpx.TransportError)  # its gateway died under it
     assert [r.status_code for r in answers] == [200] * 4
     assert fake.calls == 2
     assert len({r.json()["id"] for r in answers}) == 1

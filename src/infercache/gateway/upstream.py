@@ -24,6 +24,7 @@ else in the body is changed.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import hmac
 import logging
@@ -154,7 +155,7 @@ class HTTPUpstream:
         self.name = mask_credentials(base_url.rstrip("/"))
         self._url = url
         self._auth = (
-            aiohttp.BasicAuth(user or "", password or "").encode()
+            "Basic " + base64.b64encode(f"{user or ''}:{password or ''}".encode()).decode()
             if user is not None or password is not None
             else None
         )
