@@ -41,7 +41,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from infercache.analyze.near_duplicates import Neighbour, ScopedTexts, first_accepted
+from infercache.analyze.near_duplicates import first_accepted
+from infercache.analyze.scoped_texts import Neighbour, ScopedTexts
 from infercache.analyze.word_index import jaccard, words
 from infercache.semantic.calibrate import ScoredPair, evaluate, tune
 from infercache.semantic.decision import accept

@@ -44,13 +44,13 @@ from infercache.analyze.near_duplicates import (
     CandidateStage,
     NearDuplicateFinder,
     PrimedEmbedder,
-    small_flat_index,
 )
 from infercache.analyze.options import AnalyzeOptions, SemanticOptions
 from infercache.analyze.prefix_breakers import Breaker, BreakerFinder
 from infercache.analyze.prepared_request import PreparedRequest
 from infercache.analyze.reader_process import ChildEvents, SourceSpec, produce
 from infercache.analyze.replay import CENSUS, TREE, Replay, ReplayResult, ReplaySetup, SemanticParts
+from infercache.analyze.scoped_texts import small_flat_index
 from infercache.analyze.tokenizing.tokenizers import PromptTokenizer
 from infercache.clock import Clock, SystemClock
 from infercache.errors import ConfigError

@@ -26,76 +26,33 @@ import argparse
 import functools
 import json
 import os
-import re
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-from infercache.analyze.cost_model import PROFILE_HELP, UpstreamProfile
-from infercache.analyze.options import AnalyzeOptions, SemanticOptions
+from infercache.analyze.cost_model import PROFILE_HELP
+from infercache.analyze.embedders import embedders
+from infercache.analyze.flags import (
+    SMOLLM2_KV_BYTES_PER_TOKEN,
+    options_from,
+    parse_capacity,
+    parse_prices,
+    parse_size,
+    rules_from,
+)
+from infercache.analyze.options import AnalyzeOptions
 from infercache.analyze.tokenizing.tokenizers import TOKENIZER_HELP
 from infercache.errors import ConfigError, InfercacheError
-from infercache.metrics import Price, PriceTable
 from infercache.settings import Settings
 
 if TYPE_CHECKING:
     from infercache.analyze.analysis import Analysis
-    from infercache.semantic.embedder import Embedder, Matrix
-    from infercache.settings import SemanticSettings
 
-SMOLLM2_KV_BYTES_PER_TOKEN = 46_080  # 30 layers × 3 KV heads × 64 dims × (K, V) × 4 bytes
+__all__ = ["parse_capacity", "parse_size", "register"]
+
 FORMATS = ("text", "json", "html", "alerts")
-_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([KMG]i?B?|[KMG]|B)?\s*$", re.IGNORECASE)
-_UNITS = {"": 1, "B": 1, "K": 10**3, "M": 10**6, "G": 10**9, "KIB": 2**10, "MIB": 2**20,
-          "GIB": 2**30, "KB": 10**3, "MB": 10**6, "GB": 10**9}  # fmt: skip
-
-
-def parse_size(text: str) -> tuple[int, bool]:
-    """(value, whether a byte unit was given): "20000" → (20000, False), "1GiB" → (2**30, True)."""
-    m = _SIZE.match(text)
-    if m is None:
-        raise ConfigError(f"bad size {text!r}: use a number with an optional K/M/G or KiB/MiB/GiB")
-    unit = (m.group(2) or "").upper()
-    return int(float(m.group(1)) * _UNITS[unit]), unit.endswith("B")
-
-
-def parse_capacity(items: list[str], kv_bytes_per_token: int) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for item in (part for spec in items for part in spec.split(",") if part.strip()):
-        kind, sep, size = item.partition("=")
-        kind = kind.strip()
-        if not sep or kind not in ("exact", "prefix", "semantic"):
-            raise ConfigError(
-                f"--capacity {item!r}: expected exact=SIZE, prefix=SIZE or semantic=N"
-            )
-        value, in_bytes = parse_size(size)
-        if kind == "prefix" and in_bytes:
-            value //= kv_bytes_per_token
-        if value <= 0:
-            raise ConfigError(f"--capacity {item!r} must be positive")
-        out[kind] = value
-    return out
-
-
-def parse_prices(items: list[str], base: PriceTable) -> PriceTable:
-    by_model = dict(base.by_model)
-    default = base.default
-    for item in items:
-        model, sep, numbers = item.partition("=")
-        try:
-            values = [float(v) for v in numbers.split(",")]
-        except ValueError:
-            values = []
-        if not sep or not model or not 2 <= len(values) <= 3:
-            raise ConfigError(f"--price {item!r}: expected MODEL=INPUT,OUTPUT[,CACHED] in USD/1M")
-        price = Price(*values)
-        if model == "*":
-            default = price
-        else:
-            by_model[model] = price
-    return PriceTable(by_model=by_model, default=default)
 
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:
@@ -194,6 +151,13 @@ def _census_arguments(p: argparse.ArgumentParser) -> None:
         default=0.5,
         help="a request reusing at least this share of its prompt is shared_prefix",
     )
+    p.add_argument(
+        "--min-prefix-saving",
+        type=float,
+        default=0.10,
+        help="recommend KV reuse when it saves at least this share of prompt tokens or "
+        "upstream time",
+    )
     p.add_argument("--block-tokens", type=int, default=512, help="tokens per hash_ids block")
     p.add_argument("--share-prefix-across-tenants", action="store_true")
     p.add_argument(
@@ -218,51 +182,6 @@ def handle(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -
         return 2
 
 
-def _semantic(args: argparse.Namespace, settings: Settings) -> tuple[SemanticOptions | None, str]:
-    """The near-duplicate options, or None and why near-duplicates are not measured."""
-    s = settings.semantic
-    if args.no_semantic:
-        return None, "turned off (--no-semantic)"
-    if args.semantic_threshold is not None:
-        source, threshold = "--semantic-threshold", args.semantic_threshold
-    elif s.threshold is not None:
-        source, threshold = f"[semantic] threshold in {args.config}", s.threshold
-    else:
-        if args.embedder not in (None, "minilm"):
-            raise ConfigError(
-                "the packaged calibration is for the minilm embedder: give --semantic-threshold "
-                f"(calibrated with `infercache tune`) to use {args.embedder}"
-            )
-        from infercache.analyze.default_matcher import load_default_matcher
-
-        return load_default_matcher().options, ""
-    embedder = args.embedder or s.embedder
-    return SemanticOptions(threshold, source, embedder=embedder, guards=s.guards, k=s.k), ""
-
-
-def options_from(args: argparse.Namespace, settings: Settings) -> tuple[AnalyzeOptions, str]:
-    capacity = parse_capacity(args.capacity, args.kv_bytes_per_token)
-    semantic, off = _semantic(args, settings)
-    if semantic is not None and "semantic" in capacity:
-        semantic = replace(semantic, max_vectors=capacity["semantic"])
-    options = AnalyzeOptions(
-        ttl_s=args.ttl_s if args.ttl_s is not None else settings.default_ttl_s,
-        exact_capacity_bytes=capacity.get("exact", settings.max_store_bytes),
-        prefix_capacity_tokens=capacity.get("prefix"),
-        min_prefix_share=args.min_prefix_share,
-        block_tokens=args.block_tokens,
-        share_prefix_across_tenants=args.share_prefix_across_tenants,
-        census_capacity_tokens=args.census_max_tokens,
-        census_max_identities=args.census_max_identities,
-        semantic=semantic,
-        upstream=UpstreamProfile.parse(args.upstream_profile),
-        sweep=args.sweep if args.sweep is not None else args.format == "html",
-        by=args.by,
-        seed=args.seed,
-    )
-    return options, off
-
-
 def _run(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     from infercache.analyze.reports.document import build_report
 
@@ -274,7 +193,7 @@ def _run(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
         raise ConfigError("no log file given")
     settings, options, semantic_off = _configure(args, environ)
     analysis = _analyse(args.logs, args, settings, options)
-    _write(build_report(analysis, semantic_off=semantic_off or None), args)
+    _write(build_report(analysis, semantic_off=semantic_off or None, rules=rules_from(args)), args)
     return 0
 
 
@@ -293,7 +212,7 @@ def _analyse(
     from infercache.analyze.analysis import Analyzer
     from infercache.analyze.tokenizing.tokenizers import load_tokenizer
 
-    embedder, candidates = _embedders(options, settings)
+    embedder, candidates = embedders(options, settings)
     size = sum(p.stat().st_size for p in logs if p.is_file())
     parallel = args.parallel
     if parallel is None:
@@ -328,70 +247,13 @@ def _compare(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
         report = load_report(path)
         if report is None:
             settings, options, off = _configure(args, environ)
-            report = build_report(
-                _analyse([path], args, settings, options), semantic_off=off or None
-            )
+            analysis = _analyse([path], args, settings, options)
+            report = build_report(analysis, semantic_off=off or None, rules=rules_from(args))
         reports.append(report)
     old, new = args.compare
     comparison = compare(reports[0], reports[1], names=(str(old), str(new)))
     _emit(args, lambda out: render_comparison(comparison, out, fmt=args.format))
     return 0
-
-
-class LazyEmbedder:
-    """An `Embedder` built on first use: a log without text never loads the model."""
-
-    def __init__(self, build: Callable[[], Embedder], name: str) -> None:
-        self._build = build
-        self._name = name
-        self._built: Embedder | None = None
-
-    def _embedder(self) -> Embedder:
-        if self._built is None:
-            self._built = self._build()
-        return self._built
-
-    @property
-    def dim(self) -> int:
-        return self._embedder().dim
-
-    @property
-    def name(self) -> str:
-        return self._built.name if self._built is not None else f"{self._name} (not loaded)"
-
-    def embed(self, texts: Sequence[str]) -> Matrix:
-        return self._embedder().embed(texts)
-
-
-def _embedders(
-    options: AnalyzeOptions, settings: Settings
-) -> tuple[Embedder | None, Embedder | None]:
-    """(the matcher, the fast candidate embedder when sampling), each loaded on first use."""
-    s = options.semantic
-    if s is None:
-        return None, None
-    from infercache.semantic.setup import build_embedder
-
-    same = s.embedder == settings.semantic.embedder
-    semantic = replace(
-        settings.semantic,
-        embedder=s.embedder,
-        embedder_name=settings.semantic.embedder_name if same and not s.public else None,
-    )
-    matcher = LazyEmbedder(lambda: _quietly(build_embedder, semantic), s.embedder)
-    if s.candidates is None:
-        return matcher, None
-    fast = replace(semantic, embedder="static", embedder_name=None)
-    return matcher, LazyEmbedder(lambda: build_embedder(fast), "static")
-
-
-def _quietly(build: Callable[[SemanticSettings], Embedder], s: SemanticSettings) -> Embedder:
-    """Loading MiniLM draws a progress bar on stderr; a report command keeps stderr for its
-    own messages (the setting is process-wide: a command owns its process)."""
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
-    return build(s)
 
 
 def _with_progress(analyzer: Any, logs: list[Path], args: argparse.Namespace) -> Any:

@@ -11,11 +11,12 @@ Two ways to find the candidates (`NearDuplicateFinder`, one window of requests a
 - every request (a user's calibration, small logs): every text is embedded by the matcher, in
   one batch a window (`PrimedEmbedder`, which the replay's semantic layer reads too), and the
   `k` nearest earlier texts of the scope are the candidates;
-- a uniform sample (the packaged public calibration, default_matcher.py): a fast embedder
-  (the static model) embeds every text, and only a request in the sample (probability
-  `sample_rate`, drawn from an injected RNG) is checked. Its candidates: in a scope of at most
-  `SMALL_SCOPE` texts, all of them; in a larger one, the union of the fast embedder's `k`
-  nearest and the `k` best by shared words (word_index.py). Candidates sharing fewer than
+- a uniform sample (the packaged public calibration, default_matcher.py): only a request in
+  the sample (probability `sample_rate`, drawn from an injected RNG) is checked. Its
+  candidates (scoped_texts.py): in a scope of at most `SMALL_SCOPE` texts, all of them; in a
+  larger one, the union of a fast embedder's (the static model's) `k` nearest and the `k`
+  best by shared words (word_index.py); the fast embedder embeds a window's texts of large
+  scopes in one batch. Candidates sharing fewer than
   `min_word_jaccard` of their words with the query, or that a guard vetoes (guards read only
   the texts), are dropped; the rest are embedded by the matcher (MiniLM, batched, remembered
   across windows) and walked as above. The stage misses a few near-duplicates: how many is
@@ -27,28 +28,20 @@ Exact repeats are never near-duplicates and are not checked: a repeat's text is 
 from __future__ import annotations
 
 import random
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from typing import NamedTuple
 
 import numpy as np
 
 from infercache.analyze.prepared_request import PreparedRequest
-from infercache.analyze.word_index import WordIndex, jaccard, words
+from infercache.analyze.scoped_texts import Neighbour, ScopedTexts, small_flat_index
 from infercache.clock import Clock
 from infercache.semantic.decision import Reason, accept
 from infercache.semantic.embedder import Embedder, Matrix
 from infercache.semantic.guards import Guard
-from infercache.semantic.index import FlatIndex, IndexFactory, VectorIndex
+from infercache.semantic.index import IndexFactory
 from infercache.semantic.scope import Query
-
-SMALL_SCOPE = 64  # texts: up to this many, every text of the scope is a candidate
-
-
-def small_flat_index(dim: int) -> VectorIndex:
-    """An exact index that starts with room for one vector: most scopes (a conversation's
-    turns, say) only ever hold one text, and a 64-row start would cost ~100 KB each."""
-    return FlatIndex(dim, initial_capacity=1)
 
 
 class NearMatch(NamedTuple):
@@ -60,129 +53,6 @@ class NearMatch(NamedTuple):
 class NearCheck(NamedTuple):
     checked: bool  # whether the request was checked (False: outside the sample, or no text)
     match: NearMatch | None  # the accepted earlier text, when it is a near-duplicate
-
-
-class Neighbour(NamedTuple):
-    similarity: float  # cosine similarity in [-1, 1] by the store's embedder
-    text: str
-    last_seen_s: float | None
-
-
-class _ScopedText(NamedTuple):
-    scope: str
-    text: str
-
-
-class ScopedTexts:
-    """Distinct texts per scope with their vectors and last-seen times, at most `max_vectors`
-    (the least recently seen leave first)."""
-
-    def __init__(self, *, max_vectors: int, index_factory: IndexFactory) -> None:
-        self._max_vectors = max_vectors
-        self._new_index = index_factory
-        self._indexes: dict[str, VectorIndex] = {}
-        self._members: dict[str, dict[int, None]] = {}  # scope → its text ids, in order
-        self._words: dict[str, WordIndex] = {}  # built for a large scope on first need
-        self._items: OrderedDict[int, _ScopedText] = OrderedDict()
-        self._id_of: dict[_ScopedText, int] = {}
-        self._last_seen: dict[int, float | None] = {}
-        self._next_id = 0
-
-    def __contains__(self, query: Query) -> bool:
-        return _ScopedText(query.scope, query.text) in self._id_of
-
-    def nearest(self, query: Query, vector: np.ndarray, k: int) -> list[Neighbour]:
-        index = self._indexes.get(query.scope)
-        if index is None:
-            return []
-        out = []
-        for hit in index.search(vector, k):
-            item = self._items.get(hit.id)
-            if item is not None:
-                out.append(Neighbour(hit.similarity, item.text, self._last_seen.get(hit.id)))
-        return out
-
-    def candidates(
-        self,
-        query: Query,
-        vector: np.ndarray,
-        *,
-        k: int,
-        min_word_jaccard: float,
-        guards: Sequence[Guard],
-    ) -> list[Neighbour]:
-        """The sample's candidates for `query` (see the module docstring); their similarity
-        is the fast embedder's, for the matcher to re-score."""
-        members = self._members.get(query.scope)
-        if not members:
-            return []
-        if len(members) <= SMALL_SCOPE:
-            ids: dict[int, float] = dict.fromkeys(members, 0.0)
-        else:
-            ids = {hit.id: hit.similarity for hit in self._indexes[query.scope].search(vector, k)}
-            query_words = words(query.text)
-            for vid in self._word_index(query.scope).best(query_words, k):
-                ids.setdefault(vid, 0.0)
-        query_words = words(query.text)
-        out = []
-        for vid, similarity in ids.items():
-            item = self._items.get(vid)
-            if item is None or jaccard(query_words, words(item.text)) < min_word_jaccard:
-                continue
-            if all(g.check(query.text, item.text) for g in guards):
-                out.append(Neighbour(similarity, item.text, self._last_seen.get(vid)))
-        return out
-
-    def _word_index(self, scope: str) -> WordIndex:
-        found = self._words.get(scope)
-        if found is None:
-            found = self._words[scope] = WordIndex()
-            for vid in self._members[scope]:
-                found.add(vid, words(self._items[vid].text))
-        return found
-
-    def remember(self, query: Query, vector: np.ndarray | None, now_s: float | None) -> None:
-        """Note `query` as seen at `now_s` (`vector` may be None for a text already stored)."""
-        item = _ScopedText(query.scope, query.text)
-        vid = self._id_of.get(item)
-        if vid is not None:
-            self._last_seen[vid] = now_s
-            self._items.move_to_end(vid)
-            return
-        if vector is None:
-            raise ValueError(f"a new text needs its vector: {query.text[:60]!r}")
-        vid = self._next_id
-        self._next_id += 1
-        index = self._indexes.get(query.scope)
-        if index is None:
-            index = self._indexes[query.scope] = self._new_index(len(vector))
-        index.add([vid], vector.reshape(1, -1))
-        self._members.setdefault(query.scope, {})[vid] = None
-        word_index = self._words.get(query.scope)
-        if word_index is not None:
-            word_index.add(vid, words(query.text))
-        self._items[vid] = item
-        self._id_of[item] = vid
-        self._last_seen[vid] = now_s
-        while len(self._items) > self._max_vectors:
-            self._forget(next(iter(self._items)))
-
-    def _forget(self, vid: int) -> None:
-        item = self._items.pop(vid)
-        del self._id_of[item]
-        del self._last_seen[vid]
-        index = self._indexes[item.scope]
-        index.remove([vid])
-        del self._members[item.scope][vid]
-        word_index = self._words.get(item.scope)
-        if word_index is not None:
-            word_index.forget(vid, words(item.text))
-        if len(index) == 0:
-            del self._indexes[item.scope], self._members[item.scope]
-            self._words.pop(item.scope, None)
-
-    def __len__(self) -> int:
-        return len(self._items)
 
 
 def first_accepted(
@@ -298,8 +168,9 @@ class NearDuplicateFinder:
         self._rng = rng
         self._clock = clock
         self.embed_s = 0.0
+        fast = candidates.embedder.embed if candidates is not None else None
         self._texts = ScopedTexts(
-            max_vectors=max_vectors, index_factory=index_factory or small_flat_index
+            max_vectors=max_vectors, index_factory=index_factory or small_flat_index, embed=fast
         )
 
     def check(self, window: Sequence[PreparedRequest], seen: Sequence[bool]) -> list[NearCheck]:
@@ -338,30 +209,27 @@ class NearDuplicateFinder:
     ) -> list[NearCheck]:
         assert self._rng is not None
         drawn = [self._rng.random() < self.sample_rate for _ in window]
-        fresh = [
+        arriving = Counter(e.query.scope for e in window if e.query is not None)
+        texts = self._texts
+        fast = [  # new texts of scopes that have (or are about to get) an index, and probes
             e.query.text
-            for e, repeat in zip(window, seen, strict=True)
-            if e.query is not None and not repeat and e.query not in self._texts
+            for e, sampled in zip(window, drawn, strict=True)
+            if e.query is not None
+            and (sampled or e.query not in texts)
+            and texts.needs_vectors(e.query.scope, arriving[e.query.scope])
         ]
-        self._timed(lambda: stage.embedder.prime(fresh))
+        self._timed(lambda: stage.embedder.prime(fast))  # one batch; the store reads it back
         pending: list[tuple[int, Query, list[Neighbour]]] = []
         for i, (event, repeat, sampled) in enumerate(zip(window, seen, drawn, strict=True)):
             query = event.query
             if query is None:
                 continue
-            known = query in self._texts
-            vector = None if known else stage.embedder.vector(query.text)
             if sampled and not repeat:
-                probe = vector if vector is not None else stage.embedder.vector(query.text)
                 near = self._texts.candidates(
-                    query,
-                    probe,
-                    k=stage.k,
-                    min_word_jaccard=stage.min_word_jaccard,
-                    guards=self._guards,
+                    query, k=stage.k, min_word_jaccard=stage.min_word_jaccard, guards=self._guards
                 )
                 pending.append((i, query, near))
-            self._texts.remember(query, vector, event.timestamp_s)
+            self._texts.remember(query, None, event.timestamp_s)
         wanted = [t for _, q, near in pending for t in (q.text, *(n.text for n in near)) if near]
         self._timed(lambda: self.matcher.prime(wanted))
         out = [NearCheck(False, None)] * len(window)

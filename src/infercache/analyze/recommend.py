@@ -18,10 +18,7 @@ number of every reason over a grid of analyses). Rules (`RecommendRules`):
   public calibration it is never turned on: the reason says whether tuning on your own pairs is
   worth it, with the share's 95% interval and the public-calibration label.
 - layering: exact → semantic → prefix, keeping the ones turned on.
-Advice: TTL (repeats coming back after it), KV budget (the sweep's knee), exact store size,
-prefix breakers, traffic the cache cannot serve. Alarms (the misconfiguration alarm): for each
-strategy turned on, the hit rate measured here, a floor at `alarm_fraction` of it, and what
-falling under it means for this traffic (reports/alerts.py writes them as Prometheus rules).
+Beside the decisions, advice and alarms (advice.py); thresholds and figure formats: rules.py.
 """
 
 from __future__ import annotations
@@ -30,18 +27,16 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from infercache.analyze.census import DISTANCE_BOUNDS_S
-
-PathKey = str | int
-
-
-@dataclass(frozen=True, slots=True)
-class RecommendRules:
-    min_exact_request_share: float = 0.05
-    min_semantic_request_share: float = 0.05
-    min_prefix_saving: float = 0.10
-    alarm_fraction: float = 0.5
-    ttl_coverage: float = 0.8  # advise a longer TTL when fewer repeats than this come back in it
+from infercache.analyze.advice import Alarm, advice, alarms
+from infercache.analyze.rules import (
+    PathKey,
+    RecommendRules,
+    at,
+    dollars,
+    milliseconds,
+    pct,
+    seconds,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,15 +54,6 @@ class StrategyDecision:
     enable: bool
     text: str
     quotes: tuple[Quote, ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class Alarm:
-    strategy: str
-    metric: str  # "hit_rate" (requests) or "token_hit_rate" (prompt tokens, prefix)
-    expected: float
-    alert_below: float
-    meaning: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,35 +94,6 @@ class Recommendation:
         }
 
 
-def pct(value: float) -> str:
-    """A share as every table of the report shows it."""
-    return f"{100 * value:.1f}%"
-
-
-def seconds(value: float) -> str:
-    return f"{value:,.0f} s" if value >= 10 else f"{value:,.2f} s"
-
-
-def milliseconds(value: float) -> str:
-    return f"{value:,.0f} ms" if value >= 10 else f"{value:,.2f} ms"
-
-
-def dollars(value: float) -> str:
-    return f"${value:,.2f}"
-
-
-def tokens(value: float) -> str:
-    return f"{value:,.0f} tokens"
-
-
-def at(report: Mapping[str, Any], path: Sequence[PathKey]) -> Any:
-    """The report's value at `path` (keys and list indexes)."""
-    node: Any = report
-    for key in path:
-        node = node[key]
-    return node
-
-
 class _Phrase:
     """Builds a reason's text while recording every figure it quotes."""
 
@@ -164,8 +121,8 @@ def recommend(report: Mapping[str, Any], rules: RecommendRules | None = None) ->
         strategies=on,
         reasons=(exact, semantic, prefix),
         prefix_scope=scope,
-        advice=tuple(_advice(report, r, prefix.enable)),
-        alarms=tuple(_alarms(report, r, on)),
+        advice=tuple(advice(report, r, prefix.enable)),
+        alarms=tuple(alarms(report, r, on)),
     )
 
 
@@ -328,128 +285,3 @@ def _names(p: _Phrase, tenants: list[str], names: Mapping[str, str]) -> str:
         tenant_share = p.show(("breakdown", "tenant", t, "prefix_token_share"))
         shown.append(f"{names.get(t, t) or '(none)'} ({tenant_share})")
     return ", ".join(shown) + (f" and {len(tenants) - 5} more" if len(tenants) > 5 else "")
-
-
-def _advice(report: Mapping[str, Any], r: RecommendRules, prefix_on: bool) -> list[str]:
-    out = _ttl_advice(report, r)
-    names = report.get("tenant_names", {})
-    for b in (report.get("prefix_breakers") or [])[:3]:
-        tenant = names.get(b["tenant"], b["tenant"])
-        who = f"tenant {tenant!r}, model {b['model']!r}" if b["tenant"] else f"model {b['model']!r}"
-        examples = ", ".join(repr(e) for e in b["examples"][:2])
-        out.append(
-            f"prefix breaker ({who}): the {b['role']} message varies at character "
-            f"{b['break_char']} with a {b['kind']} ({examples}); moving it to the end would let "
-            f"{b['requests']:,} requests reuse {b['tail_tokens']:,} more tokens each"
-        )
-    total = report["requests"]
-    for why, n in report["not_cacheable"]["reasons"].items():
-        if n / total >= 0.1:
-            hint = (
-                "; if they do not need a fresh sample, send temperature 0 or a seed"
-                if why.startswith("sampled")
-                else ""
-            )
-            out.append(f"{pct(n / total)} of requests are not cacheable ({why}){hint}")
-    if prefix_on:
-        out += _kv_advice(report)
-    out += _exact_capacity_advice(report)
-    return out
-
-
-def _ttl_advice(report: Mapping[str, Any], r: RecommendRules) -> list[str]:
-    distances = report["reuse_distance_s"]
-    counts = distances.get("exact_repeat") or []
-    timed = sum(counts)
-    within = distances["within_ttl"].get("exact_repeat")
-    if not timed or within is None or within >= r.ttl_coverage:
-        return []
-    running, better = 0, None
-    for bound, count in zip(DISTANCE_BOUNDS_S, counts, strict=False):
-        running += count
-        if running >= 0.9 * timed:
-            better = bound
-            break
-    hint = f"; a TTL of {better:g} s would cover 90%" if better is not None else ""
-    return [
-        f"only {pct(within)} of the {report['census_counts']['exact_repeat']:,} exact repeats "
-        f"come back within the {distances['ttl_s']:g} s TTL{hint} (if the answers stay valid "
-        "that long)"
-    ]
-
-
-def _kv_advice(report: Mapping[str, Any]) -> list[str]:
-    sweep = report.get("kv_sweep") or {}
-    knee = sweep.get("knee")
-    if not knee:
-        return []
-    budget = report["settings"]["capacity"]["prefix_tokens"]
-    text = (
-        f"KV budget: {knee['budget_tokens']:,} tokens (the knee of the sweep) reuse "
-        f"{pct(knee['token_share'])} of prompt tokens, against "
-        f"{pct(sweep['unbounded_token_share'])} with no bound; past the knee each doubling "
-        "adds less"
-    )
-    if budget is not None:
-        text += f" (the replay used {budget:,} tokens)"
-    return [text]
-
-
-def _exact_capacity_advice(report: Mapping[str, Any]) -> list[str]:
-    rows = (report.get("sweeps") or {}).get("exact_capacity") or []
-    by_factor = {row["factor"]: row.get("exact_hit_rate") or 0.0 for row in rows}
-    now, big = by_factor.get(1.0), by_factor.get(4.0)
-    if now is not None and big is not None and big - now >= 0.02:
-        return [
-            f"a 4× larger exact store would answer {pct(big)} instead of {pct(now)} of requests"
-        ]
-    return []
-
-
-_MEANING = {
-    "exact": (
-        "on this traffic that means requests stopped repeating byte for byte: look for a "
-        "per-request value added to the messages (a timestamp, an id), a parameter that now "
-        "varies, a shorter TTL, a model-version swap, or evictions from a too-small store"
-    ),
-    "semantic": (
-        "live verification may have tightened the threshold, or the scope now varies per "
-        "request (a system prompt or parameter that changes)"
-    ),
-    "prefix": (
-        "the shared prompt prefix is broken: varying text moved in front of the shared part "
-        "(see prefix breakers), the KV budget is too small for the working set, or requests "
-        "of one tenant are spread over engines"
-    ),
-}
-
-
-def _alarms(report: Mapping[str, Any], r: RecommendRules, on: tuple[str, ...]) -> list[Alarm]:
-    sim = report.get("simulation") or {}
-    alarms = []
-    for name in on:
-        if name == "prefix":
-            # What the engine's own metrics will show: below the exact cache when it is on.
-            fig = (
-                sim.get("layered", {}).get("prefix_under_caches", {})
-                if "exact" in on
-                else sim.get("prefix", {})
-            )
-            metric = "token_hit_rate"
-        else:
-            fig, metric = sim.get(name, {}), "hit_rate"
-        if not fig.get("available"):
-            continue
-        expected = float(fig[metric])
-        floor = r.alarm_fraction * expected
-        alarms.append(
-            Alarm(
-                name,
-                metric,
-                expected,
-                floor,
-                f"alert when the {name} {metric.replace('_', ' ')} stays under {pct(floor)} "
-                f"(measured here: {pct(expected)}): " + _MEANING[name],
-            )
-        )
-    return alarms

@@ -7,7 +7,9 @@ A `Replay` runs, per request:
    with the TTL as `default_ttl_s`, on a `ManualClock` set to each request's timestamp: TTLs
    expire as they would have. A `Completion` is a hit: its layer and age are recorded.
    A redacted request is replayed through its stand-in body (prepared_request.py): the cache
-   serves it exactly when its key digest repeats.
+   serves it exactly when its key digest repeats. The store keeps a compact copy of each
+   answer's bytes (`CompactMemoryStore`): the buffer `orjson.dumps` returns holds ~8 KB
+   whatever the answer's size (bench/README.md, Analyzer), which a day's replay cannot afford.
 2. A `Miss` goes "upstream". Below the caches, the engine's prefix reuse is accounted: over a
    radix tree of its own (simulated_prefix_cache.py) with a KV budget of
    `prefix_capacity_tokens`, or, when the budget is unbounded and no semantic layer sits above,
@@ -50,6 +52,8 @@ from infercache.semantic.guards import Guard
 from infercache.semantic.index import IndexFactory
 from infercache.semantic.layer import SemanticConfig
 from infercache.settings import Settings
+from infercache.stores.base import Entry
+from infercache.stores.memory import MemoryStore
 
 CENSUS = "census"  # the prefix source that reads the census's reuse
 TREE = "tree"  # ... that keeps a tree of its own at `prefix_capacity_tokens`
@@ -100,6 +104,13 @@ class ReplayResult:
     totals: Totals
     skipped: Counter[str]  # requests the caches could not replay, by why
     by_window: dict[int, Counter[str]]  # window → requests, exact, semantic, prefix tokens
+
+
+class CompactMemoryStore(MemoryStore):
+    """The memory store, keeping each entry's response bytes in an object of their size."""
+
+    def put(self, key: str, entry: Entry) -> None:
+        super().put(key, replace(entry, response=bytes(memoryview(entry.response))))
 
 
 def synthetic_response(model: str, prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
@@ -171,7 +182,8 @@ class Replay:
             default_ttl_s=self.setup.ttl_s,
             max_ttl_s=max(self._settings.max_ttl_s, self.setup.ttl_s),
         )
-        self._cache = Cache(settings, clock=self._clock, metrics=self.metrics)
+        store = CompactMemoryStore(max_bytes=self.setup.exact_capacity_bytes, clock=self._clock)
+        self._cache = Cache(settings, backend=store, clock=self._clock, metrics=self.metrics)
         if self._semantic is not None:
             s = self._semantic
             self._cache.enable_semantic(

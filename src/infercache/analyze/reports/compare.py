@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from infercache.analyze.recommend import at, pct
+from infercache.analyze.rules import at, pct
 
 REPORT_SCHEMA_PREFIX = "infercache.analyze/"
 STRATEGIES = ("exact", "semantic", "prefix")

@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from infercache.analyze.recommend import pct as _pct
+from infercache.analyze.rules import pct as _pct
 
 CLASS_NAMES = {
     "exact_repeat": "exact repeat",

@@ -1,0 +1,49 @@
+"""The recommendation's thresholds, and how its figures are written: `RecommendRules`, the
+formats every table and reason of the report share (`pct`, `seconds`, ...), and `at(report,
+path)`, the report's value at a path of keys (what a reason's quote points to)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+PathKey = str | int
+
+
+@dataclass(frozen=True, slots=True)
+class RecommendRules:
+    min_exact_request_share: float = 0.05
+    min_semantic_request_share: float = 0.05
+    min_prefix_saving: float = 0.10
+    alarm_fraction: float = 0.5
+    ttl_coverage: float = 0.8  # advise a longer TTL when fewer repeats than this come back in it
+
+
+def pct(value: float) -> str:
+    """A share as every table of the report shows it."""
+    return f"{100 * value:.1f}%"
+
+
+def seconds(value: float) -> str:
+    return f"{value:,.0f} s" if value >= 10 else f"{value:,.2f} s"
+
+
+def milliseconds(value: float) -> str:
+    return f"{value:,.0f} ms" if value >= 10 else f"{value:,.2f} ms"
+
+
+def dollars(value: float) -> str:
+    return f"${value:,.2f}"
+
+
+def tokens(value: float) -> str:
+    return f"{value:,.0f} tokens"
+
+
+def at(report: Mapping[str, Any], path: Sequence[PathKey]) -> Any:
+    """The report's value at `path` (keys and list indexes)."""
+    node: Any = report
+    for key in path:
+        node = node[key]
+    return node
