@@ -19,6 +19,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from infercache.http_errors import exception_handlers
+
 
 class _Server(uvicorn.Server):
     """A uvicorn server that says when its start-up (the app's lifespan included) is done."""
@@ -78,6 +80,7 @@ class FakeUpstream:
                 Route("/v1/{rest:path}", self.other, methods=["GET", "POST", "DELETE"]),
             ],
             lifespan=self._lifespan,
+            exception_handlers=exception_handlers(),  # errors in the OpenAI shape, as a provider
         )
 
     @contextlib.asynccontextmanager
