@@ -20,6 +20,9 @@ ever adds time, so the minimum is the figure least disturbed by it.
   (HF's decode time = generate(64) − generate(1)).
 - KV bytes per token, and peak RSS while 12 unique 1024-token prompts stream through a 32 MiB
   KV budget (measured first, before the HF model is loaded).
+- Eviction cost against tree size (the radix tree alone, no model): trees of 1k, 10k and 100k
+  leaves filled to the budget, then inserts that each must evict: µs per insert. Flat in the
+  tree's size, since the evictable leaves are kept in a heap rather than found by a walk.
 - Under load: TTFT of a 1024-token cached prefix + 16 new tokens against the same prompt with a
   prefix never seen (a full prefill, cut into the engine's 256-token chunks), while `--streams`
   other sequences keep decoding in the same batch (the engine's scheduler, one step at a time).
@@ -36,6 +39,7 @@ import contextlib
 import io
 import os
 import platform
+import random
 import resource
 import statistics
 import sys
@@ -50,6 +54,7 @@ from infercache.clock import SystemClock
 from infercache.engine.config import BatchLimits, default_data_dir
 from infercache.engine.model import LlamaModel
 from infercache.engine.prefix_cache import PrefixCache
+from infercache.engine.radix import RadixTree
 from infercache.engine.runner import Runner
 from infercache.engine.sampling import SamplingParams
 from infercache.engine.sequence import GenerationRequest
@@ -293,6 +298,51 @@ def decode_section(b: Bench) -> tuple[float, float]:
     return r["ours"], r["hf"]
 
 
+class _Run:
+    """A radix payload standing for `n` tokens at one byte each."""
+
+    __slots__ = ("n",)
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    @property
+    def nbytes(self) -> int:
+        return self.n
+
+    def split(self, at_tokens: int) -> tuple[_Run, _Run]:
+        return _Run(at_tokens), _Run(self.n - at_tokens)
+
+
+def _put(tree: RadixTree[_Run], first: int) -> int:
+    """Cache 4 new tokens as the engine does (match, lock, evict, insert, unlock)."""
+    m = tree.match_prefix("ns", (first, 1, 2, 3))
+    tree.lock(m.node)
+    evicted = len(tree.evict(4).payloads)
+    tree.insert(m.node, (first, 1, 2, 3), _Run(4))
+    tree.unlock(m.node)
+    return evicted
+
+
+def radix_section() -> dict[int, float]:
+    """µs per insert that must evict, in full trees of 1k, 10k and 100k 4-token leaves."""
+    rng = random.Random(0)
+    results: dict[int, float] = {}
+    print("\n## Eviction cost against tree size (radix tree alone)")
+    print("| leaves | µs per insert that evicts |")
+    print("|---:|---:|")
+    for leaves in (1_000, 10_000, 100_000):
+        tree: RadixTree[_Run] = RadixTree(max_kv_bytes=4 * leaves)
+        for _ in range(leaves):
+            _put(tree, rng.randrange(10**12))
+        started = time.perf_counter()
+        evicted = sum(_put(tree, rng.randrange(10**12)) for _ in range(2000))
+        results[leaves] = (time.perf_counter() - started) / 2000 * 1e6
+        assert evicted == 2000, evicted
+        print(f"| {leaves:,} | {results[leaves]:.1f} |")
+    return results
+
+
 def load_section(b: Bench, streams: int) -> dict[str, float]:
     """TTFT of 1024 cached + 16 new tokens vs a full prefill, while `streams` others decode."""
     runner = b.runner(cache=True, max_step_tokens=256)
@@ -349,7 +399,9 @@ def main() -> None:
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     parser.add_argument("--stat", choices=sorted(STATS), default="min")
     parser.add_argument(
-        "--sections", default="memory,ttft,overhead,decode,load", help="comma-separated subset"
+        "--sections",
+        default="memory,ttft,overhead,decode,radix,load",
+        help="comma-separated subset",
     )
     parser.add_argument("--streams", type=int, default=7, help="decoding streams under load")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "out" / "prefix")
@@ -388,6 +440,12 @@ def run(args: argparse.Namespace) -> None:
     if "decode" in sections:
         ours, hf = decode_section(b)
         targets.append(f"decode ours / HF = {ours / hf:.2f}× (target ≥ 1×)")
+    if "radix" in sections:
+        costs = radix_section()
+        targets.append(
+            f"eviction: {costs[100_000] / costs[1_000]:.1f}× the cost at 100k leaves as at 1k "
+            "(flat: no walk of the tree)"
+        )
     if "load" in sections:
         loaded = load_section(b, args.streams)
         targets.append(
