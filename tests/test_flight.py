@@ -135,6 +135,7 @@ async def test_a_cancelled_leader_does_not_cancel_the_shared_call(
         return await upstream.acall(body)
 
     leader = asyncio.ensure_future(cache.acomplete(chat(), gated))
+    assert await asyncio.to_thread(cache.flights.wait_for, 1, 0, 30)  # it leads the flight
     follower = asyncio.ensure_future(cache.acomplete(chat(), gated))
     key = cache.exact.key(parse_request(chat()))
     assert await asyncio.to_thread(cache.flights.wait_for_waiters, key, 1, 30)
