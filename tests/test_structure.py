@@ -38,5 +38,7 @@ def test_no_class_or_type_name_is_defined_twice_in_the_package() -> None:
 
 
 def test_the_check_sees_classes_and_aliases() -> None:
-    tree = ast.parse("class A: ...\nB = dict[str, int]\nC = 3\nMAX = list[int]\n_D = int | None")
-    assert _defined_names(tree) == ["A", "B"]
+    tree = ast.parse(
+        "class Alpha: ...\nBeta = dict[str, int]\nGamma = 3\nMAX = list[int]\n_D = int | None"
+    )
+    assert _defined_names(tree) == ["Alpha", "Beta"]

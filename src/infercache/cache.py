@@ -438,9 +438,10 @@ class Cache:
     def model_version(self, model: str) -> str | None:
         return self.exact.versions.model_version(model)
 
-    def invalidate(self, tags: Iterable[str]) -> int:
-        """Make every entry depending on any of `tags` unreachable; return tags bumped."""
-        n = self.exact.versions.invalidate(tags)
+    def invalidate(self, tags: str | Iterable[str]) -> int:
+        """Make every entry depending on `tags` (one tag, or an iterable of tags) unreachable;
+        return how many distinct tags were bumped. A string is one tag, never its characters."""
+        n = self.exact.versions.invalidate([tags] if isinstance(tags, str) else tags)
         self._exact_metrics.count("invalidated_tags", n)
         return n
 

@@ -142,8 +142,8 @@ def test_a_new_question_under_a_shared_system_prompt_reuses_kv(gateway_url: str)
     assert b.headers["x-infercache"] == "miss"
     b_details = b.parse().usage.prompt_tokens_details
     assert b_details is None or b_details.cached_tokens == 0
-    with httpx.Client() as http:
-        stats = http.get(gateway_url.removesuffix("/v1") + "/stats").json()
+    with httpx.Client(headers={"authorization": "Bearer admin-token"}) as http:
+        stats = http.get(gateway_url.removesuffix("/v1") + "/stats").json()  # admin only
     assert stats["strategies"]["prefix"]["hits"] >= 1
     client.close()
     other.close()
