@@ -73,10 +73,12 @@ class FakeUpstream:
         self.delay_s = 0.0  # answer this much later (a slow provider)
         self.cancelled_streams = 0
         self.other_requests: list[dict[str, Any]] = []
+        self.embedded: list[str] = []
         self.app = Starlette(
             routes=[
                 Route("/v1/chat/completions", self.chat, methods=["POST"]),
                 Route("/v1/models", self.models, methods=["GET"]),
+                Route("/v1/embeddings", self.embeddings, methods=["POST"]),
                 Route("/v1/{rest:path}", self.other, methods=["GET", "POST", "DELETE"]),
             ],
             lifespan=self._lifespan,
@@ -176,6 +178,22 @@ class FakeUpstream:
         except asyncio.CancelledError:
             self.cancelled_streams += 1
             raise
+
+    async def embeddings(self, request: Request) -> Response:
+        """A deterministic 3-d vector per input text; records every input it embeds."""
+        body = json.loads(await request.body())
+        raw = body["input"]
+        texts = [raw] if isinstance(raw, str) else raw
+        self.embedded.extend(texts)
+        data = [
+            {"object": "embedding", "index": i, "embedding": [len(t), t.count("a"), i]}
+            for i, t in enumerate(texts)
+        ]
+        tokens = sum(len(t.split()) for t in texts)
+        usage = {"prompt_tokens": tokens, "total_tokens": tokens}
+        return JSONResponse(
+            {"object": "list", "data": data, "model": body["model"], "usage": usage}
+        )
 
     async def other(self, request: Request) -> Response:
         """Any other endpoint (files, responses, ...): recorded and echoed."""

@@ -82,7 +82,7 @@ def test_a_paused_redis_costs_hits_never_latency(make_gateway: MakeGateway, tmp_
         finally:
             os.kill(redis.process.pid, signal.SIGCONT)
         assert_served_fast(seen, bound_s=1.0)
-        assert len(seen["healthz"]) > 10  # ~0.5 req/s when the store stalled the loop
+        assert len(seen["healthz"]) >= 4  # it was ~0.5 req/s when the store stalled the loop
         assert {layer for _, _, layer in seen["hot"]} == {"miss"}  # hits lost, not latency
         assert seconds_until_a_hit(running) < 5.0
     misses = running.exact()["misses"]

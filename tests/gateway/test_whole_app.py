@@ -67,3 +67,24 @@ def test_models_retrieve_works_and_an_unknown_model_is_404(running: Any) -> None
     assert app.models.retrieve("test-model").id == "test-model"
     with pytest.raises(openai.NotFoundError):
         app.models.retrieve("no-such-model")
+
+
+def test_embeddings_are_cached_per_input(running: Any) -> None:
+    app = client(running)
+    first = app.embeddings.create(model="embed-model", input=["alpha", "beta", "gamma"])
+    second = app.embeddings.create(
+        model="embed-model", input=["beta", "a new one", "alpha", "gamma"]
+    )
+    assert running.fake.embedded == ["alpha", "beta", "gamma", "a new one"]  # only 1 new
+    by_text = dict(zip(["alpha", "beta", "gamma"], (d.embedding for d in first.data), strict=True))
+    assert [d.embedding for d in second.data] == [
+        by_text["beta"],
+        [9, 1, 0],  # the stand-in's vector for "a new one", fetched alone
+        by_text["alpha"],
+        by_text["gamma"],
+    ]
+    assert [d.index for d in second.data] == [0, 1, 2, 3]
+    raw = app.embeddings.with_raw_response.create(model="embed-model", input="alpha")
+    assert raw.headers["x-infercache"] == "exact-hit"
+    assert raw.parse().data[0].embedding == by_text["alpha"]
+    assert second.usage.prompt_tokens >= 1

@@ -1,6 +1,7 @@
 """HTTP for the gateway (Starlette): routes, body limits, auth, and errors in the OpenAI shape.
 
     POST /v1/chat/completions        the cached path (service.py); streaming and not
+    POST /v1/embeddings              cached per input (embedding_cache.py)
     GET  /v1/models, /v1/models/ID   what the upstreams serve
     *    /v1/...                     any other path and method: passed through to an upstream
                                      as is (its credentials, never a gateway key), streamed
@@ -26,6 +27,7 @@ from typing import Any
 
 import orjson
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
@@ -47,6 +49,11 @@ from infercache.http_errors import exception_handlers, json_object, middleware, 
 log = logging.getLogger(__name__)
 
 PASS_THROUGH_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE"]
+OWN_PATHS = {
+    "/v1/chat/completions": ["POST"],
+    "/v1/embeddings": ["POST"],
+    "/v1/models": ["GET"],
+}
 
 
 def create_app(
@@ -75,6 +82,19 @@ def create_app(
             headers={**reply.headers, "cache-control": "no-cache"},
         )
 
+    async def embeddings(request: Request) -> Response:
+        caller = auth.caller(request.headers.get("authorization"))
+        body = json_object(await read_json(request, max_body_bytes))
+        tenant = resolve_tenant(caller, request.headers, body)
+        body = apply_header_controls(body, request.headers)
+        reply = await gateway.embeddings(body, tenant=tenant, bearer=caller.bearer)
+        return Response(
+            orjson.dumps(reply.body),
+            status_code=reply.status,
+            headers=reply.headers,
+            media_type="application/json",
+        )
+
     async def all_models() -> list[dict[str, Any]]:
         seen: dict[str, dict[str, Any]] = {}
         for upstream in gateway.upstreams:
@@ -96,6 +116,9 @@ def create_app(
 
     async def pass_through(request: Request) -> Response:
         """Any other /v1/* path and method goes to an upstream as is: never cached, counted."""
+        if request.url.path in OWN_PATHS:  # ours, with another method
+            allowed = OWN_PATHS[request.url.path]
+            raise HTTPException(405, headers={"allow": ", ".join(allowed)})
         caller = auth.caller(request.headers.get("authorization"))
         targets = [u for u in gateway.upstreams if isinstance(u, PassThrough)]
         if not targets:
@@ -171,6 +194,7 @@ def create_app(
     return Starlette(
         routes=[
             Route("/v1/chat/completions", chat, methods=["POST"]),
+            Route("/v1/embeddings", embeddings, methods=["POST"]),
             Route("/v1/models", models, methods=["GET"]),
             Route("/v1/models/{model:path}", model, methods=["GET"]),
             Route("/metrics", metrics, methods=["GET"]),

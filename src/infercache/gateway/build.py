@@ -7,6 +7,7 @@ the engine's weights digest as the model's version before the first request.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 from starlette.applications import Starlette
@@ -14,13 +15,16 @@ from starlette.applications import Starlette
 from infercache.cache import Cache
 from infercache.clock import Clock, SystemClock
 from infercache.engine.config import EngineConfig
+from infercache.errors import StoreError
 from infercache.gateway.across_replicas import AcrossReplicas
 from infercache.gateway.app import create_app
 from infercache.gateway.auth import Auth
 from infercache.gateway.config import GatewayConfig
+from infercache.gateway.local_embeddings import MODEL_ID as MINILM_ID
+from infercache.gateway.local_embeddings import LocalEmbeddings
 from infercache.gateway.requestlog import RequestLog
 from infercache.gateway.service import Gateway
-from infercache.gateway.upstream import SALTED_KINDS, HTTPUpstream, Upstream
+from infercache.gateway.upstream import SALTED_KINDS, EmbeddingsUpstream, HTTPUpstream, Upstream
 from infercache.gateway.versions import ModelVersionTracker
 from infercache.redaction import load_or_create_secret
 from infercache.settings import Settings
@@ -29,6 +33,8 @@ from infercache.stores import Backend, open_store
 from infercache.stores.memory import MemoryStore
 from infercache.stores.redis_connect import is_redis_url
 from infercache.stores.replica_flight import FlightTimings, open_flights
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +74,7 @@ def build(
         tracker=tracker,
         request_log=request_log,
         across=_across_replicas(settings, config, clock, backend),
+        embedder=_embedder(cache, upstreams),
     )
     if settings.semantic.enabled:
         from infercache.semantic.setup import enable_from_settings
@@ -82,6 +89,24 @@ def build(
         version_poll_s=config.version_poll_s,
     )
     return Built(app, gateway, cache)
+
+
+def _embedder(cache: Cache, upstreams: list[Upstream]) -> EmbeddingsUpstream:
+    """An HTTP upstream serves embeddings itself; the embedded default uses the packaged
+    MiniLM in process (its version recorded like the engine's)."""
+    for upstream in upstreams:
+        if isinstance(upstream, HTTPUpstream):
+            return upstream
+    local = LocalEmbeddings()
+    _record_version(cache, MINILM_ID, local.model_version())
+    return local
+
+
+def _record_version(cache: Cache, model: str, version: str) -> None:
+    try:
+        cache.set_model_version(model, version)
+    except StoreError as exc:  # the store is down at start: caching waits for it
+        log.warning("could not record version %s of %s: %s", version, model, exc)
 
 
 def _across_replicas(
@@ -130,5 +155,5 @@ def _upstreams(
         metrics=cache.metrics,
         clock=cache.clock,
     )
-    cache.set_model_version(engine.model_id, engine.model_version)
+    _record_version(cache, engine.model_id, engine.model_version)
     return [EngineUpstream(engine)]

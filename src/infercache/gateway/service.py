@@ -40,8 +40,10 @@ from typing import Any, TypeVar
 
 from infercache.cache import Cache, Completion, Layer, Miss
 from infercache.chat import SSE_DONE, CompletionAssembler, chunks_from_completion, sse_event
+from infercache.embedding_cache import EmbeddingCache
 from infercache.errors import (
     InfercacheError,
+    NotFoundError,
     UpstreamAbortedError,
     UpstreamError,
     UpstreamUnavailableError,
@@ -51,7 +53,7 @@ from infercache.gateway.across_replicas import AcrossReplicas
 from infercache.gateway.prefix_usage import UpstreamPrefixUsage
 from infercache.gateway.requestlog import LogEntry, RequestLog, unlogged
 from infercache.gateway.router import PrefixRouter, RouterConfig
-from infercache.gateway.upstream import Upstream
+from infercache.gateway.upstream import EmbeddingsUpstream, Upstream
 from infercache.gateway.versions import ModelVersionTracker
 from infercache.http_errors import internal_error_body
 from infercache.stores.replica_flight import FlightLease, SharedAnswer
@@ -112,9 +114,12 @@ class Gateway:
         request_log: RequestLog | None = None,
         router_config: RouterConfig | None = None,
         across: AcrossReplicas | None = None,
+        embedder: EmbeddingsUpstream | None = None,
     ) -> None:
         self.cache = cache
         self.across = across
+        self.embedder = embedder
+        self.embedding_cache = EmbeddingCache.of(cache)
         self.upstreams = list(upstreams)
         self.router: PrefixRouter[Upstream] = PrefixRouter(self.upstreams, router_config)
         self.tracker = tracker
@@ -266,6 +271,37 @@ class Gateway:
                 )
 
         return StreamReply(headers, events())
+
+    # -- embeddings --
+
+    async def embeddings(
+        self, body: dict[str, Any], *, tenant: str, bearer: str | None
+    ) -> JSONReply:
+        """`/v1/embeddings`, cached per input: only the inputs not cached go upstream, in one
+        call, and the answer is assembled in request order (embedding_cache.py)."""
+        entry = self.request_log.open(tenant, body) if self.request_log else unlogged(tenant, body)
+        try:
+            cache = self.embedding_cache
+            lookup = await self.offload(cache.begin, body, tenant=tenant)
+            sent = lookup.upstream_body
+            if sent is None:
+                result = await self.offload(cache.finish, lookup, None, upstream_s=0.0)
+            else:
+                if self.embedder is None:
+                    raise NotFoundError("no upstream serves /v1/embeddings")
+                started = self._clock.monotonic_s()
+                answer = await self.embedder.embeddings(sent, tenant=tenant, api_key=bearer)
+                upstream_s = self._clock.monotonic_s() - started
+                result = await self.offload(cache.finish, lookup, answer, upstream_s=upstream_s)
+        except BaseException as exc:
+            entry.close(status=_status_of(exc))
+            raise
+        inputs = len(lookup.request.keys)
+        layer = "exact-hit" if result.hits == inputs else "miss"
+        entry.layer = layer
+        entry.close(status=200, response=result.response)
+        headers = {"x-infercache": layer, "x-infercache-cached-inputs": str(result.hits)}
+        return JSONReply(200, result.response, headers)
 
     # -- the miss path --
 

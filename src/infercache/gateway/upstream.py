@@ -65,6 +65,19 @@ class Upstream(Protocol):
     async def aclose(self) -> None: ...
 
 
+class EmbeddingsUpstream(Protocol):
+    """Where the gateway's `/v1/embeddings` misses go: an HTTP upstream, or the packaged
+    embedder in process (local_embeddings.py)."""
+
+    name: str
+
+    async def embeddings(
+        self, body: dict[str, Any], *, tenant: str, api_key: str | None
+    ) -> dict[str, Any]:
+        """An OpenAI `/v1/embeddings` answer for `body`."""
+        ...
+
+
 @contextlib.contextmanager
 def map_aiohttp_errors(name: str, *, answering: bool = False) -> Iterator[None]:
     """Translate aiohttp's exceptions into ours. `answering`: the upstream had begun to answer
@@ -248,6 +261,13 @@ class HTTPUpstream:
                     yield chunk
         finally:
             response.release()
+
+    async def embeddings(
+        self, body: dict[str, Any], *, tenant: str, api_key: str | None
+    ) -> dict[str, Any]:
+        headers = self._headers(tenant, api_key)
+        data = orjson.dumps({k: v for k, v in body.items() if k != "cache_salt"})
+        return await self._json("POST", "/embeddings", headers, data)
 
     async def forward(
         self,
