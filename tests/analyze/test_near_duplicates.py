@@ -232,3 +232,22 @@ def test_a_candidate_a_guard_vetoes_is_never_embedded_by_the_matcher(
     assert analysis.census.total.checked == 3
     assert analysis.census.total.classes[Class.NEAR_DUPLICATE] == 0
     assert matcher.texts == 0  # every candidate differs in its number: nothing to embed
+
+
+def test_a_word_index_forgets_lazily_and_still_ranks_by_shared_rare_words() -> None:
+    from infercache.analyze.word_index import WordIndex, words
+
+    index = WordIndex()
+    texts = [f"reset my password {w}" for w in ("now", "today", "please", "again")]
+    texts += ["where is my invoice", "invoice for last month"]
+    for i, text in enumerate(texts):
+        index.add(i, words(text))
+    assert index.best(words("my invoice"), 2) == [4, 5]
+    index.forget(4)
+    assert index.best(words("my invoice"), 2)[0] == 5
+    assert 4 not in index.best(words("where is my invoice"), 6)
+    for i in range(4):
+        index.forget(i)
+    assert len(index) == 1
+    assert index.best(words("reset my password now"), 3) == []  # every match forgotten
+    assert index.best(words("the invoice of last month"), 3) == [5]

@@ -7,10 +7,17 @@ import json
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from infercache.analyze.analysis import Analysis
+from infercache.analyze.replay import CompactMemoryStore
 from infercache.analyze.reports.replay_numbers import layered, strategy
+from infercache.clock import ManualClock
+from infercache.stores.base import Entry
+from infercache.stores.memory import MemoryStore
 from tests.analyze.conftest import RunAnalysis
 from tests.analyze.generators import write_lines
 
@@ -154,3 +161,46 @@ def test_a_request_the_cache_refuses_is_skipped_not_fatal(
     assert sum(skipped.values()) == 1
     assert "contradict" in next(iter(skipped))
     assert analysis.census.total.requests == 2
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(0, 6), st.integers(50, 400), st.floats(0.0, 30.0)), max_size=60),
+    st.integers(400, 3000),
+)
+def test_the_replay_store_keeps_the_same_live_entries_as_the_memory_store(
+    steps: list[tuple[int, int, float]], capacity: int
+) -> None:
+    """Same puts, same clock: the same live entries with the same bodies, so the same hits; an
+    expired entry keeps no body (and orjson's oversized buffers are copied)."""
+    clock = ManualClock(start_s=0.0)
+    plain = MemoryStore(max_bytes=capacity, clock=clock)
+    compact = CompactMemoryStore(max_bytes=capacity, clock=clock)
+    for key_no, size, advance in steps:
+        clock.advance(advance)
+        key = f"k{key_no}"
+        now = clock.now_s()
+        for store in (plain, compact):
+            found = store.get(key)
+            if found is not None and found.expires_at_s <= now:
+                store.delete(key)  # what the exact layer does with an expired entry
+        entry = Entry(
+            response=orjson.dumps({"x": "y" * size}),
+            model="m",
+            model_version="v",
+            tags=(),
+            created_at_s=now,
+            expires_at_s=now + 20.0,
+            upstream_s=1.0,
+            prompt_tokens=1,
+            completion_tokens=1,
+        )
+        plain.put(key, entry)
+        compact.put(key, entry)
+        live = {k for k, e in plain.scan("") if e.expires_at_s > now}
+        assert live == {k for k, e in compact.scan("") if e.expires_at_s > now}
+        for k, e in compact.scan(""):
+            if e.expires_at_s > now:
+                assert e.response == dict(plain.scan(""))[k].response
+            else:
+                assert e.response == b""

@@ -63,6 +63,7 @@ from infercache.settings import Settings
 
 SAMPLED_PER_WINDOW = 64  # sampled requests per matcher batch
 MAX_WINDOW = 16_384
+READER_BATCH = 1024  # requests a message from the reader process: a bounded queue
 MATCHER_VECTORS_KEPT = 50_000  # sampled mode: matcher vectors remembered across windows
 
 
@@ -175,11 +176,15 @@ class Analyzer:
         hashed_by: Counter[str] = Counter()
         window = self._window(finder)
 
+        pending: list[PreparedRequest] = []  # batches arrive smaller than a window
+
         def consume(batch: list[PreparedRequest]) -> None:
-            for start in range(0, len(batch), window):
-                self._flush(batch[start : start + window], census, finder, fit, replays)
+            pending.extend(batch)
             hashed_by.update(e.hashed_by for e in batch if e.hashed_by is not None)
-            freeze()
+            while len(pending) >= window:
+                self._flush(pending[:window], census, finder, fit, replays)
+                del pending[:window]
+                freeze()
 
         with _long_lived_state_frozen(self._freeze_gc) as freeze:
             spec = self._spec(paths, window)
@@ -190,6 +195,7 @@ class Analyzer:
                 summary = events.summary
             else:
                 summary = produce(spec, consume, progress)
+            self._flush(pending, census, finder, fit, replays)
         result = census.result()
         if result.total.requests == 0:
             raise ConfigError(_nothing_read(paths, summary.errors))
@@ -224,7 +230,7 @@ class Analyzer:
             with_queries=o.semantic is not None,
             keep_bodies=self._replay,
             reorder_window=o.reorder_window,
-            batch=window,
+            batch=min(window, READER_BATCH),
         )
 
     def _own_tokenizer(self) -> PromptTokenizer:

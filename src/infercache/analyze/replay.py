@@ -7,9 +7,9 @@ A `Replay` runs, per request:
    with the TTL as `default_ttl_s`, on a `ManualClock` set to each request's timestamp: TTLs
    expire as they would have. A `Completion` is a hit: its layer and age are recorded.
    A redacted request is replayed through its stand-in body (prepared_request.py): the cache
-   serves it exactly when its key digest repeats. The store keeps a compact copy of each
-   answer's bytes (`CompactMemoryStore`): the buffer `orjson.dumps` returns holds ~8 KB
-   whatever the answer's size (bench/README.md, Analyzer), which a day's replay cannot afford.
+   serves it exactly when its key digest repeats. The store (`CompactMemoryStore`) keeps a
+   compact copy of each answer's bytes (the buffer `orjson.dumps` returns holds ~8 KB whatever
+   the answer's size: bench/README.md, Analyzer) and drops an answer once its entry expires.
 2. A `Miss` goes "upstream". Below the caches, the engine's prefix reuse is accounted: over a
    radix tree of its own (simulated_prefix_cache.py) with a KV budget of
    `prefix_capacity_tokens`, or, when the budget is unbounded and no semantic layer sits above,
@@ -35,6 +35,7 @@ Block traces have no body: they skip the caches, only prefix applies.
 
 from __future__ import annotations
 
+import heapq
 from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -44,7 +45,7 @@ from infercache.analyze.cost_model import SecondsLedger
 from infercache.analyze.prepared_request import PreparedRequest
 from infercache.analyze.simulated_prefix_cache import SimulatedPrefixCache, kv_namespace
 from infercache.cache import Cache, Completion, Layer
-from infercache.clock import ManualClock
+from infercache.clock import Clock, ManualClock
 from infercache.errors import InvalidRequestError, NotCachedError
 from infercache.metrics import Metrics, MissReason, PriceTable
 from infercache.semantic.embedder import Embedder
@@ -107,10 +108,31 @@ class ReplayResult:
 
 
 class CompactMemoryStore(MemoryStore):
-    """The memory store, keeping each entry's response bytes in an object of their size."""
+    """The memory store as a day's replay can afford it: each answer's bytes in an object of
+    their size, and an entry's answer dropped once the entry expires. The entry itself stays,
+    so a later lookup still finds it expired, and the store evicts it before any live entry,
+    as it would have: the live entries, and so the hits, are the memory store's own (expired
+    entries never decide which live ones go; tests/analyze/test_replay.py). Under pressure an
+    expired entry the memory store would have evicted may stay: its miss then reads `expired`
+    rather than `absent`."""
+
+    def __init__(self, *, max_bytes: int, clock: Clock) -> None:
+        super().__init__(max_bytes=max_bytes, clock=clock)
+        self._bodies: list[tuple[float, str]] = []  # (expires_at_s, key) of entries with one
+        self._clock_now = clock.now_s
 
     def put(self, key: str, entry: Entry) -> None:
+        self._drop_expired_bodies()
         super().put(key, replace(entry, response=bytes(memoryview(entry.response))))
+        heapq.heappush(self._bodies, (entry.expires_at_s, key))
+
+    def _drop_expired_bodies(self) -> None:
+        now_s = self._clock_now()
+        while self._bodies and self._bodies[0][0] <= now_s:
+            expires_at_s, key = heapq.heappop(self._bodies)
+            entry = self.get(key)
+            if entry is not None and entry.expires_at_s == expires_at_s and entry.response:
+                super().put(key, replace(entry, response=b""))
 
 
 def synthetic_response(model: str, prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:

@@ -177,7 +177,7 @@ class ScopedTexts:
             index.remove([vid])
         word_index = self._words.get(item.scope)
         if word_index is not None:
-            word_index.forget(vid, words(item.text))
+            word_index.forget(vid)
         if not members:
             del self._members[item.scope]
             self._indexes.pop(item.scope, None)

@@ -6,7 +6,8 @@ an inverted index from a word to the ids of the texts holding it. `best(words, k
 text holding a query word by the sum of those words' inverse document frequencies
 (log(1 + N / df) over the scope's texts) and returns the `k` best. Words held by more than
 `max_postings` texts are skipped when scoring: they say little, and would make one query cost
-as much as the scope is large. Forgotten ids are dropped from the lists (`forget`).
+as much as the scope is large. A forgotten text's id is skipped, and dropped from the lists
+when they are rebuilt (`forget`).
 `jaccard(a, b)`: |words in both| / |words in either|, the floor every candidate must pass.
 """
 
@@ -33,20 +34,26 @@ class WordIndex:
         self._max_postings = max_postings
         self._postings: dict[str, list[int]] = {}
         self._texts = 0
+        self._dead: set[int] = set()  # forgotten ids still in the lists
 
     def add(self, text_id: int, text_words: frozenset[str]) -> None:
         self._texts += 1
         for word in text_words:
             self._postings.setdefault(word, []).append(text_id)
 
-    def forget(self, text_id: int, text_words: frozenset[str]) -> None:
+    def forget(self, text_id: int) -> None:
+        """Drop a text: lazily (its id is skipped until the lists are rebuilt, once the dead
+        ids outnumber the live texts), so forgetting never walks a long list."""
         self._texts -= 1
-        for word in text_words:
-            ids = self._postings.get(word)
-            if ids is not None:
-                ids.remove(text_id)
-                if not ids:
-                    del self._postings[word]
+        self._dead.add(text_id)
+        if len(self._dead) > max(64, self._texts):
+            dead = self._dead
+            self._postings = {
+                word: live
+                for word, ids in self._postings.items()
+                if (live := [i for i in ids if i not in dead])
+            }
+            self._dead = set()
 
     def best(self, query_words: frozenset[str], k: int) -> list[int]:
         scores: dict[int, float] = {}
@@ -58,6 +65,8 @@ class WordIndex:
             weight = math.log(1 + n / len(ids))
             for text_id in ids:
                 scores[text_id] = scores.get(text_id, 0.0) + weight
+        for text_id in self._dead.intersection(scores):
+            del scores[text_id]
         return heapq.nlargest(k, scores, key=scores.__getitem__)
 
     def __len__(self) -> int:
