@@ -35,7 +35,7 @@ def main() -> int:
         }
         started = time.monotonic()
         run = subprocess.run(
-            [sys.executable, "-m", "pytest", "-q", "-p", "no:warnings", "-x",
+            [sys.executable, "-m", "pytest", "-q", "-x", "--timeout=7200",
              "tests/gateway/test_fuzz.py"],
             cwd=ROOT, env=env, capture_output=True, text=True,
         )  # fmt: skip
