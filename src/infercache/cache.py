@@ -47,7 +47,7 @@ from infercache.exact import ExactCache, Lookup
 from infercache.flight import Flight, FlightTable
 from infercache.metrics import Metrics, MissReason
 from infercache.policy import usage_tokens
-from infercache.request import ChatRequest, parse_request
+from infercache.request import ChatRequest, Endpoint, parse_request
 from infercache.semantic.embedder import Embedder
 from infercache.semantic.guards import Guard
 from infercache.semantic.index import IndexFactory
@@ -319,6 +319,7 @@ class Cache:
         *,
         tenant: str | None = None,
         verify: ChatFn | None = None,
+        endpoint: Endpoint = Endpoint.CHAT,
     ) -> Completion | Miss:
         """Parse, apply the policy, look the request up in each layer, top-down.
 
@@ -327,7 +328,7 @@ class Cache:
         fetch a fresh answer when live verification samples a semantic hit (run in the
         background, never on this call's path).
         """
-        req = parse_request(body, tenant=tenant)
+        req = parse_request(body, tenant=tenant, endpoint=endpoint)
         cc = req.directives.cache_control
         if cc.no_cache and cc.only_if_cached:
             raise InvalidRequestError(
@@ -347,7 +348,7 @@ class Cache:
         if lookup.entry is not None:
             return self._exact_hit(lookup)
         probe = None
-        if self.semantic is not None and lookup.view is not None:
+        if self.semantic is not None and lookup.view is not None and endpoint is Endpoint.CHAT:
             hit, probe = self.semantic.lookup(req, lookup.view)
             if hit is not None:
                 self._exact_metrics.miss(lookup.miss_reason or MissReason.ABSENT)

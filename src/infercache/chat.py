@@ -1,4 +1,6 @@
-"""OpenAI chat-completions shapes shared by the engine server and the gateway.
+"""OpenAI chat-completions shapes shared by the engine server and the gateway, and the legacy
+`text_completion` ones (`object: "text_completion"`, choices with `text`), which stream as the
+same chunk objects with a `text` piece per choice instead of a `delta`.
 
 - `chunks_from_completion`: replay a stored (non-streaming) completion as the chunk sequence the
   OpenAI API streams: a role chunk, one content chunk per piece, a finish chunk, then a usage chunk
@@ -44,10 +46,32 @@ def _pieces(text: str, piece_chars: int) -> list[str]:
     return [text[i : i + piece_chars] for i in range(0, len(text), piece_chars)] or []
 
 
+def _text_chunks(
+    response: dict[str, Any], include_usage: bool, piece_chars: int
+) -> Iterator[dict[str, Any]]:
+    base = {**_chunk_base(response), "object": "text_completion"}
+    for choice in response.get("choices") or []:
+        idx = choice.get("index", 0)
+        for piece in _pieces(choice.get("text") or "", piece_chars):
+            yield {
+                **base,
+                "choices": [{"index": idx, "text": piece, "logprobs": None, "finish_reason": None}],
+            }
+        last = {"index": idx, "text": "", "logprobs": choice.get("logprobs"),
+                "finish_reason": choice.get("finish_reason")}  # fmt: skip
+        yield {**base, "choices": [last]}
+    if include_usage and response.get("usage") is not None:
+        yield {**base, "choices": [], "usage": response["usage"]}
+
+
 def chunks_from_completion(
     response: dict[str, Any], *, include_usage: bool = False, piece_chars: int = 64
 ) -> Iterator[dict[str, Any]]:
-    """The chunk sequence that streams `response` (a `chat.completion` body)."""
+    """The chunk sequence that streams `response` (a `chat.completion` body, or a legacy
+    `text_completion` one)."""
+    if response.get("object") == "text_completion":
+        yield from _text_chunks(response, include_usage, piece_chars)
+        return
     base = _chunk_base(response)
     choices = response.get("choices") or []
     for choice in choices:
@@ -71,14 +95,18 @@ def chunks_from_completion(
 
 
 class CompletionAssembler:
-    """Folds `chat.completion.chunk`s into one `chat.completion`."""
+    """Folds `chat.completion.chunk`s into one `chat.completion` (or legacy `text_completion`
+    chunks into one `text_completion`)."""
 
     def __init__(self) -> None:
         self._base: dict[str, Any] | None = None
         self._choices: dict[int, dict[str, Any]] = {}
         self._usage: dict[str, Any] | None = None
+        self._text = False  # legacy text_completion chunks
 
     def add(self, chunk: dict[str, Any]) -> None:
+        if chunk.get("object") == "text_completion":
+            self._text = True
         if self._base is None:
             self._base = {k: chunk[k] for k in ("id", "created", "model") if k in chunk}
             if chunk.get("system_fingerprint") is not None:
@@ -91,6 +119,8 @@ class CompletionAssembler:
                 idx,
                 {"role": "assistant", "content": [], "tool_calls": {}, "finish_reason": None},
             )
+            if isinstance(c.get("text"), str):
+                state["content"].append(c["text"])
             delta = c.get("delta") or {}
             if delta.get("role"):
                 state["role"] = delta["role"]
@@ -121,6 +151,8 @@ class CompletionAssembler:
         )
 
     def result(self) -> dict[str, Any]:
+        if self._text:
+            return self._text_result()
         base = self._base or {}
         choices = []
         for idx in sorted(self._choices):
@@ -144,6 +176,29 @@ class CompletionAssembler:
             "created": base.get("created", 0),
             "model": base.get("model", ""),
             "choices": choices,
+        }
+        if "system_fingerprint" in base:
+            out["system_fingerprint"] = base["system_fingerprint"]
+        if self._usage is not None:
+            out["usage"] = self._usage
+        return out
+
+    def _text_result(self) -> dict[str, Any]:
+        base = self._base or {}
+        out: dict[str, Any] = {
+            "id": base.get("id", "cmpl-stream"),
+            "object": "text_completion",
+            "created": base.get("created", 0),
+            "model": base.get("model", ""),
+            "choices": [
+                {
+                    "index": idx,
+                    "text": "".join(self._choices[idx]["content"]),
+                    "logprobs": self._choices[idx].get("logprobs"),
+                    "finish_reason": self._choices[idx]["finish_reason"],
+                }
+                for idx in sorted(self._choices)
+            ],
         }
         if "system_fingerprint" in base:
             out["system_fingerprint"] = base["system_fingerprint"]

@@ -28,7 +28,7 @@ from typing import Any
 
 from infercache.errors import InvalidRequestError, UpstreamError
 from infercache.keys import IGNORABLE_FIELDS, canonical_json, normalised_body
-from infercache.request import DIRECTIVES_FIELD, Directives, _parse_directives
+from infercache.request import DIRECTIVES_FIELD, Directives, parse_directives
 from infercache.versions import VersionView
 
 EMBEDDING_KEY_PREFIX = "ie1:"  # the key-schema version: bump whenever `embedding_key` changes
@@ -164,7 +164,7 @@ def parse_embedding_request(
     if not isinstance(body, dict):
         raise InvalidRequestError(f"the request body must be a JSON object, got {type(body)}")
     _validate(body)
-    directives = _parse_directives(body.get(DIRECTIVES_FIELD), tenant)
+    directives = parse_directives(body.get(DIRECTIVES_FIELD), tenant)
     upstream_body = {k: v for k, v in body.items() if k != DIRECTIVES_FIELD}
     inputs, single = _inputs(upstream_body.get("input"))
     fields = normalised_body({k: v for k, v in upstream_body.items() if k != "input"}, ignorable)

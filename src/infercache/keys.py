@@ -38,7 +38,7 @@ from typing import Any
 
 import orjson
 
-from infercache.request import ChatRequest
+from infercache.request import ChatRequest, Endpoint
 
 KEY_PREFIX = "ic1:"
 
@@ -119,4 +119,6 @@ def exact_key(request: ChatRequest, ignorable: frozenset[str] = IGNORABLE_FIELDS
         "tags": list(d.tags),
         "request": normalised_body(request.body, ignorable),
     }
+    if request.endpoint is not Endpoint.CHAT:  # chat keys stay what they were
+        payload["endpoint"] = request.endpoint.value
     return KEY_PREFIX + hashlib.sha256(canonical_json(payload)).hexdigest()

@@ -24,6 +24,7 @@ import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
 from infercache.errors import InvalidRequestError
@@ -76,12 +77,20 @@ class Directives:
     cache_control: CacheControl = CacheControl()
 
 
+class Endpoint(StrEnum):
+    """Which OpenAI endpoint a request is for: it decides the body's shape and its answer's."""
+
+    CHAT = "chat.completions"  # messages → chat.completion
+    COMPLETIONS = "completions"  # prompt → text_completion (the legacy API)
+
+
 @dataclass(frozen=True, slots=True)
 class ChatRequest:
     """`body` is what the upstream receives (directives stripped); never mutate it."""
 
     body: Mapping[str, Any]
     directives: Directives
+    endpoint: Endpoint = Endpoint.CHAT
 
     @property
     def model(self) -> str:
@@ -117,7 +126,8 @@ def _positive(raw: dict[str, Any], name: str, *, allow_zero: bool = False) -> fl
     return float(value)
 
 
-def _parse_directives(raw: object, tenant_override: str | None) -> Directives:
+def parse_directives(raw: object, tenant_override: str | None) -> Directives:
+    """The `infercache` object of a request body, validated (tenant_override wins)."""
     if raw is None:
         return Directives(tenant=tenant_override or "")
     if not isinstance(raw, dict):
@@ -179,15 +189,44 @@ _FIELD_CHECKS: dict[str, tuple[str, Any]] = {
 }
 
 
-def _validate_body(body: Mapping[str, Any]) -> None:
-    for name in body.keys() & _FIELD_CHECKS.keys():
+def _is_prompt(v: object) -> bool:
+    """A legacy prompt: a string, a list of strings, a token array or a list of them."""
+    if isinstance(v, str):
+        return True
+    if not isinstance(v, list) or not v:
+        return False
+    return all(isinstance(p, str) for p in v) or all(_is_int(t) for t in v) or all(
+        isinstance(p, list) and p and all(_is_int(t) for t in p) for p in v
+    )
+
+
+# The legacy completions API: `logprobs` is a count there, and there are no messages.
+_COMPLETION_CHECKS: dict[str, tuple[str, Any]] = {
+    **{k: v for k, v in _FIELD_CHECKS.items() if k not in ("logprobs", "tools", "top_logprobs")},
+    "logprobs": ("an integer between 0 and 5", lambda v: _is_int(v) and 0 <= v <= 5),
+    "best_of": ("an integer >= 1", lambda v: _is_int(v) and v >= 1),
+    "echo": ("a boolean", lambda v: isinstance(v, bool)),
+    "suffix": ("a string", lambda v: isinstance(v, str)),
+}
+
+
+def _validate_body(body: Mapping[str, Any], endpoint: Endpoint) -> None:
+    checks = _FIELD_CHECKS if endpoint is Endpoint.CHAT else _COMPLETION_CHECKS
+    for name in body.keys() & checks.keys():
         value = body[name]
-        expected, check = _FIELD_CHECKS[name]
+        expected, check = checks[name]
         if value is not None and not check(value):
             raise _bad(name, f"'{name}' must be {expected}, got {value!r}")
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise _bad("model", f"'model' must be a non-empty string, got {model!r}")
+    if endpoint is Endpoint.COMPLETIONS:
+        if not _is_prompt(body.get("prompt")):
+            raise _bad(
+                "prompt",
+                "'prompt' must be a string, a list of strings, or token arrays",
+            )
+        return
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise _bad("messages", "'messages' must be a non-empty list")
@@ -196,14 +235,17 @@ def _validate_body(body: Mapping[str, Any]) -> None:
             raise _bad(f"messages[{i}]", f"messages[{i}] must be an object with a 'role' string")
 
 
-def parse_request(body: object, *, tenant: str | None = None) -> ChatRequest:
-    """Validate a chat-completions body and split off its `infercache` directives.
+def parse_request(
+    body: object, *, tenant: str | None = None, endpoint: Endpoint = Endpoint.CHAT
+) -> ChatRequest:
+    """Validate a chat-completions (or legacy completions) body and split off its
+    `infercache` directives.
 
     `tenant`, when given (the gateway's authenticated tenant), overrides the body's claim.
     """
     if not isinstance(body, dict):
         raise InvalidRequestError(f"the request body must be a JSON object, got {type(body)}")
-    _validate_body(body)
-    directives = _parse_directives(body.get(DIRECTIVES_FIELD), tenant)
+    _validate_body(body, endpoint)
+    directives = parse_directives(body.get(DIRECTIVES_FIELD), tenant)
     upstream_body = {k: v for k, v in body.items() if k != DIRECTIVES_FIELD}
-    return ChatRequest(body=upstream_body, directives=directives)
+    return ChatRequest(body=upstream_body, directives=directives, endpoint=endpoint)

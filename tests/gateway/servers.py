@@ -79,6 +79,7 @@ class FakeUpstream:
                 Route("/v1/chat/completions", self.chat, methods=["POST"]),
                 Route("/v1/models", self.models, methods=["GET"]),
                 Route("/v1/embeddings", self.embeddings, methods=["POST"]),
+                Route("/v1/completions", self.text, methods=["POST"]),
                 Route("/v1/{rest:path}", self.other, methods=["GET", "POST", "DELETE"]),
             ],
             lifespan=self._lifespan,
@@ -178,6 +179,40 @@ class FakeUpstream:
         except asyncio.CancelledError:
             self.cancelled_streams += 1
             raise
+
+    async def text(self, request: Request) -> Response:
+        """The legacy completions API: `text #N for <prompt>`, streamed or not."""
+        body = json.loads(await request.body())
+        self.calls += 1
+        self.bodies.append(body)
+        n = self.calls
+        full = {
+            "id": f"cmpl-{n}",
+            "object": "text_completion",
+            "created": 1_700_000_000,
+            "model": str(body.get("model")),
+            "system_fingerprint": self.version,
+            "choices": [
+                {"index": 0, "text": f"text #{n} for {body.get('prompt')}", "logprobs": None,
+                 "finish_reason": "stop"}
+            ],
+            "usage": {"prompt_tokens": 5, "completion_tokens": 4, "total_tokens": 9},
+        }  # fmt: skip
+        if not body.get("stream"):
+            return JSONResponse(full)
+
+        async def chunks() -> AsyncIterator[bytes]:
+            text = full["choices"][0]["text"]
+            base = {k: full[k] for k in ("id", "object", "created", "model")}
+            for piece, finish in ((text[:5], None), (text[5:], None), ("", "stop")):
+                choice = {"index": 0, "text": piece, "logprobs": None, "finish_reason": finish}
+                yield f"data: {json.dumps({**base, 'choices': [choice]})}\n\n".encode()
+            if (body.get("stream_options") or {}).get("include_usage"):
+                usage = {**base, "choices": [], "usage": full["usage"]}
+                yield f"data: {json.dumps(usage)}\n\n".encode()
+            yield b"data: [DONE]\n\n"
+
+        return StreamingResponse(chunks(), media_type="text/event-stream")
 
     async def embeddings(self, request: Request) -> Response:
         """A deterministic 3-d vector per input text; records every input it embeds."""

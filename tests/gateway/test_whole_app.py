@@ -88,3 +88,41 @@ def test_embeddings_are_cached_per_input(running: Any) -> None:
     assert raw.headers["x-infercache"] == "exact-hit"
     assert raw.parse().data[0].embedding == by_text["alpha"]
     assert second.usage.prompt_tokens >= 1
+
+
+def test_legacy_completions_are_cached_and_replayed_as_streams(running: Any) -> None:
+    app = client(running)
+    first = app.completions.with_raw_response.create(
+        model="test-model", prompt="Once upon a time", temperature=0, max_tokens=8
+    )
+    second = app.completions.with_raw_response.create(
+        model="test-model", prompt="Once upon a time", temperature=0, max_tokens=8
+    )
+    assert (first.headers["x-infercache"], second.headers["x-infercache"]) == ("miss", "exact-hit")
+    assert second.parse().choices[0].text == first.parse().choices[0].text
+    streamed = app.completions.create(
+        model="test-model", prompt="Once upon a time", temperature=0, max_tokens=8, stream=True
+    )
+    assert (
+        "".join(c.choices[0].text for c in streamed if c.choices) == first.parse().choices[0].text
+    )
+    fresh = list(
+        app.completions.create(
+            model="test-model", prompt="A new story", temperature=0, max_tokens=8, stream=True
+        )
+    )
+    again = app.completions.with_raw_response.create(
+        model="test-model", prompt="A new story", temperature=0, max_tokens=8
+    )
+    assert again.headers["x-infercache"] == "exact-hit"  # the fresh stream was stored whole
+    assert again.parse().choices[0].text == "".join(c.choices[0].text for c in fresh if c.choices)
+    assert running.fake.calls == 2
+
+
+def test_a_chat_and_a_completion_with_the_same_text_never_share_an_entry(running: Any) -> None:
+    app = client(running)
+    app.completions.create(model="test-model", prompt="hello", temperature=0)
+    chat = app.chat.completions.with_raw_response.create(
+        model="test-model", messages=[{"role": "user", "content": "hello"}], temperature=0
+    )
+    assert chat.headers["x-infercache"] == "miss"

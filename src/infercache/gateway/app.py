@@ -1,6 +1,7 @@
 """HTTP for the gateway (Starlette): routes, body limits, auth, and errors in the OpenAI shape.
 
     POST /v1/chat/completions        the cached path (service.py); streaming and not
+    POST /v1/completions             the legacy API, cached on the same path and policy
     POST /v1/embeddings              cached per input (embedding_cache.py)
     GET  /v1/models, /v1/models/ID   what the upstreams serve
     *    /v1/...                     any other path and method: passed through to an upstream
@@ -45,12 +46,14 @@ from infercache.gateway.service import Gateway, JSONReply
 from infercache.gateway.stats import gateway_stats
 from infercache.gateway.upstream import PassThrough
 from infercache.http_errors import exception_handlers, json_object, middleware, read_json
+from infercache.request import Endpoint
 
 log = logging.getLogger(__name__)
 
 PASS_THROUGH_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE"]
 OWN_PATHS = {
     "/v1/chat/completions": ["POST"],
+    "/v1/completions": ["POST"],
     "/v1/embeddings": ["POST"],
     "/v1/models": ["GET"],
 }
@@ -64,11 +67,17 @@ def create_app(
     version_poll_s: float | None = 30.0,
 ) -> Starlette:
     async def chat(request: Request) -> Response:
+        return await cached(request, Endpoint.CHAT)
+
+    async def completions(request: Request) -> Response:
+        return await cached(request, Endpoint.COMPLETIONS)
+
+    async def cached(request: Request, endpoint: Endpoint) -> Response:
         caller = auth.caller(request.headers.get("authorization"))
         body = json_object(await read_json(request, max_body_bytes))
         tenant = resolve_tenant(caller, request.headers, body)
         body = apply_header_controls(body, request.headers)
-        reply = await gateway.chat(body, tenant=tenant, bearer=caller.bearer)
+        reply = await gateway.chat(body, tenant=tenant, bearer=caller.bearer, endpoint=endpoint)
         if isinstance(reply, JSONReply):
             return Response(
                 orjson.dumps(reply.body),
@@ -194,6 +203,7 @@ def create_app(
     return Starlette(
         routes=[
             Route("/v1/chat/completions", chat, methods=["POST"]),
+            Route("/v1/completions", completions, methods=["POST"]),
             Route("/v1/embeddings", embeddings, methods=["POST"]),
             Route("/v1/models", models, methods=["GET"]),
             Route("/v1/models/{model:path}", model, methods=["GET"]),

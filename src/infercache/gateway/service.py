@@ -53,9 +53,10 @@ from infercache.gateway.across_replicas import AcrossReplicas
 from infercache.gateway.prefix_usage import UpstreamPrefixUsage
 from infercache.gateway.requestlog import LogEntry, RequestLog, unlogged
 from infercache.gateway.router import PrefixRouter, RouterConfig
-from infercache.gateway.upstream import EmbeddingsUpstream, Upstream
+from infercache.gateway.upstream import EmbeddingsUpstream, TextCompletions, Upstream
 from infercache.gateway.versions import ModelVersionTracker
 from infercache.http_errors import internal_error_body
+from infercache.request import Endpoint
 from infercache.stores.replica_flight import FlightLease, SharedAnswer
 
 log = logging.getLogger(__name__)
@@ -162,11 +163,16 @@ class Gateway:
     # -- the request path --
 
     async def chat(
-        self, body: dict[str, Any], *, tenant: str, bearer: str | None
+        self,
+        body: dict[str, Any],
+        *,
+        tenant: str,
+        bearer: str | None,
+        endpoint: Endpoint = Endpoint.CHAT,
     ) -> JSONReply | StreamReply:
         entry = self.request_log.open(tenant, body) if self.request_log else unlogged(tenant, body)
         try:
-            outcome = await self._begin(body, tenant, bearer)
+            outcome = await self._begin(body, tenant, bearer, endpoint)
             if isinstance(outcome, Completion):
                 entry.layer = LAYER_HEADER[outcome.layer]
                 reply = self._replay(outcome, body)
@@ -191,10 +197,12 @@ class Gateway:
             raise
 
     async def _begin(
-        self, body: dict[str, Any], tenant: str, bearer: str | None
+        self, body: dict[str, Any], tenant: str, bearer: str | None, endpoint: Endpoint
     ) -> Completion | Miss:
         verify = self.background_fetch(tenant, bearer) if self.cache.semantic else None
-        return await self.offload(self.cache.begin, body, tenant=tenant, verify=verify)
+        return await self.offload(
+            self.cache.begin, body, tenant=tenant, verify=verify, endpoint=endpoint
+        )
 
     def _replay(self, done: Completion, body: dict[str, Any]) -> JSONReply | StreamReply:
         headers = _reply_headers(done)
@@ -389,16 +397,27 @@ class Gateway:
         """One upstream call, its chunks published as they come; the complete answer."""
         tenant = miss.request.directives.tenant
         body = dict(miss.request.body)
+        text = miss.request.endpoint is Endpoint.COMPLETIONS
+        if text and not isinstance(upstream, TextCompletions):
+            raise NotFoundError(f"{upstream.name} does not serve /v1/completions")
         if not miss.request.stream:
             body.pop("stream", None)
             body.pop("stream_options", None)
-            response = await upstream.complete(body, tenant=tenant, api_key=bearer)
+            if isinstance(upstream, TextCompletions) and text:
+                response = await upstream.complete_text(body, tenant=tenant, api_key=bearer)
+            else:
+                response = await upstream.complete(body, tenant=tenant, api_key=bearer)
             for chunk in chunks_from_completion(response, include_usage=True):
                 flight.publish(chunk)
             return response
         body["stream_options"] = {"include_usage": True}
         assembler = CompletionAssembler()
-        async for chunk in upstream.stream(body, tenant=tenant, api_key=bearer):
+        chunks = (
+            upstream.stream_text(body, tenant=tenant, api_key=bearer)
+            if isinstance(upstream, TextCompletions) and text
+            else upstream.stream(body, tenant=tenant, api_key=bearer)
+        )
+        async for chunk in chunks:
             assembler.add(chunk)
             flight.publish(chunk)
         if not assembler.complete:

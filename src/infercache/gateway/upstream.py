@@ -65,6 +65,19 @@ class Upstream(Protocol):
     async def aclose(self) -> None: ...
 
 
+@runtime_checkable
+class TextCompletions(Protocol):
+    """An upstream that also serves the legacy `/v1/completions` (prompt → text)."""
+
+    async def complete_text(
+        self, body: dict[str, Any], *, tenant: str, api_key: str | None
+    ) -> dict[str, Any]: ...
+
+    def stream_text(
+        self, body: dict[str, Any], *, tenant: str, api_key: str | None
+    ) -> AsyncIterator[StreamChunk]: ...
+
+
 class EmbeddingsUpstream(Protocol):
     """Where the gateway's `/v1/embeddings` misses go: an HTTP upstream, or the packaged
     embedder in process (local_embeddings.py)."""
@@ -230,14 +243,34 @@ class HTTPUpstream:
     async def complete(
         self, body: dict[str, Any], *, tenant: str, api_key: str | None
     ) -> dict[str, Any]:
-        headers = self._headers(tenant, api_key)
-        data = orjson.dumps(self._body(body, tenant))
-        return await self._json("POST", "/chat/completions", headers, data)
+        return await self._complete("/chat/completions", body, tenant, api_key)
 
-    async def stream(
+    def stream(
         self, body: dict[str, Any], *, tenant: str, api_key: str | None
     ) -> AsyncIterator[StreamChunk]:
-        url = f"{self._url}/chat/completions"
+        return self._stream("/chat/completions", body, tenant, api_key)
+
+    async def complete_text(
+        self, body: dict[str, Any], *, tenant: str, api_key: str | None
+    ) -> dict[str, Any]:
+        return await self._complete("/completions", body, tenant, api_key)
+
+    def stream_text(
+        self, body: dict[str, Any], *, tenant: str, api_key: str | None
+    ) -> AsyncIterator[StreamChunk]:
+        return self._stream("/completions", body, tenant, api_key)
+
+    async def _complete(
+        self, path: str, body: dict[str, Any], tenant: str, api_key: str | None
+    ) -> dict[str, Any]:
+        headers = self._headers(tenant, api_key)
+        data = orjson.dumps(self._body(body, tenant))
+        return await self._json("POST", path, headers, data)
+
+    async def _stream(
+        self, path: str, body: dict[str, Any], tenant: str, api_key: str | None
+    ) -> AsyncIterator[StreamChunk]:
+        url = f"{self._url}{path}"
         with map_aiohttp_errors(self.name):
             response = await self._client().post(
                 url,
