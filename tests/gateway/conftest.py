@@ -58,6 +58,9 @@ def make_gateway(tmp_path: Path, fake: tuple[FakeUpstream, str]) -> Iterator[Mak
                 default_ttl_s=600,
             )
             config.setdefault("upstreams", (f"{upstream_url}/v1",))
+            # A roomy store budget: this 2-core box under a full test run can take over 50 ms
+            # for a SQLite write. The fault tests set the real default (0.05 s) themselves.
+            config.setdefault("store_budget_s", 0.5)
             gateway_config = GatewayConfig(**config).with_env(environ or {})
             built = build(settings, gateway_config)
             server = server_config(built.app)  # as `infercache serve` configures uvicorn

@@ -74,7 +74,7 @@ def warm(running: Running) -> None:
 
 def test_a_paused_redis_costs_hits_never_latency(make_gateway: MakeGateway, tmp_path: Path) -> None:
     with start_redis(tmp_path) as redis:
-        running = make_gateway(store_url=redis.url())
+        running = make_gateway(store_url=redis.url(), store_budget_s=0.05)
         warm(running)
         os.kill(redis.process.pid, signal.SIGSTOP)
         try:
@@ -117,7 +117,7 @@ def test_a_sqlite_file_locked_by_another_process_costs_hits_never_latency(
     make_gateway: MakeGateway, tmp_path: Path
 ) -> None:
     db = tmp_path / "locked.db"
-    running = make_gateway(store_url=f"sqlite:///{db}")
+    running = make_gateway(store_url=f"sqlite:///{db}", store_budget_s=0.05)
     warm(running)
     with sqlite_locked_by_another_process(db):
         seen = drive(running, FAULT_S)
