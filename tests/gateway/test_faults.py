@@ -55,11 +55,11 @@ def assert_served_fast(seen: dict[str, list[tuple[float, int, str]]], bound_s: f
         assert max(s for s, _, _ in answers) < bound_s, (kind, max(s for s, _, _ in answers))
 
 
-def seconds_until_a_hit(running: Running, deadline_s: float = 5.0) -> float:
+def seconds_until_a_hit(running: Running, question: str = "hot", deadline_s: float = 5.0) -> float:
     started = time.monotonic()
     with running.client() as client:
         while time.monotonic() - started < deadline_s:
-            r = client.post("/v1/chat/completions", json=body("hot"))
+            r = client.post("/v1/chat/completions", json=body(question))
             if r.headers["x-infercache"] == "exact-hit":
                 return time.monotonic() - started
     raise AssertionError(f"no hit within {deadline_s} s")
@@ -74,7 +74,7 @@ def warm(running: Running) -> None:
 
 def test_a_paused_redis_costs_hits_never_latency(make_gateway: MakeGateway, tmp_path: Path) -> None:
     with start_redis(tmp_path) as redis:
-        running = make_gateway(store_url=redis.url(), store_budget_s=0.05)
+        running = make_gateway(store_url=redis.url(), store_budget_s=0.2)
         warm(running)
         os.kill(redis.process.pid, signal.SIGSTOP)
         try:
@@ -117,16 +117,13 @@ def test_a_sqlite_file_locked_by_another_process_costs_hits_never_latency(
     make_gateway: MakeGateway, tmp_path: Path
 ) -> None:
     db = tmp_path / "locked.db"
-    running = make_gateway(store_url=f"sqlite:///{db}", store_budget_s=0.05)
+    running = make_gateway(store_url=f"sqlite:///{db}", store_budget_s=0.2)
     warm(running)
     with sqlite_locked_by_another_process(db):
         seen = drive(running, FAULT_S)
     assert_served_fast(seen, bound_s=1.0)
     assert seconds_until_a_hit(running) < 5.0
-    with running.client() as client:  # and new answers are stored again
-        client.post("/v1/chat/completions", json=body("after the lock"))
-        again = client.post("/v1/chat/completions", json=body("after the lock"))
-    assert again.headers["x-infercache"] == "exact-hit"
+    assert seconds_until_a_hit(running, "after the lock") < 5.0  # new answers are stored again
 
 
 def test_an_upstream_that_is_down_is_a_502_and_hits_are_still_served(
