@@ -41,12 +41,13 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from infercache.analyze.embedders import candidate_embedder
 from infercache.analyze.near_duplicates import first_accepted
 from infercache.analyze.scoped_texts import Neighbour, ScopedTexts
 from infercache.analyze.word_index import jaccard, words
 from infercache.semantic.calibrate import ScoredPair, evaluate, tune
 from infercache.semantic.decision import accept
-from infercache.semantic.embedder import Embedder, MiniLMEmbedder, StaticEmbedder
+from infercache.semantic.embedder import Embedder, MiniLMEmbedder
 from infercache.semantic.guards import default_guards
 from infercache.semantic.index import FlatIndex
 from infercache.semantic.pairs import Pair
@@ -167,9 +168,13 @@ def scope_recall(
     rng.shuffle(texts)
     queries, pool = texts[:SCOPE_QUERIES], texts[SCOPE_QUERIES:]
     guards = default_guards()
-    store = ScopedTexts(max_vectors=len(pool) + 1, index_factory=lambda dim: FlatIndex(dim))
-    for text, vector in zip(pool, static.of(pool), strict=True):
-        store.remember(Query("scope", text), vector, None)
+    store = ScopedTexts(
+        max_vectors=len(pool) + 1,
+        index_factory=lambda dim: FlatIndex(dim),
+        embed=lambda texts: static.of(texts),
+    )
+    for text in pool:
+        store.remember(Query("scope", text), None, None)
     matrix, queried = minilm.of(pool), minilm.of(queries)
     truth = found = candidates = 0
     for i, query in enumerate(queries):
@@ -180,9 +185,8 @@ def scope_recall(
             continue
         truth += 1
         near = store.candidates(
-            Query("scope", query), static.of([query])[0],
-            k=CANDIDATES_K, min_word_jaccard=floor, guards=guards,
-        )  # fmt: skip
+            Query("scope", query), k=CANDIDATES_K, min_word_jaccard=floor, guards=guards
+        )
         candidates += len(near)
         rescored = sorted(
             (Neighbour(float(minilm.of([n.text])[0] @ queried[i]), n.text, None) for n in near),
@@ -216,7 +220,7 @@ def main() -> None:
     args = parser.parse_args()
     data, rng = args.data, random.Random(args.seed)
     minilm = Vectors(MiniLMEmbedder(threads=args.threads), args.out / "calibration-minilm.npz")
-    static = Vectors(StaticEmbedder(), None)
+    static = Vectors(candidate_embedder(), None)  # what the analyzer ranks candidates with
     banking = read_banking77(data / "banking77_train.csv")
     hwu = read_hwu64(data / "hwu64_intents.tsv")
     tuning = {

@@ -59,15 +59,29 @@ def embedders(
     matcher = LazyEmbedder(lambda: _quietly(_matcher, semantic), s.embedder)
     if s.candidates is None:
         return matcher, None
-    return matcher, LazyEmbedder(_candidate_embedder, "static")
+    return matcher, LazyEmbedder(candidate_embedder, "static")
 
 
-def _candidate_embedder() -> Embedder:
-    """The packaged static model, on each text's first 128 tokens: it only ranks candidates
-    (a near-duplicate of a long prompt shares its head too), and long texts cost it most."""
+class HeadEmbedder:
+    """An embedder of each text's first `max_chars` characters."""
+
+    def __init__(self, inner: Embedder, max_chars: int) -> None:
+        self.inner = inner
+        self.dim = inner.dim
+        self.name = f"{inner.name};first {max_chars} chars"
+        self._max_chars = max_chars
+
+    def embed(self, texts: Sequence[str]) -> Matrix:
+        return self.inner.embed([t[: self._max_chars] for t in texts])
+
+
+def candidate_embedder() -> Embedder:
+    """The packaged static model, on each text's first 256 characters: it only ranks
+    candidates (a near-duplicate of a long prompt shares its head too), and it costs time in
+    every character it reads."""
     from infercache.semantic.embedder import StaticEmbedder
 
-    return StaticEmbedder(max_tokens=128)
+    return HeadEmbedder(StaticEmbedder(max_tokens=128), 256)
 
 
 def _matcher(s: SemanticSettings) -> Embedder:

@@ -30,7 +30,7 @@ def jaccard(a: frozenset[str], b: frozenset[str]) -> float:
 
 
 class WordIndex:
-    def __init__(self, *, max_postings: int = 4096) -> None:
+    def __init__(self, *, max_postings: int = 1024) -> None:
         self._max_postings = max_postings
         self._postings: dict[str, list[int]] = {}
         self._texts = 0
