@@ -17,6 +17,7 @@ packaged MiniLM). Figures go to stdout and OUT/results.json; bench/README.md rec
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import random
@@ -168,12 +169,19 @@ def measure(
     }
 
 
-def build_embedder(matcher: Path | None, threads: int) -> Embedder:
-    if matcher is None:
-        return MiniLMEmbedder(threads=threads)
-    from infercache.semantic.matcher import load_matcher
+def build_parts(
+    matcher_dir: Path | None, threads: int, threshold: float
+) -> tuple[Embedder, SemanticConfig]:
+    """The embedder and layer config: plain MiniLM at `threshold`, or the fitted matcher in
+    `matcher_dir` at its calibrated threshold."""
+    base = MiniLMEmbedder(threads=threads)
+    if matcher_dir is None:
+        return base, SemanticConfig(threshold=threshold)
+    from infercache.semantic.matcher import load_fitted
 
-    return load_matcher(matcher, threads=threads)
+    parts = load_fitted(matcher_dir, base)
+    fitted_threshold = float(parts.meta["fit"]["calibration"]["threshold"])
+    return parts.embedder, SemanticConfig(threshold=fitted_threshold, matcher=parts.matcher)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -188,24 +196,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--matcher", type=Path, default=None, help="a fitted matcher dir")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-    embedder = build_embedder(args.matcher, args.threads)
+    embedder, config = build_parts(args.matcher, args.threads, args.threshold)
     texts = [t for t, _ in read_banking77(args.data / "banking77_train.csv")]
     texts += [t for t, _ in read_hwu64(args.data / "hwu64_intents.tsv")]
     texts = list(dict.fromkeys(texts))
     random.Random(args.seed).shuffle(texts)
     queries, base = texts[: args.queries], texts[args.queries :]
-    slug = embedder.name.replace("/", "_").replace(";", "_")[:80]
+    slug = hashlib.sha256(embedder.name.encode()).hexdigest()[:12]
     vectors = embed_cached(embedder, base, args.out / f"vectors-{slug}.npz")
-    results: dict[str, Any] = {"embedder": embedder.name, "threads": args.threads}
-    print(f"embedder {embedder.name}, torch threads {args.threads}")
+    results: dict[str, Any] = {
+        "embedder": embedder.name,
+        "matcher": config.matcher.name,
+        "threshold": config.threshold,
+        "threads": args.threads,
+    }
+    print(f"embedder {embedder.name}, matcher {config.matcher.name}, threshold "
+          f"{config.threshold}, torch threads {args.threads}")  # fmt: skip
     for size in (int(s) for s in args.sizes.split(",")):
         settings = Settings(
             data_dir=args.out, store_url="memory://", max_store_bytes=1 << 34, default_ttl_s=1e5
         )
         cache = Cache(settings, clock=SystemClock())
-        cache.enable_semantic(
-            embedder, config=SemanticConfig(threshold=args.threshold), guards=default_guards()
-        )
+        cache.enable_semantic(embedder, config=config, guards=default_guards())
         fill_s = fill(cache, base, vectors, size, args.seed)
         load_before = os.getloadavg()
         row = measure(cache, embedder, queries, args.rounds)
@@ -221,7 +233,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         cache.close()
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "results.json").write_text(json.dumps(results, indent=2))
+    name = "results-fitted.json" if args.matcher is not None else "results-plain.json"
+    (args.out / name).write_text(json.dumps(results, indent=2))
     return 0
 
 

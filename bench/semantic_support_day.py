@@ -20,7 +20,8 @@ read in place):
   answer of their intent is cached. Answered = served the right answer from the semantic layer;
   wrong = semantic answers of another intent / all semantic answers.
 Every configuration replays the same day through `Cache.complete` with its own memory store.
-MiniLM vectors are memoised (each distinct text embedded once), the layer is otherwise real.
+MiniLM vectors are remembered on disk (bench/semantic_vectors.py: each distinct text embedded
+once, ever); the layer is otherwise real.
 """
 
 from __future__ import annotations
@@ -44,13 +45,14 @@ from infercache.cache import Cache, Layer
 from infercache.clock import ManualClock
 from infercache.semantic.answer_stats import AnswerStatsConfig
 from infercache.semantic.cache_sim import simulate_lookups, tune_lookups
-from infercache.semantic.embedder import Embedder, Matrix
+from infercache.semantic.embedder import Embedder
 from infercache.semantic.fit import FitOptions, fit_matcher
 from infercache.semantic.guards import default_guards
 from infercache.semantic.intents import LabelledText, split_labelled
 from infercache.semantic.judges import ExactAnswerJudge
 from infercache.semantic.layer import SemanticConfig, ShadowConfig
 from infercache.semantic.matcher import CosineMatcher, Matcher
+from infercache.semantic.setup import answer_stats_for
 from infercache.semantic.verify import FalseHitMonitor, Verifier
 from infercache.settings import Settings
 
@@ -58,6 +60,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from semantic_public_pairs import read_banking77, read_hwu64  # noqa: E402
+from semantic_vectors import RememberingEmbedder  # noqa: E402
 
 SYSTEM = "You are the support assistant of a bank. Answer in one paragraph."
 
@@ -69,26 +72,6 @@ class InlineExecutor(Executor):
         future: Future[Any] = Future()
         future.set_result(fn(*args, **kwargs))
         return future
-
-
-class MemoEmbedder:
-    """`base`'s vectors, each distinct text embedded once (batched up front with `warm`)."""
-
-    def __init__(self, base: Embedder) -> None:
-        self.base = base
-        self.dim = base.dim
-        self.name = base.name
-        self._memo: dict[str, np.ndarray] = {}
-
-    def warm(self, texts: Sequence[str]) -> None:
-        todo = [t for t in dict.fromkeys(texts) if t not in self._memo]
-        for start in range(0, len(todo), 512):
-            batch = todo[start : start + 512]
-            self._memo.update(zip(batch, self.base.embed(batch), strict=True))
-
-    def embed(self, texts: Sequence[str]) -> Matrix:
-        self.warm(texts)
-        return np.stack([self._memo[t] for t in texts]).astype(np.float32)
 
 
 @dataclass(frozen=True)
@@ -253,7 +236,7 @@ def plain_threshold(day: Day, embedder: Embedder, target: float) -> float | None
 
 
 def configurations(
-    day: Day, base: MemoEmbedder, out: Path, target: float, seed: int
+    day: Day, base: RememberingEmbedder, out: Path, target: float, seed: int
 ) -> dict[str, tuple[Embedder, SemanticConfig, float]]:
     """name → (embedder, config, verification rate), the plain baselines first."""
     started = time.perf_counter()
@@ -268,12 +251,11 @@ def configurations(
     from infercache.semantic.matcher import load_fitted
 
     parts = load_fitted(out, base)
-    adapted = MemoEmbedder(parts.embedder)
-    adapted.warm([t for t, _ in day.requests])
+    adapted = parts.embedder  # its base remembers every vector
     matcher: Matcher = parts.matcher
     t_fit = fitted.fitted.threshold
     shadow = ShadowConfig(target_false_hit=target, min_pairs=300, window=5000)
-    stats = AnswerStatsConfig()
+    stats = answer_stats_for(matcher)  # what `serve` uses with a fitted matcher
     plain_t = plain_threshold(day, base, target)
     configs: dict[str, tuple[Embedder, SemanticConfig, float]] = {
         "plain cosine 0.93 (issue's baseline)": (
@@ -283,8 +265,14 @@ def configurations(
             base, SemanticConfig(threshold=None, shadow=shadow, answer_stats=None), 0.1),
         f"fitted, calibrated {t_fit:.4f}": (
             adapted, SemanticConfig(threshold=t_fit, matcher=matcher, answer_stats=None), 0.0),
-        f"fitted, calibrated {t_fit:.4f} + per-answer": (
+        f"fitted, calibrated {t_fit:.4f} + per-answer (default, lower 0.15)": (
             adapted, SemanticConfig(threshold=t_fit, matcher=matcher, answer_stats=stats), 0.1),
+        f"fitted, calibrated {t_fit:.4f} + per-answer (lower 0.02)": (
+            adapted, SemanticConfig(threshold=t_fit, matcher=matcher,
+                                    answer_stats=AnswerStatsConfig(max_lower=0.02)), 0.1),
+        f"fitted, calibrated {t_fit:.4f} + per-answer (lower 0.05)": (
+            adapted, SemanticConfig(threshold=t_fit, matcher=matcher,
+                                    answer_stats=AnswerStatsConfig(max_lower=0.05)), 0.1),
         "fitted, shadow (live calibration)": (
             adapted, SemanticConfig(threshold=None, matcher=matcher, shadow=shadow,
                                     answer_stats=None), 0.1),
@@ -299,24 +287,27 @@ def configurations(
 
 
 def run_dataset(
-    name: str, rows: list[tuple[str, str]], base: MemoEmbedder, args: argparse.Namespace
+    name: str, rows: list[tuple[str, str]], base: RememberingEmbedder, args: argparse.Namespace
 ) -> dict[str, Any]:
     day = build_day(rows, requests=args.requests, known_share=args.known_share, seed=args.seed)
     base.warm([t for t, _ in day.requests] + [r.text for r in day.tune_rows])
+    load = os.getloadavg()[0]
     print(f"\n== {name}: {len(day.tune_rows)} labelled texts of {len(day.known)} intents to "
-          f"tune, a day of {len(day.requests)} requests (load {os.getloadavg()[0]:.1f})")  # fmt: skip
+          f"tune, a day of {len(day.requests)} requests (load {load:.1f})")  # fmt: skip
     out = args.out / f"matcher-{name}"
     results: dict[str, Any] = {}
     for label, (embedder, config, rate) in configurations(
         day, base, out, args.target_false_hit, args.seed
     ).items():
+        if args.only and not any(word in label for word in args.only.split(",")):
+            continue
         started = time.perf_counter()
         r = replay(day, embedder, config, verify_rate=rate, data_dir=args.out, seed=args.seed)
         r["seconds"] = round(time.perf_counter() - started, 1)
         results[label] = r
         share = "n/a" if r["answered_share"] is None else f"{r['answered_share']:.1%}"
         wrong = "n/a" if r["wrong_share"] is None else f"{r['wrong_share']:.2%}"
-        print(f"  {label:<48} answered {share:>6} of {r['same_answer_paraphrases']} "
+        print(f"  {label:<60} answered {share:>6} of {r['same_answer_paraphrases']} "
               f"paraphrases, wrong {wrong:>6} of {r['semantic_answers']} semantic answers"
               f" (serving from request {r['serving_from_request']})")  # fmt: skip
     return results
@@ -332,10 +323,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--target-false-hit", type=float, default=0.01)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--only", default="", help="comma list: run configurations naming one")
     args = parser.parse_args(argv)
     from infercache.semantic.embedder import MiniLMEmbedder
 
-    base = MemoEmbedder(MiniLMEmbedder(threads=args.threads))
+    base = RememberingEmbedder(MiniLMEmbedder(threads=args.threads), args.out)
     readers = {
         "banking77": lambda: read_banking77(args.data / "banking77_train.csv"),
         "hwu64": lambda: read_hwu64(args.data / "hwu64_intents.tsv"),

@@ -113,8 +113,19 @@ def build_config(s: SemanticSettings, matcher: Matcher) -> SemanticConfig:
         store_hits_as_exact=s.store_hits_as_exact,
         matcher=matcher,
         shadow=shadow,
-        answer_stats=AnswerStatsConfig() if s.answer_stats else None,
+        answer_stats=answer_stats_for(matcher) if s.answer_stats else None,
     )
+
+
+def answer_stats_for(matcher: Matcher) -> AnswerStatsConfig:
+    """Per-answer lowering within 0.02 of a cosine threshold, within 0.15 of a fitted
+    matcher's probability threshold (bench/README.md, "Support-bot days")."""
+    if isinstance(matcher, CosineMatcher):
+        return AnswerStatsConfig()
+    return AnswerStatsConfig(max_lower=FITTED_MAX_LOWER)
+
+
+FITTED_MAX_LOWER = 0.15
 
 
 def enable_from_settings(

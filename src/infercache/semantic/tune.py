@@ -19,13 +19,17 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from infercache.errors import ConfigError
 from infercache.semantic.embedder import Embedder
 from infercache.semantic.guards import Guard, build_guards, default_guards
 from infercache.semantic.intents import FileKind, LabelledText, file_kind, read_labelled
 from infercache.semantic.matcher import CosineMatcher, Matcher, NearbyAnswer
+from infercache.semantic.pairs import Pair
+
+if TYPE_CHECKING:
+    from infercache.semantic.calibrate import ScoredPair
 
 SCALES = {"cosine": "cosine similarity", "fitted": "fitted match probability"}
 
@@ -60,25 +64,13 @@ def evaluate_files(args: argparse.Namespace, files: list[str]) -> dict[str, Any]
     if not files:
         raise ConfigError("`infercache tune eval` needs at least one PAIRS file")
     kind = _kind(files)
-    guards = parse_guards(args.guards)
-    embedder_kind, matcher_dir = args.embedder, None
-    threshold = args.threshold
     if args.config is not None:
-        from infercache.settings import Settings
-
-        s = Settings.load(environ={}, config_file=args.config).semantic
-        if s.threshold is None:
-            raise ConfigError(f"{args.config} holds no semantic threshold")
-        threshold, embedder_kind, matcher_dir = s.threshold, s.embedder, s.matcher
-        guards = default_guards() if s.guards is None else build_guards(s.guards)
-    base = build_base(embedder_kind, args.threads)
-    embedder: Embedder = base
-    matcher: Matcher = CosineMatcher()
-    if matcher_dir is not None:
-        from infercache.semantic.matcher import load_fitted
-
-        fitted = load_fitted(Path(matcher_dir).expanduser(), base)
-        embedder, matcher = fitted.embedder, fitted.matcher
+        served = load_served(args.config, args.threads)
+    else:
+        base = build_base(args.embedder, args.threads)
+        served = Served(base, CosineMatcher(), args.threshold, parse_guards(args.guards), None)
+    embedder, matcher, threshold, guards, matcher_dir = served
+    embedder_kind = args.embedder if args.config is None else served_kind(args.config)
     if kind == "pairs":
         report = _evaluate_pairs(args, files, embedder, matcher, guards, threshold)
     else:
@@ -94,6 +86,35 @@ def evaluate_files(args: argparse.Namespace, files: list[str]) -> dict[str, Any]
         files=files,
     )
     return report
+
+
+class Served(NamedTuple):
+    """What a config serves: the matcher's embedder, the matcher, its threshold, the guards."""
+
+    embedder: Embedder
+    matcher: Matcher
+    threshold: float
+    guards: list[Guard]
+    matcher_dir: str | None
+
+
+def load_served(config: Path, threads: int | None = None) -> Served:
+    """Rebuild what the `[semantic]` table of `config` serves (setup.py's rules)."""
+    from infercache.semantic.setup import build_matcher
+    from infercache.settings import Settings
+
+    s = Settings.load(environ={}, config_file=config).semantic
+    if s.threshold is None:
+        raise ConfigError(f"{config} holds no semantic threshold")
+    embedder, matcher = build_matcher(s, build_base(s.embedder, threads))
+    guards = default_guards() if s.guards is None else build_guards(s.guards)
+    return Served(embedder, matcher, s.threshold, guards, s.matcher)
+
+
+def served_kind(config: Path) -> str:
+    from infercache.settings import Settings
+
+    return Settings.load(environ={}, config_file=config).semantic.embedder
 
 
 def check_modes(args: argparse.Namespace, *, evaluating: bool) -> None:
@@ -199,21 +220,33 @@ def _evaluate_pairs(
     guards: list[Guard],
     threshold: float,
 ) -> dict[str, Any]:
-    from infercache.semantic.calibrate import ScoredPair, curve, evaluate, plot, score_pairs
+    from infercache.semantic.calibrate import curve, plot
     from infercache.semantic.pairs import read_many
 
-    cosine = score_pairs(read_many(files), embedder)
-    scored = [
-        ScoredPair(p.pair, matcher.scores([NearbyAnswer(p.similarity, "")])[0]) for p in cosine
-    ]
+    scored = score_pairs_with(read_many(files), embedder, matcher)
     if args.plot is not None:
         plot({"pairs": curve(scored, guards=guards)}, args.plot, threshold=threshold)
+    from infercache.semantic.calibrate import evaluate
+
     return {
         **evaluate(scored, threshold, guards=guards).to_dict(),
         "kind": "pairs",
         "counted": "pairs",
         "served": None,
     }
+
+
+def score_pairs_with(
+    pairs: Sequence[Pair], embedder: Embedder, matcher: Matcher
+) -> list[ScoredPair]:
+    """Each pair with its matcher score: a pair is a lookup whose cache holds one text (so a
+    fitted matcher sees one neighbour, of an unknown answer)."""
+    from infercache.semantic.calibrate import ScoredPair, score_pairs
+
+    return [
+        ScoredPair(p.pair, matcher.scores([NearbyAnswer(p.similarity, "")])[0])
+        for p in score_pairs(pairs, embedder)
+    ]
 
 
 def _all_lookups(rows: Sequence[LabelledText], embedder: Embedder, matcher: Matcher) -> list[Any]:
