@@ -24,6 +24,7 @@ from infercache.gateway.local_embeddings import MODEL_ID as MINILM_ID
 from infercache.gateway.local_embeddings import LocalEmbeddings
 from infercache.gateway.requestlog import RequestLog
 from infercache.gateway.service import Gateway
+from infercache.gateway.tracing import RequestTracer, otlp_tracer
 from infercache.gateway.upstream import SALTED_KINDS, EmbeddingsUpstream, HTTPUpstream, Upstream
 from infercache.gateway.versions import ModelVersionTracker
 from infercache.redaction import load_or_create_secret
@@ -51,6 +52,7 @@ def build(
     engine_config: EngineConfig | None = None,
     clock: Clock | None = None,
     upstreams: list[Upstream] | None = None,
+    tracer: RequestTracer | None = None,
 ) -> Built:
     """`upstreams` overrides both the URLs and the engine (tests pass their own)."""
     clock = clock or SystemClock()
@@ -75,6 +77,7 @@ def build(
         request_log=request_log,
         across=_across_replicas(settings, config, clock, backend),
         embedder=_embedder(cache, upstreams),
+        tracer=tracer or (otlp_tracer() if config.otel else None),
     )
     if settings.semantic.enabled:
         from infercache.semantic.setup import enable_from_settings

@@ -34,6 +34,8 @@ def _config(args: argparse.Namespace) -> GatewayConfig:
         raise ConfigError("--upstream-key-env needs --upstream")
     if args.forward_client_key:
         flags["forward_client_key"] = True
+    if args.otel:
+        flags["otel"] = True
     if args.api_key:
         flags["api_keys"] = parse_api_keys(args.api_key)
     if args.admin_token is not None:
@@ -138,6 +140,12 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         "--request-log", type=Path, metavar="PATH", help="append one JSON line per request"
     )
     p.add_argument("--redact", action="store_true", help="log request digests, not bodies")
+    p.add_argument(
+        "--otel",
+        action="store_true",
+        help="a span per request, exported over OTLP/HTTP (the OTEL_* variables configure it; "
+        "on by itself when OTEL_EXPORTER_OTLP_ENDPOINT is set; needs infercache[otel])",
+    )
     p.add_argument("--max-body-bytes", type=int, help="reject larger bodies with 413")
     p.add_argument(
         "--semantic",

@@ -108,6 +108,7 @@ class GatewayConfig:
     store_budget_s: float = 0.05
     share_flights: bool = True  # with a Redis store: one upstream call per key across gateways
     replica_lease_s: float = 10.0  # a dead gateway's call is taken over after this long
+    otel: bool = False  # a span per request to OTEL_EXPORTER_OTLP_ENDPOINT (tracing.py)
     # Mixed into each tenant's vLLM/SGLang `cache_salt`; give every gateway of one deployment
     # the same (INFERCACHE_CACHE_SALT_SECRET), else each uses its data dir's secret.
     salt_secret: bytes | None = None
@@ -175,6 +176,8 @@ class GatewayConfig:
         ):
             if environ.get(var):
                 changes[name] = environ[var]
+        if environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
+            changes["otel"] = True
         if environ.get("INFERCACHE_CACHE_SALT_SECRET"):
             changes["salt_secret"] = environ["INFERCACHE_CACHE_SALT_SECRET"].encode()
         keys: dict[str, str] = {}

@@ -4,10 +4,11 @@
      "layer": "exact-hit", "status": 200, "stream": false, "prompt_tokens": 412,
      "completion_tokens": 38, "cached_tokens": 384, "latency_ms": 1.9, "response": {...}}
 
-`RequestLog.open(tenant, body)` starts a `LogEntry` when a request arrives; the request path
-closes it exactly once, with the status and the answer, when the reply is complete (for a
-stream: when the stream ends). `request` is the body as the client sent it; with `redact` only
-`request_digest` (its exact cache key) is written, and no response. Lines are appended and
+`RequestLog.open(tenant, body, span)` starts a `LogEntry` when a request arrives; the request
+path closes it exactly once, with the status and the answer, when the reply is complete (for a
+stream: when the stream ends). Closing it also ends the request's tracing span (tracing.py).
+`request` is the body as the client sent it; with `redact` only `request_digest` (its exact
+cache key) is written, and no response. Lines are appended and
 flushed one at a time under a lock, so a crash loses at most the line being written.
 """
 
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from infercache.clock import Clock
+from infercache.gateway.tracing import RequestSpan
 from infercache.keys import canonical_json
 from infercache.policy import cached_tokens, usage_tokens
 
@@ -33,8 +35,9 @@ class RequestLog:
         self._file: TextIO = path.open("a", encoding="utf-8")
         self._lock = threading.Lock()
 
-    def open(self, tenant: str, body: dict[str, Any]) -> LogEntry:
-        return LogEntry(self, tenant, body, self._clock.now_s(), self._clock.monotonic_s())
+    def open(self, tenant: str, body: dict[str, Any], span: RequestSpan) -> LogEntry:
+        now_s, mono_s = self._clock.now_s(), self._clock.monotonic_s()
+        return LogEntry(self, tenant, body, now_s, mono_s, span)
 
     def _record(self, entry: LogEntry, status: int, response: dict[str, Any] | None) -> None:
         prompt_tokens, completion_tokens = usage_tokens(response) if response else (0, 0)
@@ -71,7 +74,9 @@ class RequestLog:
 class LogEntry:
     """One request's line, written once by `close`; a second close does nothing."""
 
-    __slots__ = ("_closed", "_log", "body", "layer", "started_mono_s", "started_s", "tenant")
+    __slots__ = (
+        "_closed", "_log", "_span", "body", "layer", "started_mono_s", "started_s", "tenant",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -80,8 +85,10 @@ class LogEntry:
         body: dict[str, Any],
         started_s: float,
         started_mono_s: float,
+        span: RequestSpan,
     ) -> None:
         self._log = log
+        self._span = span
         self.tenant = tenant
         self.body = body
         self.started_s = started_s
@@ -93,10 +100,11 @@ class LogEntry:
         if self._closed:
             return
         self._closed = True
+        self._span.end(status=status, layer=self.layer, response=response)
         if self._log is not None:
             self._log._record(self, status, response)
 
 
-def unlogged(tenant: str, body: dict[str, Any]) -> LogEntry:
-    """An entry for a gateway without a request log: closing it writes nothing."""
-    return LogEntry(None, tenant, body, 0.0, 0.0)
+def unlogged(tenant: str, body: dict[str, Any], span: RequestSpan) -> LogEntry:
+    """An entry for a gateway without a request log: closing it only ends its span."""
+    return LogEntry(None, tenant, body, 0.0, 0.0, span)

@@ -53,6 +53,7 @@ from infercache.gateway.across_replicas import AcrossReplicas
 from infercache.gateway.prefix_usage import UpstreamPrefixUsage
 from infercache.gateway.requestlog import LogEntry, RequestLog, unlogged
 from infercache.gateway.router import PrefixRouter, RouterConfig
+from infercache.gateway.tracing import NoTracer, RequestTracer
 from infercache.gateway.upstream import EmbeddingsUpstream, TextCompletions, Upstream
 from infercache.gateway.versions import ModelVersionTracker
 from infercache.http_errors import internal_error_body
@@ -116,8 +117,10 @@ class Gateway:
         router_config: RouterConfig | None = None,
         across: AcrossReplicas | None = None,
         embedder: EmbeddingsUpstream | None = None,
+        tracer: RequestTracer | None = None,
     ) -> None:
         self.cache = cache
+        self.tracer: RequestTracer = tracer or NoTracer()
         self.across = across
         self.embedder = embedder
         self.embedding_cache = EmbeddingCache.of(cache)
@@ -170,7 +173,7 @@ class Gateway:
         bearer: str | None,
         endpoint: Endpoint = Endpoint.CHAT,
     ) -> JSONReply | StreamReply:
-        entry = self.request_log.open(tenant, body) if self.request_log else unlogged(tenant, body)
+        entry = self._open(tenant, body, "chat" if endpoint is Endpoint.CHAT else "completions")
         try:
             outcome = await self._begin(body, tenant, bearer, endpoint)
             if isinstance(outcome, Completion):
@@ -195,6 +198,13 @@ class Gateway:
         except BaseException as exc:
             entry.close(status=_status_of(exc))
             raise
+
+    def _open(self, tenant: str, body: dict[str, Any], operation: str) -> LogEntry:
+        """The request's record: its log line and its tracing span, closed once together."""
+        span = self.tracer.start(operation, body.get("model"))
+        if self.request_log is None:
+            return unlogged(tenant, body, span)
+        return self.request_log.open(tenant, body, span)
 
     async def _begin(
         self, body: dict[str, Any], tenant: str, bearer: str | None, endpoint: Endpoint
@@ -287,7 +297,7 @@ class Gateway:
     ) -> JSONReply:
         """`/v1/embeddings`, cached per input: only the inputs not cached go upstream, in one
         call, and the answer is assembled in request order (embedding_cache.py)."""
-        entry = self.request_log.open(tenant, body) if self.request_log else unlogged(tenant, body)
+        entry = self._open(tenant, body, "embeddings")
         try:
             cache = self.embedding_cache
             lookup = await self.offload(cache.begin, body, tenant=tenant)
