@@ -327,7 +327,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     from infercache.semantic.embedder import MiniLMEmbedder
 
-    base = RememberingEmbedder(MiniLMEmbedder(threads=args.threads), args.out)
+    base = RememberingEmbedder(MiniLMEmbedder(threads=args.threads), HERE / "out" / "vectors")
     readers = {
         "banking77": lambda: read_banking77(args.data / "banking77_train.csv"),
         "hwu64": lambda: read_hwu64(args.data / "hwu64_intents.tsv"),

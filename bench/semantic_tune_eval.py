@@ -75,7 +75,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args(argv)
     print(f"load average {os.getloadavg()}")
-    base = RememberingEmbedder(MiniLMEmbedder(threads=args.threads), args.out)
+    base = RememberingEmbedder(MiniLMEmbedder(threads=args.threads), HERE / "out" / "vectors")
     sets: dict[str, list[Pair]] = {
         "MRPC": read_mrpc(args.data / "mrpc.tsv"),
         "STS-B dev+test": read_stsb(args.data / "stsb.tsv", splits={"dev", "test"}),

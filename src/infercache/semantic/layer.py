@@ -24,7 +24,8 @@ scope's index. If the lookup noted a candidate, the judge compares its stored an
 fresh one in the background, and the verdict feeds the answer's statistics and the live
 calibration (`_judged`).
 Verification (`verify`) re-asks a sample of hits upstream in the background; a complaint
-(`report_wrong`) retires the entry that served a wrong answer and counts as a wrong verdict.
+(`report_wrong`) retires the entry that served a wrong answer. Every verdict goes to
+`outcomes.Outcomes`, which keeps the global threshold and the per-answer statistics.
 
 Indexes are per process: another process's new records are seen after its restart. Thread-safe
 (the registry, statistics and calibrations each hold a lock).
@@ -46,7 +47,7 @@ from infercache.errors import EmbedderError, InfercacheError, StoreError
 from infercache.exact import ExactCache
 from infercache.metrics import MissReason, PriceTable, StrategyMetrics
 from infercache.request import ChatRequest
-from infercache.semantic.answer_stats import AnswerStats, GroupKey
+from infercache.semantic.answer_stats import GroupKey
 from infercache.semantic.decision import Reason, accept, ranked
 from infercache.semantic.embedder import Embedder
 from infercache.semantic.growing_index import GrowingIndex
@@ -54,6 +55,7 @@ from infercache.semantic.guards import Guard
 from infercache.semantic.index import IndexFactory
 from infercache.semantic.layer_config import SemanticConfig, ShadowConfig
 from infercache.semantic.matcher import NearbyAnswer
+from infercache.semantic.outcomes import Outcomes
 from infercache.semantic.records import (
     RECORD_PREFIX,
     SemanticRecord,
@@ -64,8 +66,7 @@ from infercache.semantic.records import (
 )
 from infercache.semantic.registry import Candidate, IndexedItem, ScopedIndexes
 from infercache.semantic.scope import Query, query_of
-from infercache.semantic.shadow import LiveCalibration
-from infercache.semantic.verify import FalseHitMonitor, Fetch, LiveThreshold, Tightened, Verifier
+from infercache.semantic.verify import Fetch, Tightened, Verifier
 from infercache.stores.base import Backend, Entry
 from infercache.versions import VersionView
 
@@ -140,44 +141,25 @@ class SemanticLayer:
         self.indexes = ScopedIndexes(
             embedder.dim, index_factory or GrowingIndex, max_vectors=config.max_vectors
         )
-        self.answer_stats = AnswerStats(config.answer_stats) if config.answer_stats else None
-        self.calibration: LiveCalibration | None = None
-        self.live_threshold: LiveThreshold | None = None
-        if config.shadow is not None:
-            if verifier is None:
-                raise ValueError("shadow mode needs a verifier (its judge labels the pairs)")
-            self.calibration = LiveCalibration(
-                backend,
-                name=f"{self.matcher.name}:{embedder.name}",
-                target_false_hit=config.shadow.target_false_hit,
-                metrics=metrics,
-                min_pairs=config.shadow.min_pairs,
-                window=config.shadow.window,
-            )
-        else:
-            assert config.threshold is not None  # SemanticConfig checks it
-            monitor: FalseHitMonitor | None = verifier.monitor if verifier is not None else None
-            self.live_threshold = LiveThreshold(
-                backend,
-                configured=config.threshold,
-                embedder_name=embedder.name,
-                metrics=metrics,
-                monitor=monitor,
-            )
+        if config.shadow is not None and verifier is None:
+            raise ValueError("shadow mode needs a verifier (its judge labels the pairs)")
+        self.outcomes = Outcomes(
+            backend,
+            config=config,
+            embedder_name=embedder.name,
+            metrics=metrics,
+            monitor=verifier.monitor if verifier is not None else None,
+        )
         self._k = max(config.k, self.matcher.k or 0)
         self._last_hit = threading.local()  # for `verify`, called right after `lookup`
 
     @property
     def threshold(self) -> float | None:
         """The global threshold served at now (None: in shadow, nothing is served)."""
-        if self.calibration is not None:
-            return self.calibration.operating_point
-        assert self.live_threshold is not None
-        return self.live_threshold.value
+        return self.outcomes.threshold
 
     def tighten(self, event: Tightened) -> None:
-        if self.live_threshold is not None:
-            self.live_threshold.tighten(event)
+        self.outcomes.tighten(event)
 
     # -- lookup --
 
@@ -203,13 +185,10 @@ class SemanticLayer:
         self.metrics.overhead(self._clock.monotonic_s() - started)
         probe = Probe(query, vector, choice.noted)
         self._last_hit.value = choice.hit
+        self.outcomes.note_lookup()
         if base is None:
-            assert self.calibration is not None
-            self.calibration.note_lookup()
             self.metrics.count("shadow_lookups")
             return None, probe
-        if self.calibration is not None:
-            self.calibration.note_lookup()
         if choice.hit is None:
             self.metrics.miss(choice.reason)
             return None, probe
@@ -239,7 +218,7 @@ class SemanticLayer:
         for j in ranked(scores, [n.similarity for n in neighbours]):
             candidate, score = candidates[j], scores[j]
             group = GroupKey(query.scope, candidate.item.answer or candidate.item.key)
-            needed = score if base is None else self._threshold_of(group, base)
+            needed = score if base is None else self.outcomes.threshold_of(group, base)
             decision = accept(score, query.text, candidate.item.text, needed, self.guards)
             if reason is MissReason.ABSENT and not decision.accepted:
                 reason = _REFUSED[decision.reason]
@@ -268,11 +247,6 @@ class SemanticLayer:
     def _fresh(self, candidate: Candidate, view: VersionView, request: ChatRequest) -> Entry | None:
         return self.exact.fresh_entry(candidate.item.key, view, request.directives.max_age_s)
 
-    def _threshold_of(self, group: GroupKey, base: float) -> float:
-        if self.answer_stats is None:
-            return base
-        return self.answer_stats.threshold(group, base)
-
     def _note(
         self,
         best: tuple[Candidate, float, GroupKey] | None,
@@ -286,8 +260,7 @@ class SemanticLayer:
             return None
         candidate, score, group = best
         if base is not None and (
-            (self.answer_stats is None and self.calibration is None)
-            or score < base - self.config.judge_margin
+            not self.outcomes.learns_from_misses or score < base - self.config.judge_margin
         ):
             return None
         try:
@@ -335,7 +308,7 @@ class SemanticLayer:
                 request.body,
                 orjson.loads(noted.cached),
                 orjson.loads(answer.response),
-                lambda wrong: self._judged(noted.score, noted.group, wrong, hit=False),
+                lambda wrong: self.outcomes.judged(noted.score, noted.group, wrong, hit=False),
             )
 
     def rebuild(self) -> int:
@@ -387,20 +360,11 @@ class SemanticLayer:
         if self.verifier is not None and self.verifier.sampled():
             self.metrics.count("verifications_scheduled")
             self.verifier.judge_later(
-                body, cached, fetch, lambda wrong: self._judged(score, group, wrong, hit=True)
+                body,
+                cached,
+                fetch,
+                lambda wrong: self.outcomes.judged(score, group, wrong, hit=True),
             )
-
-    def _judged(self, score: float, group: GroupKey | None, wrong: bool, *, hit: bool) -> None:
-        """A judge's verdict on an answer served (`hit`) or one a miss would have served."""
-        self.metrics.count("pairs_judged")
-        if wrong:
-            self.metrics.count("pairs_judged_wrong")
-        if group is not None and self.answer_stats is not None:
-            self.answer_stats.record(group, score, wrong)
-        if self.calibration is not None:
-            self.calibration.record(score, wrong)
-        elif hit and self.live_threshold is not None:
-            self.live_threshold.on_verdict(score, wrong)
 
     def report_wrong(self, key: str, *, score: float, group: GroupKey | None = None) -> bool:
         """A served semantic answer was reported wrong (`key`, `score`, `group`: the
@@ -418,24 +382,10 @@ class SemanticLayer:
         except StoreError as exc:
             self.metrics.count("store_errors")
             log.warning("could not delete the entry reported wrong: %s", exc)
-        self.metrics.count("complaints")
         self.metrics.gauge("vectors", len(self.indexes))
-        if group is not None and self.answer_stats is not None:
-            self.answer_stats.complain(group, score)
-        if self.calibration is not None:
-            self.calibration.record(score, True)
-        elif self.live_threshold is not None:
-            self.live_threshold.on_verdict(score, True, complaint=True)
+        self.outcomes.complaint(score, group)
         return held
 
     def state(self) -> dict[str, Any]:
-        """The layer's mode and calibration, for `/stats`."""
-        calibration = self.calibration.state().to_dict() if self.calibration else None
-        return {
-            "mode": "shadow" if self.calibration is not None else "calibrated",
-            "serving": self.threshold is not None,
-            "threshold": self.threshold,
-            "matcher": self.matcher.name,
-            "calibration": calibration,
-            "answer_groups": len(self.answer_stats) if self.answer_stats is not None else 0,
-        }
+        """The layer's mode, threshold and calibration, for `/stats`."""
+        return {**self.outcomes.state(), "matcher": self.matcher.name}
