@@ -251,3 +251,19 @@ def test_a_word_index_forgets_lazily_and_still_ranks_by_shared_rare_words() -> N
     assert len(index) == 1
     assert index.best(words("reset my password now"), 3) == []  # every match forgotten
     assert index.best(words("the invoice of last month"), 3) == [5]
+
+
+def test_the_ngram_embedder_is_deterministic_normalised_and_ranks_paraphrases_first() -> None:
+    from infercache.analyze.ngram_embedder import NgramEmbedder
+
+    embedder = NgramEmbedder(dim=128, max_chars=256)
+    texts = ["How do I reset my password?", "how  can i RESET my password", "Where is my invoice?"]
+    vectors = embedder.embed(texts)
+    assert vectors.shape == (3, 128)
+    assert np.allclose(np.linalg.norm(vectors, axis=1), 1.0)
+    assert np.array_equal(vectors, NgramEmbedder(dim=128, max_chars=256).embed(texts))
+    assert float(vectors[0] @ vectors[1]) > float(vectors[0] @ vectors[2]) + 0.3
+    # only the head is read: a long tail changes nothing
+    head = embedder.embed(["x" * 300, "x" * 300 + " and a different tail"])
+    assert np.allclose(head[0], head[1])
+    assert embedder.embed([""]).shape == (1, 128)  # an empty text: a zero vector, no error

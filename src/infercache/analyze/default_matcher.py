@@ -51,7 +51,7 @@ def load_default_matcher() -> DefaultMatcher:
         guards=tuple(doc["guards"]),
         public=True,
         candidates=CandidateFilter(
-            embedder="static", k=int(stage["k"]), min_word_jaccard=float(stage["min_word_jaccard"])
+            embedder="ngram3", k=int(stage["k"]), min_word_jaccard=float(stage["min_word_jaccard"])
         ),
     )
     return DefaultMatcher(options, str(doc["embedder"]), doc)

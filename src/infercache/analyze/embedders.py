@@ -1,6 +1,6 @@
 """The embedders the analyze command measures near-duplicates with, each loaded on first use
 (a log without text never loads a model): the matcher (MiniLM on one torch thread, or the
-user's embedder) and, when sampling, the fast candidate embedder (the static model)."""
+user's embedder) and, when sampling, the fast candidate embedder (character 3-grams)."""
 
 from __future__ import annotations
 
@@ -59,29 +59,15 @@ def embedders(
     matcher = LazyEmbedder(lambda: _quietly(_matcher, semantic), s.embedder)
     if s.candidates is None:
         return matcher, None
-    return matcher, LazyEmbedder(candidate_embedder, "static")
-
-
-class HeadEmbedder:
-    """An embedder of each text's first `max_chars` characters."""
-
-    def __init__(self, inner: Embedder, max_chars: int) -> None:
-        self.inner = inner
-        self.dim = inner.dim
-        self.name = f"{inner.name};first {max_chars} chars"
-        self._max_chars = max_chars
-
-    def embed(self, texts: Sequence[str]) -> Matrix:
-        return self.inner.embed([t[: self._max_chars] for t in texts])
+    return matcher, candidate_embedder()
 
 
 def candidate_embedder() -> Embedder:
-    """The packaged static model, on each text's first 256 characters: it only ranks
-    candidates (a near-duplicate of a long prompt shares its head too), and it costs time in
-    every character it reads."""
-    from infercache.semantic.embedder import StaticEmbedder
+    """The sample's candidate stage: character 3-gram hashing of each text's first 256
+    characters (ngram_embedder.py): no model to load, tens of thousands of texts a second."""
+    from infercache.analyze.ngram_embedder import NgramEmbedder
 
-    return HeadEmbedder(StaticEmbedder(max_tokens=128), 256)
+    return NgramEmbedder(dim=128, max_chars=256)
 
 
 def _matcher(s: SemanticSettings) -> Embedder:

@@ -14,7 +14,7 @@ Two ways to find the candidates (`NearDuplicateFinder`, one window of requests a
 - a uniform sample (the packaged public calibration, default_matcher.py): only a request in
   the sample (probability `sample_rate`, drawn from an injected RNG) is checked. Its
   candidates (scoped_texts.py): in a scope of at most `SMALL_SCOPE` texts, all of them; in a
-  larger one, the union of a fast embedder's (the static model's) `k` nearest and the `k`
+  larger one, the union of a fast embedder's (character 3-grams') `k` nearest and the `k`
   best by shared words (word_index.py); the fast embedder embeds a window's texts of large
   scopes in one batch. Candidates sharing fewer than
   `min_word_jaccard` of their words with the query, or that a guard vetoes (guards read only

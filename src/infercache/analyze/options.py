@@ -43,7 +43,7 @@ class CandidateFilter:
     by `embedder` and the `k` best by shared words, keeping those that share at least
     `min_word_jaccard` (in [0, 1]) of their words with the query."""
 
-    embedder: str  # "static", or a test's name for an injected embedder
+    embedder: str  # "ngram3", or a test's name for an injected embedder
     k: int = 16
     min_word_jaccard: float = 0.2
 
