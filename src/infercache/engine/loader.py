@@ -17,6 +17,7 @@ import torch
 from infercache.clock import Clock
 from infercache.engine.accounting import EngineAccounting
 from infercache.engine.config import EngineConfig
+from infercache.engine.linear import can_pack
 from infercache.engine.model import LlamaModel
 from infercache.engine.prefix_cache import PrefixCache
 from infercache.engine.radix import RadixStats
@@ -71,7 +72,9 @@ def load_model(
         config.max_context_tokens or spec.max_position_embeddings, spec.max_position_embeddings
     )
     dtype = torch.bfloat16 if config.dtype == "bfloat16" else torch.float32
-    model = LlamaModel(spec, checkpoint.tensors, dtype=dtype, max_positions=limit)
+    # The packed weights (linear.py) only pay off when several sequences share a step.
+    packed = config.max_batch > 1 and can_pack(dtype)
+    model = LlamaModel(spec, checkpoint.tensors, dtype=dtype, max_positions=limit, packed=packed)
     cache = None
     if config.prefix_cache:
         cache = PrefixCache(model.kv_shape, max_kv_bytes=config.max_kv_bytes)

@@ -2,7 +2,7 @@
 
 A step (`forward_batch`) runs several sequences at once: each `Segment` is one sequence's new
 tokens at its own positions, with its own KV workspace. Their rows are stacked, so every
-projection reads its weights once for the whole batch (linear.py packs them for that); only
+projection reads its weights once for the whole batch (linear.py, with `packed`); only
 attention is per segment, each over its own workspace, so sequences never see each other's keys.
 `forward` is a batch of one.
 
