@@ -18,12 +18,13 @@ default guards: the rule `infercache tune` applies.
 
 The candidate stage (near_duplicates.py): on a large log the analyzer checks a sample of the
 requests, each against the earlier texts of its scope that character 3-gram hashing
-(analyze/ngram_embedder.py) ranks in its `k` nearest or shared words rank in their `k` best, keeping those sharing at least
-`min_word_jaccard` of their words. `min_word_jaccard` is the highest value on a 0.05 grid that
-keeps 99% of the pairs MiniLM accepts on the tuning pairs. The stage's recall is then measured
-with the analyzer's own code on two dense scopes, where ranking matters most: 1,500 banking77
-(and hwu64) texts each checked against the 8,000+ others of the set, the truth being whether
-MiniLM accepts any of them; recall = the share of those the stage still finds.
+(analyze/ngram_embedder.py) ranks in its `k` nearest or shared words rank in their `k` best,
+keeping those sharing at least `min_word_jaccard` of their words. `min_word_jaccard` is the
+highest value on a 0.05 grid that keeps 99% of the pairs MiniLM accepts on the tuning pairs.
+The stage's recall is then measured with the analyzer's own code on two dense scopes, where
+ranking matters most: 1,500 banking77 (and hwu64) texts each checked against the 8,000+ others
+of the set, the truth being whether MiniLM accepts any of them; recall = the share of those the
+stage still finds.
 """
 
 from __future__ import annotations

@@ -119,19 +119,24 @@ class CompactMemoryStore(MemoryStore):
     def __init__(self, *, max_bytes: int, clock: Clock) -> None:
         super().__init__(max_bytes=max_bytes, clock=clock)
         self._bodies: list[tuple[float, str]] = []  # (expires_at_s, key) of entries with one
+        self._expires_at_s: dict[str, float] = {}  # of each key's latest put
         self._clock_now = clock.now_s
 
     def put(self, key: str, entry: Entry) -> None:
         self._drop_expired_bodies()
         super().put(key, replace(entry, response=bytes(memoryview(entry.response))))
         heapq.heappush(self._bodies, (entry.expires_at_s, key))
+        self._expires_at_s[key] = entry.expires_at_s
 
     def _drop_expired_bodies(self) -> None:
         now_s = self._clock_now()
         while self._bodies and self._bodies[0][0] <= now_s:
             expires_at_s, key = heapq.heappop(self._bodies)
-            entry = self.get(key)
-            if entry is not None and entry.expires_at_s == expires_at_s and entry.response:
+            if self._expires_at_s.get(key) != expires_at_s:
+                continue  # put again since: the entry there is another, maybe live one
+            del self._expires_at_s[key]
+            entry = self.get(key)  # expired: its recency no longer matters
+            if entry is not None and entry.expires_at_s == expires_at_s:
                 super().put(key, replace(entry, response=b""))
 
 
