@@ -57,7 +57,10 @@ def build(
     """`upstreams` overrides both the URLs and the engine (tests pass their own)."""
     clock = clock or SystemClock()
     backend = open_store(
-        settings.resolved_store_url, clock=clock, max_bytes=settings.max_store_bytes
+        settings.resolved_store_url,
+        clock=clock,
+        max_bytes=settings.max_store_bytes,
+        timeout_s=config.store_budget_s,
     )
     if not isinstance(backend, MemoryStore):  # in-process memory never stalls
         backend = GuardedBackend(backend, clock=clock, budget_s=config.store_budget_s)

@@ -14,7 +14,9 @@ from infercache.stores.sqlite import SQLiteStore
 __all__ = ["EPOCH_META", "Backend", "Entry", "MetaStore", "Store", "StoreStats", "open_store"]
 
 
-def open_store(url: str, *, clock: Clock, max_bytes: int) -> Backend:
+def open_store(
+    url: str, *, clock: Clock, max_bytes: int, timeout_s: float | None = None
+) -> Backend:
     """Build the backend a URL names.
 
     - `memory://` (optionally `memory://?max_bytes=N`): in this process only.
@@ -25,7 +27,8 @@ def open_store(url: str, *, clock: Clock, max_bytes: int) -> Backend:
     - `redis+cluster://host:port[,host:port...]?prefix=P` (also `rediss+cluster://`): a Redis
       (or Valkey) Cluster; the nodes listed are seeds (redis_cluster.py).
     `max_bytes` bounds memory and SQLite (a URL's `max_bytes` wins); Redis is bounded by its
-    own `maxmemory`.
+    own `maxmemory`. `timeout_s`, when given, bounds each call: SQLite's busy timeout, Redis'
+    socket timeout (the gateway's store budget, store_guard.py); else the stores' defaults.
     """
     parsed = urllib.parse.urlsplit(url)
     query = urllib.parse.parse_qs(parsed.query)
@@ -42,19 +45,25 @@ def open_store(url: str, *, clock: Clock, max_bytes: int) -> Backend:
         if not url.startswith("sqlite:///") or len(url) <= len("sqlite:///"):
             raise ConfigError(f"sqlite store URL must be sqlite:///PATH, got {url!r}")
         path = urllib.parse.unquote(url[len("sqlite:///") :].split("?", 1)[0])
-        return SQLiteStore(Path(path), max_bytes=max_bytes, clock=clock)
+        if timeout_s is None:
+            return SQLiteStore(Path(path), max_bytes=max_bytes, clock=clock)
+        return SQLiteStore(Path(path), max_bytes=max_bytes, clock=clock, busy_timeout_s=timeout_s)
     if parsed.scheme in ("redis", "rediss", "unix"):
         from infercache.stores.redis import RedisStore
         from infercache.stores.redis_connect import split_store_url
 
         base, prefix = split_store_url(url)
-        return RedisStore(base, clock=clock, prefix=prefix)
+        if timeout_s is None:
+            return RedisStore(base, clock=clock, prefix=prefix)
+        return RedisStore(base, clock=clock, prefix=prefix, socket_timeout_s=timeout_s)
     if parsed.scheme in ("redis+cluster", "rediss+cluster"):
         from infercache.stores.redis_cluster import RedisClusterStore
         from infercache.stores.redis_connect import split_store_url
 
         base, prefix = split_store_url(url)
-        return RedisClusterStore(base, clock=clock, prefix=prefix)
+        if timeout_s is None:
+            return RedisClusterStore(base, clock=clock, prefix=prefix)
+        return RedisClusterStore(base, clock=clock, prefix=prefix, socket_timeout_s=timeout_s)
     raise ConfigError(
         f"unknown store URL scheme {parsed.scheme!r}: use memory://, sqlite:///PATH, "
         "redis://HOST:PORT/DB or redis+cluster://HOST:PORT[,HOST:PORT...]"
