@@ -160,15 +160,20 @@ class UpstreamError(InfercacheError):
         status_code: int = 502,
         body: dict[str, Any] | None = None,
         param: str | None = None,
+        retry_after: str | None = None,
     ) -> None:
         super().__init__(message, param=param)
         self.status_code = status_code
         self.body = body
+        self.retry_after = retry_after  # the upstream's Retry-After, passed on with its 429/503
 
     def to_openai(self) -> dict[str, Any]:
         if self.body is not None and isinstance(self.body.get("error"), dict):
             return self.body
         return super().to_openai()
+
+    def headers(self) -> dict[str, str]:
+        return {"retry-after": self.retry_after} if self.retry_after else {}
 
 
 class UpstreamUnavailableError(UpstreamError):

@@ -142,7 +142,8 @@ class FakeUpstream:
         self.headers.append(dict(request.headers))
         if self.fail_status is not None:
             error = {"error": {"message": "slow down", "type": "rate_limit", "code": "429"}}
-            return JSONResponse(error, status_code=self.fail_status)
+            retry = {"retry-after": "7"} if self.fail_status in (429, 503) else None
+            return JSONResponse(error, status_code=self.fail_status, headers=retry)
         if self.delay_s:
             await asyncio.sleep(self.delay_s)  # a slow provider (the server's own loop)
         if not body.get("stream"):

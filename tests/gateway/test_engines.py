@@ -52,3 +52,21 @@ def test_the_salt_secret_can_be_shared_by_every_gateway_of_a_deployment(
     post(second, "sk-a", body("second gateway"))
     salts = [b["cache_salt"] for b in first.fake.bodies]
     assert salts[0] == salts[1]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_an_overloaded_upstream_429_passes_through_with_retry_after_and_stores_nothing(
+    make_gateway: MakeGateway, stream: bool
+) -> None:
+    running = make_gateway()
+    running.fake.fail_status = 429
+    with running.client() as client:
+        refused = client.post("/v1/chat/completions", json=body("busy", stream=stream))
+    assert refused.status_code == 429
+    assert refused.headers["retry-after"] == "7"
+    assert refused.json()["error"]["message"] == "slow down"
+    running.fake.fail_status = None
+    with running.client() as client:
+        again = client.post("/v1/chat/completions", json=body("busy"))
+    assert again.headers["x-infercache"] == "miss"  # the refusal was never stored
+    assert running.built.gateway.router.health() == ["healthy"]  # a 429 is no replica fault

@@ -107,7 +107,7 @@ def map_aiohttp_errors(name: str, *, answering: bool = False) -> Iterator[None]:
         raise UpstreamError("the upstream sent an invalid answer") from exc
 
 
-def _raise_for_status(status: int, content: bytes) -> None:
+def _raise_for_status(status: int, content: bytes, retry_after: str | None = None) -> None:
     if status < 400:
         return
     try:
@@ -118,7 +118,7 @@ def _raise_for_status(status: int, content: bytes) -> None:
     message = f"upstream answered {status}"
     if body and isinstance(body.get("error"), Mapping):
         message = str(body["error"].get("message", message))
-    raise UpstreamError(message, status_code=status, body=body)
+    raise UpstreamError(message, status_code=status, body=body, retry_after=retry_after)
 
 
 # Hop-by-hop headers (RFC 9110 §7.6.1) and what the gateway sets itself.
@@ -233,7 +233,8 @@ class HTTPUpstream:
             ) as response:
                 content = await response.read()
                 status = response.status
-        _raise_for_status(status, content)
+                retry_after = response.headers.get("retry-after")
+        _raise_for_status(status, content, retry_after)
         with map_aiohttp_errors(self.name, answering=True):
             result = orjson.loads(content)
         if not isinstance(result, dict):
@@ -280,7 +281,8 @@ class HTTPUpstream:
         try:
             with map_aiohttp_errors(self.name, answering=True):
                 if response.status >= 400:
-                    _raise_for_status(response.status, await response.read())
+                    retry_after = response.headers.get("retry-after")
+                    _raise_for_status(response.status, await response.read(), retry_after)
                 async for raw in response.content:
                     line = raw.decode().strip()
                     if not line.startswith("data:"):
