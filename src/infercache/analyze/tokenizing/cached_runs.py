@@ -47,7 +47,7 @@ class CachedRunEncoder:
         encode_run: Callable[[str], Ids],
         specials: Mapping[str, int],
         *,
-        cache_chars: int = 64 << 20,
+        cache_chars: int = 16 << 20,
         max_frames: int = 4096,
     ) -> None:
         if not specials:

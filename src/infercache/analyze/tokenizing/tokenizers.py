@@ -76,7 +76,7 @@ class TemplateTokenizer:
     """A Hugging Face `tokenizer.json` and its chat template (see the module docstring)."""
 
     def __init__(
-        self, tokenizer: Any, template: str, *, name: str, cache_chars: int = 64 << 20
+        self, tokenizer: Any, template: str, *, name: str, cache_chars: int = 16 << 20
     ) -> None:
         self.name = name
         self.hf = tokenizer  # the `tokenizers.Tokenizer`
@@ -170,7 +170,7 @@ class Chars4Tokenizer:
 
     name = "chars4"
 
-    def __init__(self, *, cache_chars: int = 64 << 20) -> None:
+    def __init__(self, *, cache_chars: int = 16 << 20) -> None:
         self._intern: dict[int, int] = {}
         specials = {s: _CHARS4_SPECIAL_BASE + i for i, s in enumerate(CHATML_SPECIALS)}
         self.boundary_ids = _Chars4Boundaries(frozenset(specials.values()))
