@@ -195,8 +195,10 @@ def _is_prompt(v: object) -> bool:
         return True
     if not isinstance(v, list) or not v:
         return False
-    return all(isinstance(p, str) for p in v) or all(_is_int(t) for t in v) or all(
-        isinstance(p, list) and p and all(_is_int(t) for t in p) for p in v
+    return (
+        all(isinstance(p, str) for p in v)
+        or all(_is_int(t) for t in v)
+        or all(isinstance(p, list) and p and all(_is_int(t) for t in p) for p in v)
     )
 
 
