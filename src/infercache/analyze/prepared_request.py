@@ -32,6 +32,7 @@ from typing import Any, NamedTuple
 
 from infercache.analyze.cost_model import Timing
 from infercache.analyze.log_reader import Kind, LineErrors, LogRecord
+from infercache.analyze.simulated_prefix_cache import TokensPerUnit
 from infercache.analyze.tokenizing.chat_frames import Turn, turns_of
 from infercache.analyze.tokenizing.tokenizers import PromptTokenizer
 from infercache.errors import InvalidRequestError
@@ -45,7 +46,6 @@ UPSTREAM_LAYERS = frozenset({"miss", "bypass", "uncacheable"})  # logged lines t
 SAMPLED = "sampled without a seed"
 NO_STORE = "no-store or no-cache asked"
 SIDE_EFFECTS = "tools with side effects"
-UnitTokens = int | tuple[int, ...]  # tokens per unit: one size for all, or one per unit
 
 
 class PreparedRequest(NamedTuple):  # a NamedTuple: one per request, cheaper than frozen
@@ -56,7 +56,7 @@ class PreparedRequest(NamedTuple):  # a NamedTuple: one per request, cheaper tha
     model: str
     exact_id: bytes  # 16 bytes: equal ids = exact repeat
     units: tuple[int, ...] | None  # token ids, or block hashes; None when unknown
-    unit_tokens: UnitTokens  # 1 for token ids, the block size, or each hash's chunk size
+    unit_tokens: TokensPerUnit  # 1 for token ids, the block size, or each hash's chunk size
     prompt_tokens: int | None
     completion_tokens: int | None
     not_cacheable: str | None  # why the exact cache would not serve it

@@ -29,7 +29,7 @@ from infercache.analyze.kv_sweep import BudgetSweep
 from infercache.engine.radix import RadixNode, RadixTree
 
 UNBOUNDED_TOKENS = 1 << 62
-UnitTokens = int | tuple[int, ...]
+TokensPerUnit = int | tuple[int, ...]  # one size for every unit, or each unit's own
 
 
 def kv_namespace(tenant: str, model: str, *, share_across_tenants: bool) -> str:
@@ -45,7 +45,7 @@ class Span:
     __slots__ = ("last_index", "last_seen_s", "nbytes", "sizes", "unit_tokens", "units")
 
     def __init__(
-        self, units: int, unit_tokens: UnitTokens, last_seen_s: float, last_index: int
+        self, units: int, unit_tokens: TokensPerUnit, last_seen_s: float, last_index: int
     ) -> None:
         self.units = units
         self.last_seen_s = last_seen_s
@@ -107,7 +107,7 @@ class SimulatedPrefixCache:
         namespace: str,
         units: tuple[int, ...],
         *,
-        unit_tokens: UnitTokens,
+        unit_tokens: TokensPerUnit,
         prompt_tokens: int,
         now_s: float,
     ) -> Reuse:
@@ -134,7 +134,7 @@ class SimulatedPrefixCache:
         self,
         node: RadixNode[Span],
         new: tuple[int, ...],
-        unit_tokens: UnitTokens,
+        unit_tokens: TokensPerUnit,
         now_s: float,
         index: int,
     ) -> None:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-Ids = tuple[int, ...]
+TokenIds = tuple[int, ...]  # a text's token ids, in order
 GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 
 
@@ -37,17 +37,19 @@ def bytes_to_unicode() -> dict[int, str]:
 
 
 class ByteLevelWords:
-    def __init__(self, model: Any, ints: Ids, pattern: Any, *, max_words: int = 1 << 20) -> None:
+    def __init__(
+        self, model: Any, ints: TokenIds, pattern: Any, *, max_words: int = 1 << 20
+    ) -> None:
         self._tokenize = model.tokenize
         self._ints = ints
         self._findall = pattern.findall
         self._bytes = [bytes_to_unicode()[b] for b in range(256)]
         self._half = max(1, max_words // 2)
-        self._new: dict[str, Ids] = {}
-        self._old: dict[str, Ids] = {}
+        self._new: dict[str, TokenIds] = {}
+        self._old: dict[str, TokenIds] = {}
 
     @classmethod
-    def of(cls, tokenizer: Any, ints: Ids) -> ByteLevelWords | None:
+    def of(cls, tokenizer: Any, ints: TokenIds) -> ByteLevelWords | None:
         try:
             import regex  # type: ignore[import-untyped]
         except ImportError:
@@ -70,7 +72,7 @@ class ByteLevelWords:
             return None
         return cls(tokenizer.model, ints, regex.compile(GPT2_PATTERN))
 
-    def encode(self, text: str) -> Ids:
+    def encode(self, text: str) -> TokenIds:
         out: list[int] = []
         new = self._new
         for word in self._findall(text):
@@ -78,7 +80,7 @@ class ByteLevelWords:
             out += ids if ids is not None else self._miss(word)
         return tuple(out)
 
-    def _miss(self, word: str) -> Ids:
+    def _miss(self, word: str) -> TokenIds:
         ids = self._old.get(word)
         if ids is None:
             mapped = "".join([self._bytes[b] for b in word.encode("utf-8", "surrogatepass")])

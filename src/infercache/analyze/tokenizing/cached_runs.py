@@ -23,12 +23,12 @@ import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import NamedTuple
 
-Ids = tuple[int, ...]
+from infercache.analyze.tokenizing.byte_level_words import TokenIds
 
 
 class _Literal(NamedTuple):
     head: str  # text before the first special; the whole literal when it has none
-    middle: Ids  # ids from its first special to its last, inclusive
+    middle: TokenIds  # ids from its first special to its last, inclusive
     tail: str | None  # text after the last special; None when it has no special
 
 
@@ -44,7 +44,7 @@ def alternation(literals: Iterable[str]) -> re.Pattern[str]:
 class CachedRunEncoder:
     def __init__(
         self,
-        encode_run: Callable[[str], Ids],
+        encode_run: Callable[[str], TokenIds],
         specials: Mapping[str, int],
         *,
         cache_chars: int = 16 << 20,
@@ -58,13 +58,13 @@ class CachedRunEncoder:
         self._specials = dict(specials)
         self._encode_run = encode_run
         self._half_chars = max(1, cache_chars // 2)
-        self._new: dict[str, Ids] = {}
-        self._old: dict[str, Ids] = {}
+        self._new: dict[str, TokenIds] = {}
+        self._old: dict[str, TokenIds] = {}
         self._new_chars = 0
         self._frames: dict[Sequence[str], tuple[_Literal, ...]] = {}
         self._max_frames = max_frames
 
-    def encode(self, text: str) -> Ids:
+    def encode(self, text: str) -> TokenIds:
         parts = self._split(text)
         cache, specials = self._new, self._specials
         out: list[int] = []
@@ -78,7 +78,7 @@ class CachedRunEncoder:
                 out.append(specials[parts[i + 1]])
         return tuple(out)
 
-    def encode_frame(self, frame: Sequence[str], contents: Sequence[str]) -> Ids:
+    def encode_frame(self, frame: Sequence[str], contents: Sequence[str]) -> TokenIds:
         literals = self._frames.get(frame)
         if literals is None:
             literals = self._literals(frame)
@@ -120,7 +120,7 @@ class CachedRunEncoder:
         self._frames[tuple(frame)] = result = tuple(literals)
         return result
 
-    def _miss(self, run: str, *, pure: bool) -> Ids:
+    def _miss(self, run: str, *, pure: bool) -> TokenIds:
         """Ids of a run not in `_new`: from `_old`, else encoded (split at any special it
         holds, unless the caller knows it has none)."""
         ids = self._old.get(run)

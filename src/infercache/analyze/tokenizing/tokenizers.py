@@ -33,8 +33,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from infercache.analyze.tokenizing.byte_level_words import ByteLevelWords
-from infercache.analyze.tokenizing.cached_runs import CachedRunEncoder, Ids
+from infercache.analyze.tokenizing.byte_level_words import ByteLevelWords, TokenIds
+from infercache.analyze.tokenizing.cached_runs import CachedRunEncoder
 from infercache.analyze.tokenizing.chat_frames import (
     CHATML_SPECIALS,
     ChatMLRenderer,
@@ -53,11 +53,11 @@ class PromptTokenizer(Protocol):
     @property
     def name(self) -> str: ...
 
-    def encode_messages(self, messages: Sequence[Mapping[str, Any]]) -> Ids:
+    def encode_messages(self, messages: Sequence[Mapping[str, Any]]) -> TokenIds:
         """Token ids of the rendered messages plus the assistant turn's opening."""
         ...
 
-    def encode_turns(self, turns: Sequence[Turn]) -> Ids:
+    def encode_turns(self, turns: Sequence[Turn]) -> TokenIds:
         """The same from (role, text) pairs (frames.turns_of)."""
         ...
 
@@ -80,7 +80,7 @@ class TemplateTokenizer:
     ) -> None:
         self.name = name
         self.hf = tokenizer  # the `tokenizers.Tokenizer`
-        self._ints: Ids = tuple(range(tokenizer.get_vocab_size(with_added_tokens=True)))
+        self._ints: TokenIds = tuple(range(tokenizer.get_vocab_size(with_added_tokens=True)))
         self.renderer = TemplateRenderer(template)
         added = tokenizer.get_added_tokens_decoder()
         verbatim = all(
@@ -107,7 +107,7 @@ class TemplateTokenizer:
             raise ConfigError(f"cannot load a tokenizer from {path}: {exc}") from exc
         return cls(tokenizer, _chat_template(directory), name=name or f"hf:{directory.name}")
 
-    def _encode_run(self, text: str) -> Ids:
+    def _encode_run(self, text: str) -> TokenIds:
         """A run without special tokens: word by word when the tokenizer allows it."""
         if self._words is not None:
             return self._words.encode(text)
@@ -122,15 +122,15 @@ class TemplateTokenizer:
             self._boundaries = self._special_ids | newline
         return self._boundaries
 
-    def encode_text(self, text: str) -> Ids:
+    def encode_text(self, text: str) -> TokenIds:
         if self._segments is not None:
             return self._segments.encode(text)
         return self._encode_run(text)
 
-    def encode_messages(self, messages: Sequence[Mapping[str, Any]]) -> Ids:
+    def encode_messages(self, messages: Sequence[Mapping[str, Any]]) -> TokenIds:
         return self.encode_turns(turns_of(messages))
 
-    def encode_turns(self, turns: Sequence[Turn]) -> Ids:
+    def encode_turns(self, turns: Sequence[Turn]) -> TokenIds:
         return _encode_turns(self.renderer, self._segments, self.encode_text, turns)
 
     def count(self, text: str) -> int:
@@ -140,13 +140,13 @@ class TemplateTokenizer:
 def _encode_turns(
     renderer: Renderer,
     segments: CachedRunEncoder | None,
-    encode_text: Callable[[str], Ids],
+    encode_text: Callable[[str], TokenIds],
     turns: Sequence[Turn],
-) -> Ids:
+) -> TokenIds:
     """Frame and contents through the segment encoder when both exist, else render, encode."""
     frame = renderer.frame(turns) if segments is not None else None
     if frame is None or segments is None:
-        ids: Ids = encode_text(renderer.render(turns))
+        ids: TokenIds = encode_text(renderer.render(turns))
         return ids
     return segments.encode_frame(frame, [text for _, text in turns])
 
@@ -177,7 +177,7 @@ class Chars4Tokenizer:
         self._segments = CachedRunEncoder(self._encode_run, specials, cache_chars=cache_chars)
         self.renderer = ChatMLRenderer()
 
-    def _encode_run(self, text: str) -> Ids:
+    def _encode_run(self, text: str) -> TokenIds:
         data = text.encode("utf-8", "surrogatepass")
         full = len(data) // 4
         ids: list[int] = np.frombuffer(data, dtype="<u4", count=full).tolist() if full else []
@@ -186,10 +186,10 @@ class Chars4Tokenizer:
             ids.append(_CHARS4_PARTIAL_BASE + (len(tail) << 24 | int.from_bytes(tail, "little")))
         return tuple(map(self._intern.setdefault, ids, ids))
 
-    def encode_messages(self, messages: Sequence[Mapping[str, Any]]) -> Ids:
+    def encode_messages(self, messages: Sequence[Mapping[str, Any]]) -> TokenIds:
         return self.encode_turns(turns_of(messages))
 
-    def encode_turns(self, turns: Sequence[Turn]) -> Ids:
+    def encode_turns(self, turns: Sequence[Turn]) -> TokenIds:
         return _encode_turns(self.renderer, self._segments, self._segments.encode, turns)
 
     def count(self, text: str) -> int:
