@@ -17,6 +17,12 @@
       miss.close_shared(leader | None): an identical request in flight fetched it (flight.py):
                             a coalesced hit, or a miss when that call failed
     The engine's KV prefix reuse sits underneath, inside the upstream.
+Every answer a cache entry holds is remembered by response id and tenant (served_answers.py),
+so `report_wrong(response_id)` can retire the entry that served it, at once, and charge the
+complaint to the layer that answered: a semantic hit's complaint feeds that answer's
+statistics and the layer's threshold or calibration (SemanticLayer.report_wrong); an exact
+hit's or a fetched answer's only retires the entry (and its semantic record, so no paraphrase
+is served it either): the upstream answered that very question, no cache decision was wrong.
 
 `complete` (threads) and `acomplete` (asyncio) are begin → lead or join the flight for the key
 → fetch → close, on the same coalescing primitive (flight.py) the gateway uses around its
@@ -58,6 +64,12 @@ from infercache.semantic.layer import (
     SemanticLayer,
 )
 from infercache.semantic.verify import Verifier
+from infercache.served_answers import (
+    SemanticServing,
+    ServedAnswers,
+    ServedBy,
+    retire_reported,
+)
 from infercache.settings import Settings
 from infercache.stores import Backend, open_store
 from infercache.stores.memory import MemoryStore
@@ -196,6 +208,11 @@ class Cache:
         )
         self.flights: FlightTable[Completion] = FlightTable()
         self.semantic: SemanticLayer | None = None
+        self.served = ServedAnswers(
+            max_answers=settings.feedback_max_answers,
+            ttl_s=settings.feedback_ttl_s,
+            clock=self.clock,
+        )
 
     def enable_semantic(
         self,
@@ -346,7 +363,7 @@ class Cache:
             return Miss(self, req, Layer.BYPASS, self.exact.lookup(req, read_entry=False))
         lookup = self.exact.lookup(req)
         if lookup.entry is not None:
-            return self._exact_hit(lookup)
+            return self._exact_hit(req, lookup)
         probe = None
         if self.semantic is not None and lookup.view is not None and endpoint is Endpoint.CHAT:
             hit, probe = self.semantic.lookup(req, lookup.view)
@@ -367,7 +384,10 @@ class Cache:
     def _finish(
         self, miss: Miss, response: Response, upstream_s: float, produced_by: str | None
     ) -> Completion:
-        self._exact_metrics.prompt_tokens(usage_tokens(response)[0])
+        prompt_tokens = usage_tokens(response)[0]
+        self._exact_metrics.prompt_tokens(prompt_tokens)
+        if miss.probe is not None and self.semantic is not None:
+            self.semantic.metrics.prompt_tokens(prompt_tokens)  # the semantic layer looked too
         lookup = miss.lookup
         if miss.layer is Layer.MISS and lookup is not None:
             self._exact_metrics.miss(lookup.miss_reason or MissReason.ABSENT)
@@ -377,6 +397,8 @@ class Cache:
             )
             if stored_under is not None and self.semantic is not None:
                 self.semantic.store(miss.request, stored_under, lookup.key, miss.probe)
+            if stored_under is not None:
+                self._remember(miss.request, response, ServedBy.FETCHED, (lookup.key,))
         return miss.answer(response, upstream_s)
 
     def _abandon(self, miss: Miss) -> None:
@@ -385,6 +407,7 @@ class Cache:
 
     def _shared(self, miss: Miss, leader: Completion) -> Completion:
         prompt_tokens, completion_tokens = usage_tokens(leader.response)
+        self._exact_metrics.prompt_tokens(prompt_tokens)
         self._exact_metrics.hit(
             prompt_tokens=prompt_tokens,
             completion_tokens=completion_tokens,
@@ -394,6 +417,8 @@ class Cache:
             ),
         )
         self._exact_metrics.count("coalesced")
+        if leader.key is not None:
+            self._remember(miss.request, leader.response, ServedBy.FETCHED, (leader.key,))
         return Completion(leader.response, Layer.EXACT, age_s=0.0, key=leader.key, coalesced=True)
 
     def _semantic_hit(
@@ -401,10 +426,16 @@ class Cache:
     ) -> Completion:
         assert self.semantic is not None
         response: Response = orjson.loads(hit.entry.response)
+        for metrics in (self._exact_metrics, self.semantic.metrics):  # both looked it up
+            metrics.prompt_tokens(hit.entry.prompt_tokens)
         if verify is not None:
             self.semantic.verify(req.body, response, hit.similarity, verify)
+        keys: tuple[str, ...] = (hit.key,)
         if self.semantic.config.store_hits_as_exact:
             self.exact.store(lookup, req, response, upstream_s=hit.entry.upstream_s)
+            keys = (hit.key, lookup.key)
+        serving = SemanticServing(hit.key, hit.score, hit.group)
+        self._remember(req, response, ServedBy.SEMANTIC, keys, serving)
         return Completion(
             response,
             Layer.SEMANTIC,
@@ -413,9 +444,10 @@ class Cache:
             similarity=hit.similarity,
         )
 
-    def _exact_hit(self, lookup: Lookup) -> Completion:
+    def _exact_hit(self, req: ChatRequest, lookup: Lookup) -> Completion:
         entry = lookup.entry
         assert entry is not None
+        self._exact_metrics.prompt_tokens(entry.prompt_tokens)
         self._exact_metrics.hit(
             prompt_tokens=entry.prompt_tokens,
             completion_tokens=entry.completion_tokens,
@@ -425,7 +457,42 @@ class Cache:
             ),
         )
         response: Response = orjson.loads(entry.response)
+        self._remember(req, response, ServedBy.EXACT, (lookup.key,))
         return Completion(response, Layer.EXACT, age_s=self.exact.age_s(entry), key=lookup.key)
+
+    def _remember(
+        self,
+        req: ChatRequest,
+        response: Response,
+        layer: ServedBy,
+        keys: tuple[str, ...],
+        semantic: SemanticServing | None = None,
+    ) -> None:
+        tenant = req.directives.tenant
+        self.served.remember(tenant, response.get("id"), layer, keys, semantic)
+
+    # -- complaints --
+
+    def report_wrong(self, response_id: str, *, tenant: str = "") -> bool:
+        """An answer this cache served to `tenant` (the request's `infercache.tenant`; the
+        gateway passes the authenticated one) was wrong. Retires at once every entry that held
+        it (never served again), charges the complaint to the layer that answered (module
+        docstring) and returns True; False when no answer with this id was served to this
+        tenant recently (`feedback_max_answers`, `feedback_ttl_s`). A repeated report is
+        accepted and changes nothing more."""
+        found = self.served.take(tenant, response_id)
+        if found is None:
+            return False
+        record, first = found
+        if first:
+            retire_reported(
+                record,
+                response_id,
+                backend=self.backend,
+                semantic=self.semantic,
+                exact_metrics=self._exact_metrics,
+            )
+        return True
 
     # -- administration --
 

@@ -13,6 +13,8 @@ naming it.
     cache_sampled = false                # INFERCACHE_CACHE_SAMPLED: cache temperature > 0
                                          #   without a seed too
     default_temperature = 1.0            # what a request without temperature samples at
+    feedback_max_answers = 50000         # INFERCACHE_FEEDBACK_MAX_ANSWERS: recent answers a
+    feedback_ttl_s = 86400               #   complaint can name (INFERCACHE_FEEDBACK_TTL_S)
 
     [prices."gpt-4o-mini"]               # INFERCACHE_PRICES='{"gpt-4o-mini": [0.15, 0.6, 0.075]}'
     input_usd_per_mtok = 0.15
@@ -135,6 +137,8 @@ class Settings:
     default_temperature: float = 1.0
     ignorable_fields: frozenset[str] = IGNORABLE_FIELDS
     prices: PriceTable = field(default_factory=PriceTable)
+    feedback_max_answers: int = 50_000  # answers remembered for `report_wrong` (0: none)
+    feedback_ttl_s: float = 86_400.0  # how long after it was served an answer can be reported
     semantic: SemanticSettings = field(default_factory=SemanticSettings)
 
     def __post_init__(self) -> None:
@@ -146,6 +150,11 @@ class Settings:
             )
         if self.max_store_bytes <= 0:
             raise ConfigError(f"max_store_bytes must be > 0, got {self.max_store_bytes}")
+        if self.feedback_max_answers < 0 or not self.feedback_ttl_s > 0:
+            raise ConfigError(
+                "need feedback_max_answers >= 0 and feedback_ttl_s > 0, got "
+                f"{self.feedback_max_answers}, {self.feedback_ttl_s}"
+            )
 
     @property
     def resolved_store_url(self) -> str:
@@ -208,6 +217,8 @@ class Settings:
             "INFERCACHE_MAX_TTL_S": "max_ttl_s",
             "INFERCACHE_CACHE_SAMPLED": "cache_sampled",
             "INFERCACHE_DEFAULT_TEMPERATURE": "default_temperature",
+            "INFERCACHE_FEEDBACK_MAX_ANSWERS": "feedback_max_answers",
+            "INFERCACHE_FEEDBACK_TTL_S": "feedback_ttl_s",
         }
         raw = {field_name: environ[var] for var, field_name in names.items() if var in environ}
         changes = _cache_section(raw, "environment", from_strings=True)
@@ -237,6 +248,8 @@ _CACHE_FIELDS: dict[str, tuple[str, type]] = {
     "max_ttl_s": ("max_ttl_s", float),
     "cache_sampled": ("cache_sampled", bool),
     "default_temperature": ("default_temperature", float),
+    "feedback_max_answers": ("feedback_max_answers", int),
+    "feedback_ttl_s": ("feedback_ttl_s", float),
 }
 
 
