@@ -3,6 +3,7 @@
     POST /v1/chat/completions        the cached path (service.py); streaming and not
     POST /v1/completions             the legacy API, cached on the same path and policy
     POST /v1/embeddings              cached per input (embedding_cache.py)
+    POST /v1/feedback                {"id": ID, "wrong": true}: retire a wrong answer (feedback.py)
     GET  /v1/models, /v1/models/ID   what the upstreams serve
     *    /v1/...                     any other path and method: passed through to an upstream
                                      as is (its credentials, never a gateway key), streamed
@@ -42,6 +43,7 @@ from infercache.errors import (
 )
 from infercache.gateway.auth import Auth, resolve_tenant
 from infercache.gateway.controls import apply_header_controls
+from infercache.gateway.feedback import feedback_endpoint
 from infercache.gateway.service import Gateway, JSONReply
 from infercache.gateway.stats import gateway_stats
 from infercache.gateway.upstream import PassThrough
@@ -55,6 +57,7 @@ OWN_PATHS = {
     "/v1/chat/completions": ["POST"],
     "/v1/completions": ["POST"],
     "/v1/embeddings": ["POST"],
+    "/v1/feedback": ["POST"],
     "/v1/models": ["GET"],
 }
 
@@ -205,6 +208,11 @@ def create_app(
             Route("/v1/chat/completions", chat, methods=["POST"]),
             Route("/v1/completions", completions, methods=["POST"]),
             Route("/v1/embeddings", embeddings, methods=["POST"]),
+            Route(
+                "/v1/feedback",
+                feedback_endpoint(gateway, auth, max_body_bytes),
+                methods=["POST"],
+            ),
             Route("/v1/models", models, methods=["GET"]),
             Route("/v1/models/{model:path}", model, methods=["GET"]),
             Route("/metrics", metrics, methods=["GET"]),

@@ -1,4 +1,6 @@
-"""`GET /stats`: the gateway's JSON snapshot — per strategy, the store, the upstreams, flights.
+"""`GET /stats`: the gateway's JSON snapshot — per strategy, the store, the upstreams, flights,
+the semantic layer's mode (shadow or calibrated: pairs judged, would-be hit rate, the current
+false-hit bound, serving or not) and the complaints received per layer that answered.
 It reads the store: call it off the event loop (`Gateway.offload`)."""
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ log = logging.getLogger(__name__)
 
 
 def gateway_stats(gateway: Gateway) -> dict[str, Any]:
-    out: dict[str, Any] = dict(gateway.cache.metrics.snapshot())
+    snapshot = gateway.cache.metrics.snapshot()
+    out: dict[str, Any] = dict(snapshot)
     backend = gateway.cache.backend
     try:
         store = backend.stats()
@@ -37,6 +40,25 @@ def gateway_stats(gateway: Gateway) -> dict[str, Any]:
     out["model_swaps"] = gateway.tracker.swaps
     if isinstance(backend, GuardedBackend):
         out["store"]["guard"] = backend.health()
+    semantic = gateway.cache.semantic
+    out["semantic"] = semantic.state() if semantic is not None else None
+    out["feedback"] = _feedback(gateway, snapshot["strategies"])
     out["flights"] = len(gateway.flights)
     out["waiting"] = gateway.flights.waiting()
     return out
+
+
+def _feedback(gateway: Gateway, strategies: dict[str, Any]) -> dict[str, Any]:
+    """Complaints (`POST /v1/feedback`) per layer that served the answer reported wrong."""
+
+    def counted(strategy: str, name: str) -> int:
+        return int(strategies.get(strategy, {}).get("counters", {}).get(name, 0))
+
+    return {
+        "remembered_answers": len(gateway.cache.served),
+        "complaints": {
+            "semantic": counted("semantic", "complaints"),
+            "exact": counted("exact", "complaints"),
+            "fetched": counted("exact", "complaints_on_fetched"),
+        },
+    }
