@@ -30,6 +30,7 @@ _EXPORTS = {
         (
             "InfercacheError",
             "ConfigError",
+            "MissingExtraError",
             "InvalidRequestError",
             "ContextTooLongError",
             "PayloadTooLargeError",
@@ -61,6 +62,7 @@ __all__ = [
     "InfercacheError",
     "InvalidRequestError",
     "Layer",
+    "MissingExtraError",
     "ModelNotFoundError",
     "NotCachedError",
     "NotFoundError",
@@ -87,6 +89,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time `__getattr__` 
         EmbedderError,
         InfercacheError,
         InvalidRequestError,
+        MissingExtraError,
         ModelNotFoundError,
         NotCachedError,
         NotFoundError,

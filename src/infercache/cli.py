@@ -4,6 +4,10 @@ Each area registers its own sub-commands through a `register(subparsers)` functi
 package, so this file only assembles them. Heavy imports (torch, transformers) happen inside the
 command handlers, never at startup.
 
+An optional part that is not installed (extras.py) is a one-line error naming the extra to
+install, exit code 2, no traceback: a handler's `require` raises `MissingExtraError`, and as a
+last resort an import of a module an extra provides that no `require` guarded is translated here.
+
 A bad flag is reported with the usage of the command it was given to (`serve --bogus` shows
 serve's usage): argparse hands a sub-command's unrecognised arguments back to the top-level
 parser, which would report them with its own usage, so every sub-command parser is a
@@ -18,6 +22,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from infercache import __version__
+from infercache.errors import MissingExtraError
+from infercache.extras import missing_module_error
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -66,7 +72,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     if handler is None:
         parser.print_help(sys.stderr)
         return 2
-    return handler(args)
+    try:
+        return handler(args)
+    except ImportError as exc:
+        missing = _missing_extra(exc)
+        if missing is None:
+            raise
+        print(f"infercache {args.command}: {missing}", file=sys.stderr)
+        return 2
+
+
+def _missing_extra(exc: ImportError) -> MissingExtraError | None:
+    """The error naming the extra to install, for a part that is not installed; else None."""
+    if isinstance(exc, MissingExtraError):
+        return exc
+    if isinstance(exc, ModuleNotFoundError):
+        return missing_module_error(exc.name)
+    return None  # a broken install, not a missing one: keep its traceback
 
 
 if __name__ == "__main__":

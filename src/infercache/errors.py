@@ -5,6 +5,8 @@ and shape checks raise `ValueError`/`TypeError`, never a client-facing class.
 
     InfercacheError                    root; never escapes a server as a traceback
     ├── ConfigError                    bad settings, store URL or CLI option (also ValueError)
+    ├── MissingExtraError              an optional part is not installed; names the extra to
+    │                                  install, `infercache[engine]` say (also ImportError)
     ├── InvalidRequestError            a request we refuse to process: HTTP 400
     │   ├── ContextTooLongError        prompt + max_tokens over the model's window: HTTP 400
     │   └── PayloadTooLargeError       body over the configured limit: HTTP 413
@@ -18,6 +20,8 @@ and shape checks raise `ValueError`/`TypeError`, never a client-facing class.
     ├── StoreError                     any cache-store failure; becomes a counted miss, never
     │   │                              a failed request
     │   └── StoreUnavailableError      over its latency budget, or skipped while it fails
+    ├── StoreWouldBlockError           a non-blocking store read would wait: retried off the
+    │                                  event loop (internal, never reaches a client)
     ├── EmbedderError                  the semantic layer's embedder failed; a counted miss
     └── UpstreamError                  the upstream answered with an error (its status kept)
         ├── UpstreamUnavailableError   could not reach the upstream at all: HTTP 502
@@ -64,6 +68,17 @@ class InfercacheError(Exception):
 
 class ConfigError(InfercacheError, ValueError):
     error_type = "invalid_configuration"
+
+
+class MissingExtraError(InfercacheError, ImportError):
+    """An optional part (the engine, the semantic layer, plots...) is not installed. `extra`
+    names what to install: `pip install 'infercache[<extra>]'` (extras.py)."""
+
+    error_type = "missing_extra"
+
+    def __init__(self, message: str, *, extra: str) -> None:
+        super().__init__(message)
+        self.extra = extra
 
 
 class InvalidRequestError(InfercacheError, ValueError):
@@ -140,6 +155,12 @@ class StoreError(InfercacheError):
 
 class StoreUnavailableError(StoreError):
     """The store took longer than its budget, or its circuit breaker is open: skipped."""
+
+
+class StoreWouldBlockError(InfercacheError):
+    """A store call made in non-blocking mode (`stores.base.inline_reads`) would have waited
+    (a lock, a write, a breaker not closed): the caller retries it off the event loop. Never
+    reaches a client; not a `StoreError`, so no layer mistakes it for a failing store."""
 
 
 class EmbedderError(InfercacheError):
