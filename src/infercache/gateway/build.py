@@ -3,6 +3,10 @@
 The embedded default (no upstream URL) loads the built-in engine in this process, sharing the
 cache's `Metrics` so `/stats` shows the exact and prefix strategies side by side, and records
 the engine's weights digest as the model's version before the first request.
+
+The engine and the semantic layer are optional parts (extras.py): each is checked here, where it
+is chosen, so a base install serving `--upstream` never imports torch, and one asked for the
+engine or `--semantic` gets an error naming the extra to install.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from infercache.cache import Cache
 from infercache.clock import Clock, SystemClock
 from infercache.engine.config import EngineConfig
 from infercache.errors import StoreError
+from infercache.extras import require
 from infercache.gateway.across_replicas import AcrossReplicas
 from infercache.gateway.app import create_app
 from infercache.gateway.auth import Auth
@@ -27,7 +32,7 @@ from infercache.gateway.service import Gateway
 from infercache.gateway.tracing import RequestTracer, otlp_tracer
 from infercache.gateway.upstream import SALTED_KINDS, EmbeddingsUpstream, HTTPUpstream, Upstream
 from infercache.gateway.versions import ModelVersionTracker
-from infercache.redaction import load_or_create_secret
+from infercache.redaction import Redactor, load_or_create_secret
 from infercache.settings import Settings
 from infercache.store_guard import GuardedBackend
 from infercache.stores import Backend, open_store
@@ -55,6 +60,11 @@ def build(
     tracer: RequestTracer | None = None,
 ) -> Built:
     """`upstreams` overrides both the URLs and the engine (tests pass their own)."""
+    # Before anything starts: a missing part is an error naming its extra, not a traceback.
+    if upstreams is None and not config.upstreams:
+        require("engine", "the built-in engine (serve without --upstream)")
+    if settings.semantic.enabled:
+        require("semantic", "the semantic layer (--semantic)")
     clock = clock or SystemClock()
     backend = open_store(
         settings.resolved_store_url,
@@ -69,7 +79,11 @@ def build(
     if upstreams is None:
         upstreams = _upstreams(settings, config, cache, engine_config)
     request_log = (
-        RequestLog(config.request_log, clock=clock, redact=config.redact)
+        RequestLog(
+            config.request_log,
+            clock=clock,
+            redactor=Redactor.of(settings) if config.redact else None,  # redaction.py
+        )
         if config.request_log
         else None
     )
