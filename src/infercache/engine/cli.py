@@ -12,6 +12,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from infercache.extras import require
+
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:
     engine = sub.add_parser("engine", help="the built-in inference engine")
@@ -89,6 +91,7 @@ def _exit(_signum: int, _frame: object) -> None:
 def _serve(args: argparse.Namespace) -> int:
     # Never reach for a model hub, whatever transformers would otherwise try.
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    require("engine", "infercache engine serve")
     import uvicorn
 
     from infercache.engine.config import EngineConfig

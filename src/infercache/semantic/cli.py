@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from infercache.errors import InfercacheError
+from infercache.extras import require
 
 EMBEDDERS = ("minilm", "static")
 USAGE = (
@@ -96,6 +97,9 @@ def handle(args: argparse.Namespace) -> int:
     from infercache.semantic.tune import evaluate_files, tune_files
 
     try:
+        require("semantic", "infercache tune")
+        if args.plot is not None:
+            require("report", "--plot")
         if args.files[0] == "eval":
             report = evaluate_files(args, args.files[1:])
             how = "given"
