@@ -1,4 +1,11 @@
-"""`infercache serve`: the OpenAI-compatible caching gateway (the README's main job)."""
+"""`infercache serve`: the OpenAI-compatible caching gateway (the README's main job).
+
+`--semantic[=MODE]` turns the semantic layer on. MODE `auto` (the flag alone) keeps the mode of
+`--config`'s `[semantic]` table, whose own default is: calibrated when it holds a threshold
+(`infercache tune --write-config`), else shadow — so with no calibration the layer starts in
+shadow and serves nothing until judged live traffic certifies its false-hit bound
+(semantic/shadow.py). `shadow` or `calibrated` forces that mode.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +20,7 @@ from typing import Any
 from infercache.cli_cache import add_store_options, settings_from_args
 from infercache.errors import ConfigError, InfercacheError
 from infercache.gateway.config import GatewayConfig, UpstreamSpec, parse_api_keys
+from infercache.settings import Settings
 from infercache.urls import mask_credentials
 
 
@@ -51,6 +59,17 @@ def _config(args: argparse.Namespace) -> GatewayConfig:
     return config.with_values(flags, source="command line").with_env(os.environ)
 
 
+def serve_settings(args: argparse.Namespace) -> Settings:
+    """The cache settings `serve` runs with: `--config`, the environment, then the flags."""
+    settings = settings_from_args(args)
+    if args.semantic is not None:
+        values: dict[str, Any] = {"enabled": True}
+        if args.semantic != "auto":
+            values["mode"] = args.semantic
+        settings = replace(settings, semantic=settings.semantic_with(values, "--semantic"))
+    return settings
+
+
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
@@ -62,9 +81,7 @@ def _serve(args: argparse.Namespace) -> int:
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     try:
-        settings = settings_from_args(args)
-        if args.semantic:
-            settings = settings.with_env({"INFERCACHE_SEMANTIC": "1"})
+        settings = serve_settings(args)
         config = _config(args)
         engine_config = EngineConfig(
             data_dir=settings.data_dir,
@@ -77,9 +94,12 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"infercache serve: {exc}", file=sys.stderr)
         return 2
     upstream = ", ".join(u.name for u in built.gateway.upstreams)
+    semantic = built.cache.semantic
+    mode = "off" if semantic is None else semantic.state()["mode"]
     ready_line = (
         f"infercache gateway ready on http://{config.host}:{config.port}/v1 "
-        f"(upstream: {upstream}; store: {mask_credentials(built.cache.backend.url)})"
+        f"(upstream: {upstream}; store: {mask_credentials(built.cache.backend.url)}; "
+        f"semantic: {mode})"
     )
 
     class Server(uvicorn.Server):
@@ -149,8 +169,14 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("--max-body-bytes", type=int, help="reject larger bodies with 413")
     p.add_argument(
         "--semantic",
-        action="store_true",
-        help="enable the semantic layer (needs a tuned threshold in --config; off by default)",
+        nargs="?",
+        const="auto",
+        choices=("auto", "shadow", "calibrated"),
+        metavar="MODE",
+        help="enable the semantic layer (off by default); MODE: auto (the flag alone: "
+        "calibrated with the threshold `infercache tune --write-config` put in --config, "
+        "shadow without one), shadow (serve nothing until judged live traffic meets the "
+        "false-hit bound) or calibrated",
     )
     p.add_argument("--model", type=Path, help="built-in engine: a Llama-family checkpoint")
     p.add_argument("--max-kv-bytes", type=int, help="built-in engine: KV prefix cache budget")
