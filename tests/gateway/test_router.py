@@ -56,10 +56,10 @@ def test_tenants_do_not_share_warmth() -> None:
 
 
 def test_an_overloaded_warm_replica_is_skipped() -> None:
-    router = PrefixRouter(["r0", "r1"], RouterConfig(balance_factor=1.0))
+    router = PrefixRouter(["r0", "r1"], RouterConfig(imbalance_abs=1, imbalance_rel=1.5))
     warm, _ = router.route("t", req(SYSTEM, "q0"))
     with contextlib.ExitStack() as held:
-        for i in range(2):  # warm until in flight > balance_factor x the idle replica's + 1
+        for i in range(2):  # warm until in flight - the idle one's > imbalance_abs
             assert held.enter_context(router.lease("t", req(SYSTEM, f"warm {i}"))) == warm
         index, _ = router.route("t", req(SYSTEM, "q1"))
         assert index != warm

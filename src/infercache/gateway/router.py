@@ -1,4 +1,5 @@
-"""Cache-aware routing across several upstream replicas: send a request where its prefix is warm.
+"""Cache-aware routing across several upstream replicas: send a request where its prefix is warm,
+unless that replica is far busier than another.
 
 Each replica keeps its own KV prefix cache, so a conversation's next turn, or a question under a
 shared system prompt, is fastest on the replica that served the prefix before. The router keeps,
@@ -7,13 +8,28 @@ hashes. A prompt (tenant + the serialised messages) is cut into `block_chars`-ch
 and hashed as a chain (block i's hash covers blocks 0..i, as in nano-vllm's block manager), so a
 replica "has" block i only if it saw that exact prefix.
 
-Route: for each replica, count the leading blocks of the prompt it has seen (its match). Take
-the replica with the longest match if it covers at least `min_match_blocks` and the replica is
-not overloaded (in-flight requests <= `balance_factor` × the least-loaded replica's + 1);
-otherwise the least-loaded replica, and among equally loaded ones the one holding the fewest
-blocks (so new prefixes spread over the replicas' caches instead of piling onto the first).
-Then record the prompt's blocks for the chosen replica, evicting its least recently routed
-blocks past `max_blocks_per_replica`.
+Load. A replica's load is the larger of the requests this router has in flight on it (`lease`
+owns that count) and what the replica itself last reported on its `/metrics` (requests running
++ waiting, read in the background by replica_load.py), while that report is fresher than
+`load_stale_s`: the replica's own figure also counts other gateways' requests. A report that
+could not be read is "unknown": the router's own count stands alone.
+
+Route: for each replica, count the leading blocks of the prompt it has seen (its match). The
+warm replica is the one with the longest match; among equal matches, the least loaded. The
+least-loaded replica is the one with the lowest load, then the lowest reported KV usage, then
+the fewest blocks held (so new prefixes spread over the replicas' caches instead of piling onto
+the first). The request goes to the warm replica when its match covers at least
+`min_match_blocks` and the two are not imbalanced; otherwise to the least-loaded one. The
+imbalance rule is SGLang's (its router switches to the shortest queue when max - min > 64 and
+max > 1.5 x min), applied to the pair: warm load - least load > `imbalance_abs` and warm load >
+`imbalance_rel` x least load. Then the prompt's blocks are recorded for the chosen replica,
+evicting its least recently routed blocks past `max_blocks_per_replica`.
+
+Thresholds, tuned on bench/routing.py (bench/README.md, "Routing"): `block_chars` 64 (about 16
+tokens: llm-d's prefix-block size), `min_match_blocks` 4 (256 characters, so a common
+opening such as "You are a helpful assistant" is no match), `imbalance_abs` 2 requests,
+`imbalance_rel` 1.5 (a few concurrent requests per replica, not SGLang's hundreds, so the
+absolute gap is small), `load_stale_s` 3.0, `load_poll_s` 1.0.
 
 In-flight accounting has one owner: `lease(tenant, body)` routes and counts the request on its
 replica until the `with` block ends, however it ends.
@@ -23,12 +39,11 @@ row up to `max_eject_s`); an ejected replica is not routed to (nor are replicas 
 `exclude`s) until its backoff ends, when the next request probes it: `succeeded(i)` restores
 it. When every candidate is ejected, the one whose backoff ends first is tried anyway (a
 request with nowhere to go is better sent than refused). Its prefixes are forgotten, so they
-move to the replicas that serve them next.
+move to the replicas that serve them next. A load report never ejects: only a failed request
+does.
 
-Parameters: `block_chars` (256), `min_match_blocks` (1), `balance_factor` (2.0),
-`max_blocks_per_replica` (200_000), `eject_s` (1.0), `max_eject_s` (30.0). Pure: no I/O (the
-clock is injected); hashing is sha256 over a chain, never `hash()`. Thread-safety: none; the
-gateway uses it from its event loop.
+Pure: no I/O (the clock is injected); hashing is sha256 over a chain, never `hash()`.
+Thread-safety: none; the gateway uses it from its event loop.
 """
 
 from __future__ import annotations
@@ -50,12 +65,36 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class RouterConfig:
-    block_chars: int = 256
-    min_match_blocks: int = 1
-    balance_factor: float = 2.0
+    block_chars: int = 64
+    min_match_blocks: int = 4  # 256 characters: more than a prompt's common opening
+    imbalance_abs: float = 2.0  # requests
+    imbalance_rel: float = 1.5
     max_blocks_per_replica: int = 200_000
     eject_s: float = 1.0
     max_eject_s: float = 30.0
+    load_poll_s: float = 1.0  # how often each replica's /metrics is read (replica_load.py)
+    load_stale_s: float = 3.0  # a report older than this is unknown load
+
+    def __post_init__(self) -> None:
+        if self.block_chars < 1 or self.min_match_blocks < 1:
+            raise ValueError("block_chars and min_match_blocks must be >= 1")
+        if self.imbalance_abs < 0 or self.imbalance_rel < 1:
+            raise ValueError("imbalance_abs must be >= 0 and imbalance_rel >= 1")
+        if self.load_poll_s <= 0 or self.load_stale_s <= 0:
+            raise ValueError("load_poll_s and load_stale_s must be > 0")
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaLoad:
+    """What a replica reports about itself (its `/metrics`); None where it does not say."""
+
+    waiting: float  # requests queued, not yet running
+    running: float | None = None
+    kv_usage: float | None = None  # fraction of its KV blocks in use, 0..1
+
+    @property
+    def requests(self) -> float:
+        return self.waiting + (self.running or 0.0)
 
 
 def prompt_text(tenant: str, body: Mapping[str, Any]) -> str:
@@ -82,6 +121,8 @@ class _Replica(Generic[R]):
         self.in_flight = 0
         self.ejected_until_s: float | None = None
         self.failures = 0  # in a row
+        self.reported: ReplicaLoad | None = None
+        self.reported_at_s = 0.0
 
     def match(self, hashes: Sequence[bytes]) -> int:
         n = 0
@@ -135,23 +176,50 @@ class PrefixRouter(Generic[R]):
             return candidates[0], 0  # nothing to choose: skip hashing the prompt
         cfg = self.config
         hashes = block_hashes(prompt_text(tenant, body), cfg.block_chars)
-        least = min(
-            candidates,
-            key=lambda i: (self._replicas[i].in_flight, len(self._replicas[i].blocks)),
-        )
-        least_load = self._replicas[least].in_flight
-        best, best_match = least, 0
-        for i in candidates:
-            m = self._replicas[i].match(hashes)
-            if m > best_match:
-                best, best_match = i, m
-        chosen = best
-        overloaded = self._replicas[best].in_flight > cfg.balance_factor * least_load + 1
-        if best_match < cfg.min_match_blocks or overloaded:
+        now_s = self._now_s()
+        load = {i: self._load(i, now_s) for i in candidates}
+        matches = {i: self._replicas[i].match(hashes) for i in candidates}
+        least = min(candidates, key=lambda i: (load[i], self._kv_usage(i, now_s), self._held(i)))
+        warm = min(candidates, key=lambda i: (-matches[i], load[i], self._held(i)))
+        chosen = warm
+        if matches[warm] < cfg.min_match_blocks or self._imbalanced(load[warm], load[least]):
             chosen = least
-        matched = best_match if chosen == best else self._replicas[chosen].match(hashes)
         self._record(self._replicas[chosen], hashes)
-        return chosen, matched
+        return chosen, matches[chosen]
+
+    def _imbalanced(self, busy: float, idle: float) -> bool:
+        cfg = self.config
+        return busy - idle > cfg.imbalance_abs and busy > cfg.imbalance_rel * idle
+
+    def _load(self, index: int, now_s: float) -> float:
+        """Requests on the replica: ours in flight, or its own fresh report when that is more."""
+        replica = self._replicas[index]
+        reported = self._fresh(replica, now_s)
+        own = float(replica.in_flight)
+        return own if reported is None else max(own, reported.requests)
+
+    def _kv_usage(self, index: int, now_s: float) -> float:
+        reported = self._fresh(self._replicas[index], now_s)
+        return 0.0 if reported is None or reported.kv_usage is None else reported.kv_usage
+
+    def _fresh(self, replica: _Replica[R], now_s: float) -> ReplicaLoad | None:
+        if replica.reported is None or now_s - replica.reported_at_s > self.config.load_stale_s:
+            return None
+        return replica.reported
+
+    def _held(self, index: int) -> int:
+        return len(self._replicas[index].blocks)
+
+    def report_load(self, index: int, load: ReplicaLoad | None) -> None:
+        """Replica `index`'s own load, just read (None: unknown, e.g. its /metrics failed)."""
+        replica = self._replicas[index]
+        replica.reported = load
+        replica.reported_at_s = self._now_s()
+
+    def loads(self) -> list[float]:
+        """Each replica's load as routing sees it now."""
+        now_s = self._now_s()
+        return [self._load(i, now_s) for i in range(len(self._replicas))]
 
     @contextlib.contextmanager
     def lease(

@@ -335,6 +335,19 @@ class HTTPUpstream:
 
         return Forwarded(response.status, kept, content())
 
+    async def metrics_text(self, timeout_s: float = 2.0) -> str:
+        """The server's Prometheus `/metrics` (at its root, beside `/v1`): its load signals."""
+        headers = {k: v for k, v in self._headers("", None).items() if k == "authorization"}
+        url = f"{self._url.removesuffix('/v1')}/metrics"
+        with map_aiohttp_errors(self.name):
+            async with self._client().get(
+                url, headers=headers, timeout=aiohttp.ClientTimeout(total=timeout_s)
+            ) as response:
+                content = await response.read()
+                status = response.status
+        _raise_for_status(status, content)
+        return content.decode()
+
     async def models(self) -> list[dict[str, Any]]:
         data = (await self._json("GET", "/models", self._headers("", None))).get("data", [])
         return [m for m in data if isinstance(m, dict)] if isinstance(data, list) else []
