@@ -52,6 +52,7 @@ from infercache.errors import (
 from infercache.flight import Flight
 from infercache.gateway.across_replicas import AcrossReplicas
 from infercache.gateway.prefix_usage import UpstreamPrefixUsage
+from infercache.gateway.replica_load import LoadPoller
 from infercache.gateway.requestlog import LogEntry, RequestLog, unlogged
 from infercache.gateway.router import PrefixRouter, RouterConfig
 from infercache.gateway.tracing import NoTracer, RequestTracer
@@ -127,6 +128,7 @@ class Gateway:
         self.embedding_cache = EmbeddingCache.of(cache)
         self.upstreams = list(upstreams)
         self.router: PrefixRouter[Upstream] = PrefixRouter(self.upstreams, router_config)
+        self.load_poller = LoadPoller(self.router, self.upstreams)  # replicas' /metrics
         self.tracker = tracker
         self.request_log = request_log
         self.flights = cache.flights
@@ -150,6 +152,7 @@ class Gateway:
     def attach_loop(self, loop: asyncio.AbstractEventLoop) -> None:
         """The loop the gateway serves on; background threads reach the upstreams through it."""
         self._loop = loop
+        self.load_poller.start()
 
     def background_fetch(
         self, tenant: str, bearer: str | None
@@ -440,6 +443,7 @@ class Gateway:
         return assembler.result()
 
     async def aclose(self) -> None:
+        await self.load_poller.aclose()
         for upstream in self.upstreams:
             await upstream.aclose()
         if self.request_log is not None:
