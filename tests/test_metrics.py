@@ -37,7 +37,8 @@ def test_stats_follow_a_scripted_sequence(tmp_path: Path, clock: ManualClock) ->
     assert s["completion_tokens_saved"] == 16
     assert s["upstream_s_saved"] == pytest.approx(1.0)
     assert s["money_saved_usd"] == pytest.approx(2 * (20 * 1.0 + 8 * 2.0) / 1e6)
-    assert s["prompt_tokens_seen"] == 20 * 5  # every upstream answer's prompt
+    assert s["prompt_tokens_seen"] == 20 * 7  # every answered request's prompt, hits too
+    assert s["token_hit_rate"] == pytest.approx(40 / 140)
     assert s["lookup_overhead_s"] == 0.0  # the manual clock does not move during lookups
     assert s["net_s_saved"] == pytest.approx(1.0)
 
@@ -48,7 +49,8 @@ def test_stats_follow_a_scripted_sequence(tmp_path: Path, clock: ManualClock) ->
     }
     assert prom[("infercache_hits_total", (("strategy", "exact"),))] == 2
     assert prom[("infercache_misses_total", (("reason", "absent"), ("strategy", "exact")))] == 2
-    assert prom[("infercache_upstream_s_saved_total", (("strategy", "exact"),))] == 1.0
+    assert prom[("infercache_saved_upstream_seconds_total", (("strategy", "exact"),))] == 1.0
+    assert prom[("infercache_lookup_prompt_tokens_total", (("strategy", "exact"),))] == 140
     assert '"hits": 2' in cache.metrics.to_json()
 
 
@@ -71,7 +73,7 @@ def test_lookups_equal_hits_plus_misses_and_histograms_export() -> None:
     assert snap["lookups"] == snap["hits"] + sum(snap["misses"].values())
     assert snap["histograms"]["nn_similarity"]["counts"] == [1, 1, 1]
     text = metrics.to_prometheus().decode()
-    assert 'infercache_nn_similarity_bucket{le="0.9",strategy="semantic"} 2.0' in text
+    assert 'infercache_semantic_nearest_similarity_bucket{le="0.9",strategy="semantic"} 2.0' in text
 
 
 def test_prefix_savings_use_the_cached_input_discount() -> None:

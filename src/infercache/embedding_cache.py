@@ -265,6 +265,7 @@ class EmbeddingCache:
             if hit is None:
                 self._metrics.miss(why[key])
                 continue
+            self._metrics.prompt_tokens(hit.prompt_tokens)
             self._metrics.hit(
                 prompt_tokens=hit.prompt_tokens,
                 completion_tokens=0,

@@ -9,8 +9,14 @@ similarity histogram) live in `counters`, `gauges` and `histograms` of the same 
 
 Invariant: `lookups == hits + sum(misses.values())`.
 Thread-safety: every method takes the strategy's lock; safe from threads and the event loop.
-Export: `Metrics.snapshot()` (a dict), `to_json()`, and `to_prometheus()` (text format, from a
-private `prometheus_client.CollectorRegistry`, never the global one).
+Export: `Metrics.snapshot()` (a dict, with the friendly ratios `hit_rate` and `token_hit_rate`),
+`to_json()`, and `to_prometheus()`: the text format from a private
+`prometheus_client.CollectorRegistry` (never the global one), named by prometheus.py after the
+conventions (counters, base units, no ratio gauges); other parts add families with `export`.
+
+Token hit rate: `prompt_tokens_saved / prompt_tokens_seen`, at most 1 because every request a
+strategy answers adds its prompt tokens to `prompt_tokens_seen` (`prompt_tokens`), hits and
+shared answers included, and a hit never saves more than its request's prompt tokens.
 """
 
 from __future__ import annotations
@@ -24,13 +30,10 @@ from enum import StrEnum
 from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import (
-    CounterMetricFamily,
-    GaugeMetricFamily,
-    HistogramMetricFamily,
-    Metric,
-)
+from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
+
+from infercache.prometheus import families
 
 
 class MissReason(StrEnum):
@@ -202,6 +205,7 @@ class Metrics:
         self.prices = prices if prices is not None else PriceTable()
         self._lock = threading.Lock()
         self._strategies: dict[str, StrategyMetrics] = {}
+        self._collectors: list[Collector] = []
 
     def strategy(self, name: str) -> StrategyMetrics:
         with self._lock:
@@ -218,65 +222,27 @@ class Metrics:
     def to_json(self) -> str:
         return json.dumps(self.snapshot(), sort_keys=True)
 
+    def export(self, collector: Collector) -> None:
+        """Add `collector`'s families to `to_prometheus` (the gateway's per-request traffic,
+        the store's size): one exposition for the whole process."""
+        with self._lock:
+            self._collectors.append(collector)
+
     def to_prometheus(self) -> bytes:
+        """The text format (prometheus.py has the names). Collectors may read the store: call
+        it off the event loop."""
         registry = CollectorRegistry(auto_describe=False)
-        registry.register(_SnapshotCollector(self))
+        registry.register(_StrategyCollector(self))
+        with self._lock:
+            collectors = list(self._collectors)
+        for collector in collectors:
+            registry.register(collector)
         return generate_latest(registry)
 
 
-class _SnapshotCollector(Collector):
-    """Renders a snapshot as Prometheus families, one label `strategy` on each."""
-
+class _StrategyCollector(Collector):
     def __init__(self, metrics: Metrics) -> None:
         self._metrics = metrics
 
     def collect(self) -> Iterator[Metric]:
-        snap = self._metrics.snapshot()["strategies"]
-        simple = {
-            "lookups": "Cache lookups",
-            "hits": "Lookups that served from the cache",
-            "prompt_tokens_seen": "Prompt tokens of looked-up requests",
-            "prompt_tokens_saved": "Prompt tokens not sent upstream or not recomputed",
-            "completion_tokens_saved": "Completion tokens not generated upstream",
-            "upstream_s_saved": "Upstream seconds saved",
-            "money_saved_usd": "Money saved in USD at configured prices",
-            "lookup_overhead_s": "Seconds spent on cache lookups",
-        }
-        for key, doc in simple.items():
-            fam = CounterMetricFamily(f"infercache_{key}", doc, labels=["strategy"])
-            for name, s in snap.items():
-                fam.add_metric([name], float(s[key]))
-            yield fam
-        misses = CounterMetricFamily(
-            "infercache_misses", "Cache misses by reason", labels=["strategy", "reason"]
-        )
-        hit_rate = GaugeMetricFamily("infercache_hit_rate", "hits / lookups", labels=["strategy"])
-        extra_c = CounterMetricFamily(
-            "infercache_strategy_events", "Strategy-specific counters", labels=["strategy", "name"]
-        )
-        extra_g = GaugeMetricFamily(
-            "infercache_strategy_gauge", "Strategy-specific gauges", labels=["strategy", "name"]
-        )
-        for name, s in snap.items():
-            hit_rate.add_metric([name], s["hit_rate"])
-            for reason, n in s["misses"].items():
-                misses.add_metric([name, reason], float(n))
-            for cname, v in s["counters"].items():
-                extra_c.add_metric([name, cname], float(v))
-            for gname, v in s["gauges"].items():
-                extra_g.add_metric([name, gname], float(v))
-        yield from (misses, hit_rate, extra_c, extra_g)
-        families: dict[str, HistogramMetricFamily] = {}
-        for name, s in snap.items():
-            for hname, h in s["histograms"].items():
-                hfam = families.get(hname)
-                if hfam is None:
-                    hfam = families[hname] = HistogramMetricFamily(
-                        f"infercache_{hname}", hname, labels=["strategy"]
-                    )
-                cumulative, running = [], 0
-                for bound, count in zip([*h["bounds"], float("inf")], h["counts"], strict=True):
-                    running += count
-                    cumulative.append(("+Inf" if bound == float("inf") else str(bound), running))
-                hfam.add_metric([name], cumulative, sum_value=h["sum"])
-        yield from families.values()
+        yield from families(self._metrics.snapshot()["strategies"])

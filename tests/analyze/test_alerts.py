@@ -62,7 +62,7 @@ def test_each_alarm_is_a_rule_on_the_gateways_own_metrics(
         assert f'strategy="{strategy}"' in expr
         assert rule["for"] == "30m"
         assert rule["annotations"]["description"] == alarms[strategy]["meaning"]
-    assert "prompt_tokens_saved_total" in by_strategy["prefix"]["expr"]
+    assert "infercache_saved_prompt_tokens_total" in by_strategy["prefix"]["expr"]
     assert "hits_total" in by_strategy["exact"]["expr"]
 
 

@@ -160,6 +160,7 @@ class LangChainCache(BaseCache):
             self._metrics.miss(lookup.miss_reason or MissReason.ABSENT)
             self._remember(lookup)
             return None
+        self._metrics.prompt_tokens(entry.prompt_tokens)
         self._metrics.hit(
             prompt_tokens=entry.prompt_tokens,
             completion_tokens=entry.completion_tokens,

@@ -5,11 +5,12 @@ The alarm (recommend.py) is a floor under a rate measured on this traffic:
 - `hit_rate` (exact, semantic): answered lookups / lookups,
   sum(rate(hits{strategy=S}[W])) / sum(rate(lookups{strategy=S}[W]));
 - `token_hit_rate` (prefix): reused / prompt tokens reaching the engine,
-  sum(rate(prompt_tokens_saved{strategy="prefix"}[W])) / sum(rate(prompt_tokens_seen{...}[W])).
+  sum(rate(saved_prompt_tokens{strategy="prefix"}[W])) / sum(rate(lookup_prompt_tokens{...}[W])).
 A rule fires when the ratio stays under the floor for `for_duration` (30 minutes) over a window
 `W` of one hour; with no traffic the ratio is NaN, which never compares true, so idle hours
-stay quiet. The metric names live in `GATEWAY_METRICS` and nowhere else: when the gateway's
-names change (issue 15: `_total` / `_seconds` conventions), change them here.
+stay quiet. The metric names live in `GATEWAY_METRICS` and nowhere else: they are the names
+prometheus.py gives the gateway's counters (tests/analyze/test_alerts.py checks them against
+the exposition).
 The output is YAML as Prometheus reads it (`rule_files`); strings are written as JSON strings,
 which YAML reads unchanged.
 """
@@ -23,8 +24,8 @@ from typing import Any
 GATEWAY_METRICS = {
     "lookups": "infercache_lookups_total",
     "hits": "infercache_hits_total",
-    "prompt_tokens_seen": "infercache_prompt_tokens_seen_total",
-    "prompt_tokens_saved": "infercache_prompt_tokens_saved_total",
+    "prompt_tokens_seen": "infercache_lookup_prompt_tokens_total",
+    "prompt_tokens_saved": "infercache_saved_prompt_tokens_total",
 }
 RATIOS = {  # alarm metric → (numerator, denominator) in GATEWAY_METRICS
     "hit_rate": ("hits", "lookups"),
