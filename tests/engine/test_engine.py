@@ -349,9 +349,9 @@ def test_batching_metrics_count_tokens_steps_and_latencies(
     assert histograms["batch_size"]["count"] == 15  # 5 steps a request, one at a time
     assert histograms["batch_size"]["sum"] == 15
     text = engine.metrics.to_prometheus().decode()
-    assert 'infercache_strategy_events_total{name="prefix_cache_hits",strategy="prefix"}' in text
-    assert 'infercache_strategy_gauge{name="running_sequences",strategy="prefix"} 0.0' in text
-    assert 'infercache_batch_size_bucket{le="1",strategy="prefix"} 15.0' in text
+    assert 'infercache_prefix_cache_hits_total{strategy="prefix"}' in text
+    assert 'infercache_engine_requests_running{strategy="prefix"} 0.0' in text
+    assert 'infercache_engine_batch_size_bucket{le="1.0",strategy="prefix"} 15.0' in text
     stats = engine.stats()
     assert stats["prefix_cache"]["locked_bytes"] == 0
     assert stats["prefix_cache"]["total_tokens"] > 0

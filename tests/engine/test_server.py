@@ -196,7 +196,7 @@ def test_metrics_and_stats_expose_the_prefix_strategy(client: TestClient, engine
     client.post("/v1/chat/completions", json=body(engine))
     text = client.get("/metrics").text
     assert 'infercache_lookups_total{strategy="prefix"}' in text
-    assert 'infercache_strategy_gauge{name="kv_bytes",strategy="prefix"}' in text
+    assert 'infercache_prefix_cache_bytes{strategy="prefix"}' in text
     stats = client.get("/stats").json()
     assert stats["model"]["version"] == engine.model_version
     assert stats["prefix"]["lookups"] >= 1
