@@ -7,7 +7,8 @@ from typing import Any
 import pytest
 
 from infercache.engine.accounting import RequestStats
-from infercache.engine.openai_api import ChunkStream, ResponseMeta, completion, parse_chat_request
+from infercache.engine.openai_api import parse_chat_request
+from infercache.engine.responses import ChunkStream, ResponseMeta, completion
 from infercache.engine.runner import GenerationResult
 from infercache.errors import InvalidRequestError
 
@@ -133,7 +134,7 @@ def test_completion_reports_cached_tokens_and_the_fingerprint() -> None:
 def test_chunks_end_with_the_finish_reason_then_usage_when_asked() -> None:
     stream = ChunkStream(META, include_usage=True)
     chunks = [
-        stream.role(),
+        *stream.start(),
         stream.content("Pa"),
         *stream.finish(GenerationResult("Pa", (1,), "length", STATS)),
     ]

@@ -4,6 +4,7 @@ Path of a request:
 
     OpenAI body
       → openai_api.parse_chat_request   shapes and types            (caller's thread)
+        (parse_completion_request: a legacy /v1/completions body, a raw prompt)
       → openai_api.prepare_chat         model id, chat template,    (caller's thread: bad input
                                         context length, namespace    raises before queueing)
       → worker.Worker.submit            the waiting queue (bounded: a full one is a 429)
@@ -12,8 +13,9 @@ Path of a request:
                                         running sequence (decodes + prompt chunks), sampling,
                                         finishing (the KV cached in the radix tree)
       → accounting.EngineAccounting     the `prefix` strategy's metrics, batching figures
-      → openai_api.completion           a `chat.completion` dict, or
-        streams.sync_chunks/async_chunks  `chat.completion.chunk` dicts as they are generated
+      → responses.completion            a `chat.completion` (`text_completion`) dict, or
+        streams.sync_chunks/async_chunks  `chat.completion.chunk` (`text_completion`) dicts as
+                                          they are generated
 
 - Tenants: each tenant (the `tenant` argument, else the body's `user`) gets its own namespace in
   the prefix tree, so one tenant's KV never serves another, and time to first token cannot
@@ -41,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from infercache.clock import Clock, SystemClock
-from infercache.engine import openai_api, streams
+from infercache.engine import openai_api, responses, streams
 from infercache.engine.accounting import EngineAccounting
 from infercache.engine.config import EngineConfig
 from infercache.engine.loader import LoadedModel, load_model
@@ -63,8 +65,11 @@ class Engine:
 
     In-process API: `chat(body, tenant)` / `await achat(body, tenant)` return a
     `chat.completion` dict; `chat_stream` / `achat_stream` return `chat.completion.chunk`
-    dicts. `model_id`, `model_version` (the `system_fingerprint`), `models()`, `stats()`,
-    `swap_model(path)`. Prefix-cache figures go to `metrics` (strategy `prefix`).
+    dicts. The legacy completions API (a raw prompt, no chat template): `text_completion`,
+    `atext_completion`, `text_completion_stream`, `atext_completion_stream`, the same with
+    `text_completion` shapes. `model_id`, `model_version` (the `system_fingerprint`),
+    `models()`, `stats()`, `swap_model(path)`. Prefix-cache figures go to `metrics` (strategy
+    `prefix`).
     """
 
     def __init__(
@@ -126,38 +131,67 @@ class Engine:
         """A `chat.completion` for an OpenAI request body (its `stream` flag is ignored: use
         `chat_stream`). `tenant` (else the body's `user`) selects the KV namespace. Raises
         `InvalidRequestError`, `ContextTooLongError`, `ModelNotFoundError` for bad input."""
-        prepared = self._prepare(body, tenant)
-        outcome = self._worker.submit(prepared, None, threading.Event()).result()
-        return openai_api.completion(outcome.meta, outcome.result)
+        return self._answer(self._prepare(body, tenant))
 
     def chat_stream(
         self, body: Mapping[str, Any], tenant: str | None = None
     ) -> Iterator[dict[str, Any]]:
         """`chat.completion.chunk` dicts. Bad input and a full queue raise here, before
         iteration (the request is queued at once); closing the iterator early cancels it."""
-        prepared = self._prepare(body, tenant)
-        return streams.sync_chunks(prepared, self._worker.submit)
+        return streams.sync_chunks(self._prepare(body, tenant), self._worker.submit)
 
     async def achat(self, body: Mapping[str, Any], tenant: str | None = None) -> dict[str, Any]:
-        prepared = self._prepare(body, tenant)
-        cancel = threading.Event()
-        try:
-            outcome = await asyncio.wrap_future(self._worker.submit(prepared, None, cancel))
-        except asyncio.CancelledError:
-            cancel.set()
-            raise
-        return openai_api.completion(outcome.meta, outcome.result)
+        return await self._aanswer(self._prepare(body, tenant))
 
     def achat_stream(
         self, body: Mapping[str, Any], tenant: str | None = None
     ) -> AsyncIterator[dict[str, Any]]:
         """The asyncio twin of `chat_stream` (raises for bad input and a full queue at the
         call, which must be made on the loop that reads the chunks)."""
-        prepared = self._prepare(body, tenant)
+        return streams.async_chunks(self._prepare(body, tenant), self._worker.submit)
+
+    # -- legacy completions API (a raw prompt) --------------------------------------------
+
+    def text_completion(self, body: Mapping[str, Any], tenant: str | None = None) -> dict[str, Any]:
+        """A `text_completion` for a legacy `/v1/completions` body, as `chat` for chat."""
+        return self._answer(self._prepare(body, tenant, legacy=True))
+
+    def text_completion_stream(
+        self, body: Mapping[str, Any], tenant: str | None = None
+    ) -> Iterator[dict[str, Any]]:
+        return streams.sync_chunks(self._prepare(body, tenant, legacy=True), self._worker.submit)
+
+    async def atext_completion(
+        self, body: Mapping[str, Any], tenant: str | None = None
+    ) -> dict[str, Any]:
+        return await self._aanswer(self._prepare(body, tenant, legacy=True))
+
+    def atext_completion_stream(
+        self, body: Mapping[str, Any], tenant: str | None = None
+    ) -> AsyncIterator[dict[str, Any]]:
+        prepared = self._prepare(body, tenant, legacy=True)
         return streams.async_chunks(prepared, self._worker.submit)
 
-    def _prepare(self, body: Mapping[str, Any], tenant: str | None) -> PreparedChat:
-        chat = openai_api.parse_chat_request(body)
+    # -- shared by both APIs --------------------------------------------------------------
+
+    def _answer(self, prepared: PreparedChat) -> dict[str, Any]:
+        outcome = self._worker.submit(prepared, None, threading.Event()).result()
+        return responses.completion(outcome.meta, outcome.result)
+
+    async def _aanswer(self, prepared: PreparedChat) -> dict[str, Any]:
+        cancel = threading.Event()
+        try:
+            outcome = await asyncio.wrap_future(self._worker.submit(prepared, None, cancel))
+        except asyncio.CancelledError:
+            cancel.set()
+            raise
+        return responses.completion(outcome.meta, outcome.result)
+
+    def _prepare(
+        self, body: Mapping[str, Any], tenant: str | None, *, legacy: bool = False
+    ) -> PreparedChat:
+        parse = openai_api.parse_completion_request if legacy else openai_api.parse_chat_request
+        chat = parse(body)
         return self._prepare_for(chat, tenant or chat.user, self._worker.loaded)
 
     def _prepare_for(self, chat: ChatBody, tenant: str | None, loaded: LoadedModel) -> PreparedChat:

@@ -1,4 +1,5 @@
-"""OpenAI chat-completions bodies ↔ the engine's requests and results.
+"""OpenAI request bodies (chat completions, and the legacy completions API) → the engine's
+requests.
 
 `parse_chat_request(body)` checks shapes and types and raises `InvalidRequestError` naming the
 bad parameter. Supported: `model`, `messages` (roles system/developer/user/assistant; content a
@@ -11,14 +12,18 @@ to `max_tokens`: what benchmarks use). Refused with a 400 (rather than silently 
 they change the answer): `n` > 1, tools/functions, logprobs, non-zero penalties, `logit_bias`,
 a non-text `response_format`, non-text content parts. Other fields are ignored.
 
-`prepare_chat(chat, tenant, loaded, ...)` turns a parsed body into what the engine runs for one
-model: the model id checked, the chat template applied, `max_tokens` defaulted and checked
-against the context window, a seed drawn for unseeded requests, the KV namespace chosen
-(`kv_namespace`), and the response's id and fingerprint. It raises `ModelNotFoundError` or
-`ContextTooLongError` for bad input, so the caller can refuse it before anything is queued.
+`parse_completion_request(body)` does the same for the legacy `/v1/completions`: a raw `prompt`
+instead of `messages` (a string, or token ids; one prompt: a list of several is refused like
+`n` > 1), run without a chat template, `max_tokens` 16 by default as OpenAI's; `echo`, a
+`suffix`, `best_of` > 1 and `logprobs` (a count there) are refused.
 
-`completion(meta, result)` and `ChunkStream` build the response shapes: `system_fingerprint` is
-the model version, `usage.prompt_tokens_details.cached_tokens` the reused prompt tokens.
+`prepare_chat(chat, tenant, loaded, ...)` turns a parsed body into what the engine runs for one
+model: the model id checked, the chat template applied (or the raw prompt encoded with the
+tokenizer's own special tokens, as vLLM does), `max_tokens` defaulted and checked against the
+context window, a seed drawn for unseeded requests, the KV namespace chosen (`kv_namespace`),
+and the response's id and fingerprint. It raises `ModelNotFoundError`, `ContextTooLongError` or
+`InvalidRequestError` (an empty prompt, a token id outside the vocabulary) for bad input, so the
+caller can refuse it before anything is queued. The response shapes are in responses.py.
 """
 
 from __future__ import annotations
@@ -30,19 +35,22 @@ from dataclasses import dataclass
 from typing import Any
 
 from infercache.clock import Clock
-from infercache.engine.accounting import RequestStats
 from infercache.engine.loader import LoadedModel
+from infercache.engine.responses import ResponseMeta
 from infercache.engine.sampling import SamplingParams
-from infercache.engine.sequence import GenerationRequest, GenerationResult
+from infercache.engine.sequence import GenerationRequest
 from infercache.errors import ContextTooLongError, InvalidRequestError, ModelNotFoundError
 
 _ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 _MAX_STOPS = 4
+LEGACY_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 
 
 @dataclass(frozen=True, slots=True)
 class ChatBody:
-    """A chat-completions request body, parsed and checked (not yet tied to a model)."""
+    """A chat-completions request body, parsed and checked (not yet tied to a model); or a
+    legacy completions body, whose raw `prompt` (text or token ids) is set and `messages`
+    empty."""
 
     model: str
     messages: tuple[tuple[str, str], ...]  # (role, content)
@@ -56,26 +64,42 @@ class ChatBody:
     user: str | None
     cache_salt: str | None = None
     ignore_eos: bool = False
+    prompt: str | tuple[int, ...] | None = None
+
+    @property
+    def legacy(self) -> bool:
+        return self.prompt is not None
 
     def message_dicts(self) -> list[dict[str, str]]:
         return [{"role": role, "content": content} for role, content in self.messages]
 
 
-@dataclass(frozen=True, slots=True)
-class ResponseMeta:
-    id: str
-    created: int
-    model: str
-    system_fingerprint: str
-
-
 def parse_chat_request(body: Any) -> ChatBody:
     if not isinstance(body, Mapping):
         raise InvalidRequestError("the request body must be a JSON object")
+    _refuse_unsupported(body)
+    _refuse_chat_only(body)
+    return _parse_common(body, messages=_messages(body.get("messages")))
+
+
+def parse_completion_request(body: Any) -> ChatBody:
+    """A legacy `/v1/completions` body."""
+    if not isinstance(body, Mapping):
+        raise InvalidRequestError("the request body must be a JSON object")
+    _refuse_unsupported(body)
+    _refuse_legacy_only(body)
+    return _parse_common(body, messages=(), prompt=_prompt(body.get("prompt")))
+
+
+def _parse_common(
+    body: Mapping[str, Any],
+    *,
+    messages: tuple[tuple[str, str], ...],
+    prompt: str | tuple[int, ...] | None = None,
+) -> ChatBody:
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise InvalidRequestError("`model` must be a non-empty string", param="model")
-    _refuse_unsupported(body)
     stream = _optional_bool(body, "stream") or False
     options = body.get("stream_options")
     if options is not None and not stream:
@@ -98,7 +122,7 @@ def parse_chat_request(body: Any) -> ChatBody:
         )
     return ChatBody(
         model=model,
-        messages=_messages(body.get("messages")),
+        messages=messages,
         max_tokens=max_tokens,
         temperature=_optional_number(body, "temperature", 0.0, 2.0, default=1.0),
         top_p=_optional_number(body, "top_p", 0.0, 1.0, default=1.0),
@@ -109,16 +133,17 @@ def parse_chat_request(body: Any) -> ChatBody:
         user=user or None,
         cache_salt=salt,
         ignore_eos=bool(_optional_bool(body, "ignore_eos")),
+        prompt=prompt,
     )
 
 
 def _refuse_unsupported(body: Mapping[str, Any]) -> None:
+    """What neither API supports here (each changes the answer, so it is refused, not ignored)."""
     n = _optional_int(body, "n", minimum=1)
     if n is not None and n > 1:
         raise InvalidRequestError("`n` > 1 is not supported by the engine", param="n")
-    for name in ("tools", "functions", "logit_bias"):
-        if body.get(name):
-            raise InvalidRequestError(f"`{name}` is not supported by the engine", param=name)
+    if body.get("logit_bias"):
+        raise InvalidRequestError("`logit_bias` is not supported by the engine", param="logit_bias")
     if body.get("logprobs") or body.get("top_logprobs"):
         raise InvalidRequestError("logprobs are not supported by the engine", param="logprobs")
     for name in ("presence_penalty", "frequency_penalty"):
@@ -129,6 +154,41 @@ def _refuse_unsupported(body: Mapping[str, Any]) -> None:
         raise InvalidRequestError(
             "only a `text` response_format is supported by the engine", param="response_format"
         )
+
+
+def _refuse_chat_only(body: Mapping[str, Any]) -> None:
+    for name in ("tools", "functions"):
+        if body.get(name):
+            raise InvalidRequestError(f"`{name}` is not supported by the engine", param=name)
+
+
+def _refuse_legacy_only(body: Mapping[str, Any]) -> None:
+    if _optional_bool(body, "echo"):
+        raise InvalidRequestError("`echo` is not supported by the engine", param="echo")
+    if body.get("suffix"):
+        raise InvalidRequestError("`suffix` is not supported by the engine", param="suffix")
+    best_of = _optional_int(body, "best_of", minimum=1)
+    if best_of is not None and best_of > 1:
+        raise InvalidRequestError("`best_of` > 1 is not supported by the engine", param="best_of")
+
+
+def _prompt(raw: Any) -> str | tuple[int, ...]:
+    """One legacy prompt: a string or token ids, alone or as the only item of a list."""
+    if isinstance(raw, list) and len(raw) == 1 and isinstance(raw[0], str | list):
+        raw = raw[0]
+    if isinstance(raw, str):
+        return raw
+    if isinstance(raw, list) and raw and all(_is_int(t) for t in raw):
+        return tuple(raw)
+    if isinstance(raw, list) and len(raw) > 1 and all(isinstance(p, str | list) for p in raw):
+        raise InvalidRequestError(
+            "several prompts in one request are not supported by the engine", param="prompt"
+        )
+    raise InvalidRequestError("`prompt` must be a string or an array of token ids", param="prompt")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _messages(raw: Any) -> tuple[tuple[str, str], ...]:
@@ -247,27 +307,30 @@ def prepare_chat(
             f"The model `{chat.model}` does not exist; this engine serves `{loaded.model_id}`",
             param="model",
         )
-    prompt = loaded.tokenizer.encode_chat(chat.message_dicts())
+    prompt = _encode(chat, loaded)
     limit = loaded.max_context_tokens
     max_tokens = chat.max_tokens
     if max_tokens is None:
-        max_tokens = min(default_max_tokens, limit - len(prompt))
+        default = LEGACY_DEFAULT_MAX_TOKENS if chat.legacy else default_max_tokens
+        max_tokens = min(default, limit - len(prompt))
     if max_tokens < 1 or len(prompt) + max_tokens > limit:
+        where = "prompt" if chat.legacy else "messages"
         raise ContextTooLongError(
             f"This model's maximum context length is {limit} tokens. However, you requested "
-            f"{len(prompt) + max_tokens} tokens ({len(prompt)} in the messages, "
+            f"{len(prompt) + max_tokens} tokens ({len(prompt)} in the {where}, "
             f"{max_tokens} in the completion).",
-            param="messages",
+            param=where,
         )
     seed = chat.seed if chat.seed is not None else rng.getrandbits(63)
     sampling = SamplingParams(
         max_tokens, chat.temperature, chat.top_p, seed, chat.stop, ignore_eos=chat.ignore_eos
     )
     meta = ResponseMeta(
-        id=f"chatcmpl-{rng.getrandbits(96):024x}",
+        id=f"{'cmpl' if chat.legacy else 'chatcmpl'}-{rng.getrandbits(96):024x}",
         created=int(clock.now_s()),
         model=loaded.model_id,
         system_fingerprint=loaded.version,
+        kind="text_completion" if chat.legacy else "chat.completion",
     )
     namespace = kv_namespace(
         tenant, cache_salt=chat.cache_salt, share_across_tenants=share_across_tenants
@@ -276,62 +339,21 @@ def prepare_chat(
     return PreparedChat(chat, tenant, loaded.version, meta, request)
 
 
-def usage(stats: RequestStats) -> dict[str, Any]:
-    return {
-        "prompt_tokens": stats.prompt_tokens,
-        "completion_tokens": stats.completion_tokens,
-        "total_tokens": stats.prompt_tokens + stats.completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": stats.cached_tokens},
-    }
-
-
-def _finish_reason(result: GenerationResult) -> str | None:
-    # A cancelled generation is cut off: no finish reason, as for an interrupted stream.
-    return None if result.finish_reason == "cancelled" else result.finish_reason
-
-
-def _base(meta: ResponseMeta, obj: str) -> dict[str, Any]:
-    return {
-        "id": meta.id,
-        "object": obj,
-        "created": meta.created,
-        "model": meta.model,
-        "system_fingerprint": meta.system_fingerprint,
-    }
-
-
-def completion(meta: ResponseMeta, result: GenerationResult) -> dict[str, Any]:
-    choice = {
-        "index": 0,
-        "message": {"role": "assistant", "content": result.text},
-        "logprobs": None,
-        "finish_reason": _finish_reason(result),
-    }
-    return {**_base(meta, "chat.completion"), "choices": [choice], "usage": usage(result.stats)}
-
-
-class ChunkStream:
-    """The `chat.completion.chunk`s of one streamed answer."""
-
-    def __init__(self, meta: ResponseMeta, *, include_usage: bool) -> None:
-        self._base = _base(meta, "chat.completion.chunk")
-        self._include_usage = include_usage
-
-    def _chunk(self, delta: dict[str, Any], finish_reason: str | None) -> dict[str, Any]:
-        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
-        chunk = {**self._base, "choices": [choice]}
-        if self._include_usage:
-            chunk["usage"] = None  # as OpenAI: null on every chunk but the last
-        return chunk
-
-    def role(self) -> dict[str, Any]:
-        return self._chunk({"role": "assistant", "content": ""}, None)
-
-    def content(self, text: str) -> dict[str, Any]:
-        return self._chunk({"content": text}, None)
-
-    def finish(self, result: GenerationResult) -> list[dict[str, Any]]:
-        chunks = [self._chunk({}, _finish_reason(result))]
-        if self._include_usage:
-            chunks.append({**self._base, "choices": [], "usage": usage(result.stats)})
-        return chunks
+def _encode(chat: ChatBody, loaded: LoadedModel) -> list[int]:
+    """The prompt's token ids: the chat template over the messages, or the legacy raw prompt."""
+    if chat.prompt is None:
+        return loaded.tokenizer.encode_chat(chat.message_dicts())
+    if isinstance(chat.prompt, str):
+        ids = loaded.tokenizer.encode_prompt(chat.prompt)
+    else:
+        vocab = loaded.model.spec.vocab_size
+        bad = next((t for t in chat.prompt if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise InvalidRequestError(
+                f"token id {bad} in `prompt` is outside the vocabulary [0, {vocab})",
+                param="prompt",
+            )
+        ids = list(chat.prompt)
+    if not ids:
+        raise InvalidRequestError("`prompt` must not be empty", param="prompt")
+    return ids

@@ -1,11 +1,13 @@
 """The engine's OpenAI-compatible HTTP server (starlette; run by uvicorn).
 
 Routes: `POST /v1/chat/completions` (JSON, or SSE when `stream` is true, with the usage chunk
-when `stream_options.include_usage`), `GET /v1/models`, `GET /metrics` (Prometheus text),
-`GET /stats` (JSON). The tenant is the `x-infercache-tenant` header, else the body's `user`.
-Errors go through the boundary every infercache server shares (http_errors.py): an OpenAI-shaped
-JSON body with the right status, never a traceback, and a body limit of `max_body_bytes`; an
-error after a stream has started is sent as a final `data: {"error": ...}` event.
+when `stream_options.include_usage`), `POST /v1/completions` (the legacy API: a raw prompt, no
+chat template; the same, with `text_completion` shapes), `GET /v1/models`, `GET /metrics`
+(Prometheus text), `GET /stats` (JSON). The tenant is the `x-infercache-tenant` header, else
+the body's `user`. Errors go through the boundary every infercache server shares
+(http_errors.py): an OpenAI-shaped JSON body with the right status, never a traceback, and a
+body limit of `max_body_bytes`; an error after a stream has started is sent as a final
+`data: {"error": ...}` event.
 """
 
 from __future__ import annotations
@@ -35,6 +37,14 @@ def create_app(engine: Engine, *, max_body_bytes: int = 4 << 20) -> Starlette:
             return StreamingResponse(_sse(chunks), media_type="text/event-stream")
         return JSONResponse(await engine.achat(body, tenant))
 
+    async def completions(request: Request) -> Response:
+        body = json_object(await read_json(request, max_body_bytes))
+        tenant = request.headers.get(TENANT_HEADER) or None
+        if body.get("stream") is True:
+            chunks = engine.atext_completion_stream(body, tenant)
+            return StreamingResponse(_sse(chunks), media_type="text/event-stream")
+        return JSONResponse(await engine.atext_completion(body, tenant))
+
     async def models(_request: Request) -> Response:
         return JSONResponse({"object": "list", "data": engine.models()})
 
@@ -47,6 +57,7 @@ def create_app(engine: Engine, *, max_body_bytes: int = 4 << 20) -> Starlette:
     return Starlette(
         routes=[
             Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+            Route("/v1/completions", completions, methods=["POST"]),
             Route("/v1/models", models, methods=["GET"]),
             Route("/metrics", metrics, methods=["GET"]),
             Route("/stats", stats, methods=["GET"]),

@@ -6,9 +6,9 @@ stream. `sync_chunks` reads them from a thread-safe queue (for a caller's thread
 `async_chunks` from an asyncio queue fed with `call_soon_threadsafe` (for an event loop). Both
 submit the request at the call, so a refusal (a full queue: `OverloadedError`) raises there,
 before the caller has promised anything to its own client; both translate the events into
-`chat.completion.chunk` dicts with `openai_api.ChunkStream`, and both cancel the request when
-the consumer stops early (the iterator is closed or garbage collected, or the asyncio task is
-cancelled).
+`chat.completion.chunk` dicts (`text_completion` ones for a legacy request) with
+`responses.ChunkStream`, and both cancel the request when the consumer stops early (the
+iterator is closed or garbage collected, or the asyncio task is cancelled).
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import Future
 from typing import Any
 
-from infercache.engine.openai_api import ChunkStream, PreparedChat, ResponseMeta
+from infercache.engine.openai_api import PreparedChat
+from infercache.engine.responses import ChunkStream, ResponseMeta
 from infercache.engine.sequence import GenerationResult
 from infercache.errors import InfercacheError
 
@@ -96,7 +97,7 @@ def _translate(
         raise event
     if isinstance(event, ResponseMeta):
         stream = ChunkStream(event, include_usage=prepared.chat.include_usage)
-        return [stream.role()], stream
+        return stream.start(), stream
     if stream is None:
         raise ValueError("the worker must send the response metadata first")
     if isinstance(event, str):

@@ -37,6 +37,11 @@ class ChatTokenizer:
     def encode(self, text: str) -> list[int]:
         return list(self._backend.encode(text, add_special_tokens=False).ids)
 
+    def encode_prompt(self, text: str) -> list[int]:
+        """A raw (legacy completions) prompt: with the tokenizer's own special tokens, such as a
+        BOS for tokenizers that add one, as vLLM encodes it (the chat template spells its own)."""
+        return list(self._backend.encode(text, add_special_tokens=True).ids)
+
     def decode(self, ids: Sequence[int]) -> str:
         return str(self._backend.decode(list(ids), skip_special_tokens=True))
 

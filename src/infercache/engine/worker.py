@@ -33,7 +33,8 @@ from infercache.clock import Clock
 from infercache.engine.accounting import EngineAccounting
 from infercache.engine.config import EngineConfig
 from infercache.engine.loader import LoadedModel
-from infercache.engine.openai_api import PreparedChat, ResponseMeta
+from infercache.engine.openai_api import PreparedChat
+from infercache.engine.responses import ResponseMeta
 from infercache.engine.runner import Runner
 from infercache.engine.scheduler import WaitingQueue
 from infercache.engine.sequence import GenerationResult, Sequence
