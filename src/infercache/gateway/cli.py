@@ -87,7 +87,11 @@ def _serve(args: argparse.Namespace) -> int:
             data_dir=settings.data_dir,
             model_path=args.model,
             prefix_cache=not args.no_prefix_cache,
-            **({"max_kv_bytes": args.max_kv_bytes} if args.max_kv_bytes is not None else {}),
+            **{
+                name: getattr(args, name)
+                for name in ("max_kv_bytes", "max_batch", "max_queue")
+                if getattr(args, name) is not None
+            },
         )
         built = build(settings, config, engine_config=engine_config)
     except (ConfigError, InfercacheError) as exc:
@@ -182,5 +186,16 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("--max-kv-bytes", type=int, help="built-in engine: KV prefix cache budget")
     p.add_argument(
         "--no-prefix-cache", action="store_true", help="built-in engine: disable KV reuse"
+    )
+    p.add_argument(
+        "--max-batch",
+        type=int,
+        help="built-in engine: requests decoded together, one batched forward a step (default 16)",
+    )
+    p.add_argument(
+        "--max-queue",
+        type=int,
+        help="built-in engine: requests that may wait for a place; one more is a 429 with "
+        "Retry-After, passed to the client and never stored (default 64)",
     )
     p.set_defaults(handler=_serve)
