@@ -12,6 +12,7 @@ import pytest
 
 from infercache.cache import Cache, Layer
 from infercache.clock import ManualClock
+from infercache.errors import ConfigError
 from infercache.semantic.embedder import HashingEmbedder
 from infercache.semantic.guards import default_guards
 from infercache.semantic.layer import SemanticConfig
@@ -194,3 +195,12 @@ def test_an_exact_complaint_also_drops_the_semantic_record_of_its_entry(
     assert "complaints" not in counters(cache, "semantic")  # no cache decision was wrong
     paraphrase = cache.complete(chat("how do I reset my password please"), upstream)
     assert paraphrase.layer is Layer.MISS  # no paraphrase is served the reported answer
+
+
+def test_the_remembered_answers_are_sized_in_the_settings(tmp_path: Path) -> None:
+    config = tmp_path / "c.toml"
+    config.write_text("[cache]\nfeedback_max_answers = 7\nfeedback_ttl_s = 60\n")
+    settings = Settings.load(environ={"INFERCACHE_FEEDBACK_TTL_S": "30"}, config_file=config)
+    assert (settings.feedback_max_answers, settings.feedback_ttl_s) == (7, 30.0)
+    with pytest.raises(ConfigError, match="feedback_ttl_s"):
+        Settings.load(environ={"INFERCACHE_FEEDBACK_TTL_S": "0"})
