@@ -1,11 +1,13 @@
-"""Several gateway processes on one Redis: they share entries, model swaps and in-flight upstream
-calls — one call per key across replicas, taken over when the leading gateway dies."""
+"""Several gateway processes on one Redis: they share entries (exact and semantic), model swaps
+and in-flight upstream calls — one call per key across replicas, taken over when the leading
+gateway dies."""
 
 from __future__ import annotations
 
 import signal
 import subprocess
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -47,25 +49,49 @@ def upstream() -> Iterator[tuple[FakeUpstream, str]]:
         yield fake, f"{url}/v1"
 
 
-@pytest.fixture
-def gateways(
-    tmp_path: Path, redis: RedisServer, upstream: tuple[FakeUpstream, str]
-) -> Iterator[list[Gateway]]:
+def launch(
+    tmp_path: Path, redis: RedisServer, upstream_url: str, config_text: str, *extra: str
+) -> list[Gateway]:
+    """Two gateway processes, a and b, on one Redis, each with its own data dir."""
     config = tmp_path / "gateway.toml"
-    config.write_text("[gateway]\nreplica_lease_s = 1\nversion_poll_s = 3600\n")
+    config.write_text(config_text)
     running: list[Gateway] = []
     for name in ("a", "b"):
         port = free_port()
         process, _ = start(
             [
-                "serve", "--port", str(port), "--store", redis.url(), "--upstream", upstream[1],
-                "--config", str(config), "--admin-token", "adm",
+                "serve", "--port", str(port), "--store", redis.url(), "--upstream", upstream_url,
+                "--config", str(config), "--admin-token", "adm", *extra,
             ],
             "gateway ready",
             on_stderr=False,
             env={"INFERCACHE_DATA_DIR": str(tmp_path / name)},
         )  # fmt: skip
         running.append(Gateway(process, f"http://127.0.0.1:{port}"))
+    return running
+
+
+GATEWAY_CONFIG = "[gateway]\nreplica_lease_s = 1\nversion_poll_s = 3600\n"
+
+
+@pytest.fixture
+def gateways(
+    tmp_path: Path, redis: RedisServer, upstream: tuple[FakeUpstream, str]
+) -> Iterator[list[Gateway]]:
+    running = launch(tmp_path, redis, upstream[1], GATEWAY_CONFIG)
+    yield running
+    for gateway in running:
+        stop(gateway.process)
+
+
+@pytest.fixture
+def semantic_gateways(
+    tmp_path: Path, redis: RedisServer, upstream: tuple[FakeUpstream, str]
+) -> Iterator[list[Gateway]]:
+    """With the semantic layer: the packaged MiniLM at the threshold `tune` picked on public
+    pairs (bench/README.md, "Threshold")."""
+    config = GATEWAY_CONFIG + "[semantic]\nthreshold = 0.9316\n"
+    running = launch(tmp_path, redis, upstream[1], config, "--semantic")
     yield running
     for gateway in running:
         stop(gateway.process)
@@ -156,3 +182,35 @@ def test_when_the_leading_gateway_dies_mid_call_the_others_waiters_get_an_answer
     assert [r.status_code for r in answers] == [200] * 4
     assert fake.calls == 2
     assert len({r.json()["id"] for r in answers}) == 1
+
+
+def semantic_vectors(gateway: Gateway) -> float:
+    gauges = gateway.stats()["strategies"]["semantic"]["gauges"]
+    return float(gauges.get("vectors", 0))
+
+
+@pytest.mark.slow
+def test_a_semantic_entry_added_through_one_gateway_is_a_semantic_hit_through_the_other(
+    semantic_gateways: list[Gateway], upstream: tuple[FakeUpstream, str]
+) -> None:
+    a, b = semantic_gateways
+    fake, _ = upstream
+    with a.client(None) as ca, b.client(None) as cb:
+        first = ca.post("/v1/chat/completions", json=body("How do I reset my password?"))
+        assert first.headers["x-infercache"] == "miss"
+        answered = time.monotonic()
+        deadline = answered + 30  # for a readable failure; the bound asserted is 1 s
+        while semantic_vectors(b) < 1:  # each poll a real request to b
+            assert time.monotonic() < deadline, "the entry never reached b"
+        reached_s = time.monotonic() - answered
+        assert reached_s < 1.0, f"b indexed a's entry {reached_s:.2f} s after a answered"
+        hit = cb.post("/v1/chat/completions", json=body("How can I reset my password?"))
+        assert hit.headers["x-infercache"] == "semantic-hit"
+        assert hit.json()["choices"] == first.json()["choices"]
+        assert fake.calls == 1
+        with a.client() as admin:
+            swap = admin.post("/admin/model-version", json={"model": "test-model", "version": "v9"})
+            assert swap.json()["changed"] is True
+        after = cb.post("/v1/chat/completions", json=body("How can I reset my password?"))
+    assert after.headers["x-infercache"] == "miss"  # b serves no semantic entry of before
+    assert fake.calls == 2

@@ -20,6 +20,7 @@ from infercache.stores.feed import (
     RedisFeed,
     lost_events,
     open_feed,
+    reached,
 )
 from tests.conftest import RedisClusterServers, RedisServer, free_port
 
@@ -132,6 +133,31 @@ def test_gap_rule() -> None:
     assert lost_events("5-3", "5-2", "5-0")
     assert lost_events("5-3", "5-9", None)
     assert not lost_events("5-9", "5-9", None)
+
+
+def test_reached_orders_positions_of_one_stream_life() -> None:
+    assert not reached(None, "5-0")
+    assert reached("5-3", "5-3")
+    assert reached("5-10", "5-9")  # numerically, not as text
+    assert not reached("5-9", "5-10")
+    assert reached("6-0", "5-9")
+
+
+def test_a_follower_resumed_from_a_tail_reads_only_what_came_after_it(
+    make_feed: MakeFeed,
+) -> None:
+    a, b = make_feed(), make_feed()
+    a.publish(add("sem:before"))
+    applied: list[str] = []
+    rebuilds: list[int] = []
+    follower = FeedFollower(
+        b, rebuild=lambda: rebuilds.append(1), apply=lambda e: applied.append(e.key)
+    )
+    follower.resume(b.tail())  # taken before a rebuild the caller made itself
+    a.publish(add("sem:after"))
+    assert follower.poll(block_ms=1000) == 1
+    assert applied == ["sem:after"]
+    assert (rebuilds, follower.rebuilds) == ([], 0)
 
 
 def test_a_replica_following_the_contract_sees_every_record_once_stored(

@@ -27,15 +27,21 @@ Verification (`verify`) re-asks a sample of hits upstream in the background; a c
 (`report_wrong`) retires the entry that served a wrong answer. Every verdict goes to
 `outcomes.Outcomes`, which keeps the global threshold and the per-answer statistics.
 
-Indexes are per process: another process's new records are seen after its restart. Thread-safe
-(the registry, statistics and calibrations each hold a lock).
+Indexes are per process. On a Redis store the replicas share them through a feed
+(replica_sync.py): `store` publishes `ADD {key}` once its record is written and `report_wrong`
+publishes `REMOVE {key}`, best effort (a failed publish is counted as `feed_errors` and logged;
+the entry still reaches the others at their next rebuild), and every replica follows the feed.
+Without a feed (memory, SQLite) another process's new records are seen after its restart.
+Correctness never rests on the feed: every candidate is checked against the store on read.
+Thread-safe (the registry, statistics and calibrations each hold a lock; a rebuild that replaces
+the indexes swaps in a complete new registry).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -68,6 +74,7 @@ from infercache.semantic.registry import Candidate, IndexedItem, ScopedIndexes
 from infercache.semantic.scope import Query, query_of
 from infercache.semantic.verify import Fetch, Tightened, Verifier
 from infercache.stores.base import Backend, Entry
+from infercache.stores.feed import Feed, FeedEvent, FeedKind
 from infercache.versions import VersionView
 
 __all__ = ["Probe", "SemanticConfig", "SemanticHit", "SemanticLayer", "ShadowConfig"]
@@ -138,9 +145,12 @@ class SemanticLayer:
         self._prices = prices
         self._clock = clock
         self.verifier = verifier
-        self.indexes = ScopedIndexes(
-            embedder.dim, index_factory or GrowingIndex, max_vectors=config.max_vectors
-        )
+        self._index_factory = index_factory or GrowingIndex
+        self.indexes = self._new_indexes()
+        self.rebuilds = 0  # completed `rebuild`s (0: the index has never been read from store)
+        self.feed: Feed | None = None  # where adds and removals are published (replica_sync)
+        self.published: str | None = None  # the position of the last event published
+        self._on_close: list[Callable[[], None]] = []
         if config.shadow is not None and verifier is None:
             raise ValueError("shadow mode needs a verifier (its judge labels the pairs)")
         self.outcomes = Outcomes(
@@ -152,6 +162,11 @@ class SemanticLayer:
         )
         self._k = max(config.k, self.matcher.k or 0)
         self._last_hit = threading.local()  # for `verify`, called right after `lookup`
+
+    def _new_indexes(self) -> ScopedIndexes:
+        return ScopedIndexes(
+            self.embedder.dim, self._index_factory, max_vectors=self.config.max_vectors
+        )
 
     @property
     def threshold(self) -> float | None:
@@ -302,6 +317,7 @@ class SemanticLayer:
             return
         size = self.indexes.add(IndexedItem(query.scope, key, query.text, digest), vector)
         self.metrics.gauge("vectors", size)
+        self._publish(FeedKind.ADD, key)
         if probe is not None and probe.noted is not None and self.verifier is not None:
             noted = probe.noted
             self.verifier.judge_later(
@@ -311,27 +327,74 @@ class SemanticLayer:
                 lambda wrong: self.outcomes.judged(noted.score, noted.group, wrong, hit=False),
             )
 
-    def rebuild(self) -> int:
-        """Load every live record of this embedder from the store; return how many."""
+    def rebuild(self, *, replace: bool = False) -> int:
+        """Load every live record of this embedder from the store; return how many.
+        `replace`: into a new registry swapped in when complete (after a feed gap: what was
+        deleted meanwhile goes too), else into the current one. Raises StoreError."""
         now_s = self._clock.now_s()
         items: list[IndexedItem] = []
         vectors: list[npt.NDArray[np.float32]] = []
         for name, entry in self.backend.scan(RECORD_PREFIX):
-            if entry.expires_at_s <= now_s:
-                continue
-            try:
-                record = decode_record(entry)
-            except ValueError as exc:
-                log.warning("skipping the unreadable semantic record %s: %s", name, exc)
-                continue
-            if record.embedder != self.embedder.name or len(record.vector) != self.embedder.dim:
-                continue  # vectors of another model are not comparable
-            items.append(IndexedItem(record.scope, record.key, record.text, record.answer))
-            vectors.append(record.vector)
+            indexable = self.indexable(name, entry, now_s)
+            if indexable is not None:
+                items.append(indexable[0])
+                vectors.append(indexable[1])
+        indexes = self._new_indexes() if replace else self.indexes
         if items:
-            self.indexes.add_many(items, np.stack(vectors))
+            indexes.add_many(items, np.stack(vectors))
+        self.indexes = indexes
+        self.rebuilds += 1
         self.metrics.gauge("vectors", len(self.indexes))
         return len(items)
+
+    def indexable(
+        self, name: str, entry: Entry, now_s: float
+    ) -> tuple[IndexedItem, npt.NDArray[np.float32]] | None:
+        """The item and vector the record `entry` (stored under `name`) stands for; None if
+        it expired, is unreadable or holds another model's vector (not comparable)."""
+        if entry.expires_at_s <= now_s:
+            return None
+        try:
+            record = decode_record(entry)
+        except ValueError as exc:
+            log.warning("skipping the unreadable semantic record %s: %s", name, exc)
+            return None
+        if record.embedder != self.embedder.name or len(record.vector) != self.embedder.dim:
+            return None
+        return IndexedItem(record.scope, record.key, record.text, record.answer), record.vector
+
+    def refresh_key(self, key: str) -> bool:
+        """Index the record of exact `key` as the store holds it now (another replica's add):
+        nothing if it is indexed already, dropped if it is gone. Returns whether a vector is
+        held for it. Raises StoreError."""
+        name = record_key(key)
+        entry = self.backend.get(name)
+        found = None if entry is None else self.indexable(name, entry, self._clock.now_s())
+        if found is None:
+            self.indexes.forget_key(key)
+            return False
+        if self.indexes.item_of_key(key) != found[0]:
+            self.metrics.gauge("vectors", self.indexes.add(*found))
+        return True
+
+    def _publish(self, kind: FeedKind, key: str) -> None:
+        """Tell the other replicas (best effort: the store is the truth, they rebuild from it)."""
+        if self.feed is None:
+            return
+        try:
+            self.published = self.feed.publish(FeedEvent(kind, key))
+            self.metrics.count("feed_published")
+        except StoreError as exc:
+            self.metrics.count("feed_errors")
+            log.warning("semantic %s of %s not shared with other replicas: %s", kind, key, exc)
+
+    def on_close(self, fn: Callable[[], None]) -> None:
+        self._on_close.append(fn)
+
+    def close(self) -> None:
+        """Stop what runs beside the layer (a replica sync's thread), last attached first."""
+        while self._on_close:
+            self._on_close.pop()()
 
     def _embed(self, text: str) -> npt.NDArray[np.float32]:
         """One text's vector; any failure of the embedder becomes `EmbedderError` (counted)."""
@@ -382,6 +445,7 @@ class SemanticLayer:
         except StoreError as exc:
             self.metrics.count("store_errors")
             log.warning("could not delete the entry reported wrong: %s", exc)
+        self._publish(FeedKind.REMOVE, key)  # even undeleted: the others stop serving it
         self.metrics.gauge("vectors", len(self.indexes))
         self.outcomes.complaint(score, group)
         return held

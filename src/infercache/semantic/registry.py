@@ -5,8 +5,10 @@ index, built on first use by the injected `IndexFactory` and dropped when its la
 a search never has to filter out other tenants' or other prompts' vectors.
 
 Invariants (tests/semantic/test_registry.py):
-- Each vector has a process-local integer id (`vid`), never reused, naming an `IndexedItem`
-  (scope, exact key, text). `_items[vid]` is present exactly when `vid` is in its scope's index.
+- Each vector has a process-local integer id (`vid`), never reused — not even by another
+  registry of the process, so a candidate found before a rebuild swapped registries can never
+  name another vector of the new one — naming an `IndexedItem` (scope, exact key, text).
+  `_items[vid]` is present exactly when `vid` is in its scope's index.
 - One exact key has at most one vector: adding a key again replaces its old vector.
 - At most `max_vectors` vectors are held in total; beyond it the oldest added go first.
 
@@ -15,6 +17,7 @@ Thread-safe: one lock around the maps and every index call made through this cla
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections import OrderedDict, defaultdict
 from collections.abc import Sequence
@@ -24,6 +27,8 @@ import numpy as np
 import numpy.typing as npt
 
 from infercache.semantic.index import IndexFactory, VectorIndex
+
+_VIDS = itertools.count()  # shared by every registry of the process (next() holds the GIL)
 
 
 class IndexedItem(NamedTuple):
@@ -50,7 +55,6 @@ class ScopedIndexes:
         self._indexes: dict[str, VectorIndex] = {}
         self._items: OrderedDict[int, IndexedItem] = OrderedDict()  # oldest first
         self._vid_of_key: dict[str, int] = {}
-        self._next_vid = 0
 
     def __len__(self) -> int:
         return len(self._items)
@@ -85,8 +89,7 @@ class ScopedIndexes:
                 old = self._vid_of_key.get(key)
                 if old is not None:
                     self._forget_locked(old)
-                vid = self._next_vid
-                self._next_vid += 1
+                vid = next(_VIDS)
                 self._items[vid] = items[row]
                 self._vid_of_key[key] = vid
                 by_scope[items[row].scope].append((vid, row))

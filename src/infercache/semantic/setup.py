@@ -7,6 +7,10 @@ live traffic certifies an operating point (shadow.py). If the config names the e
 threshold was tuned with (`embedder_name`), the embedder built here — the fitted one when a
 `matcher` directory is configured — must be that one: a threshold is only meaningful for the
 model it was measured on.
+
+On a Redis (or Redis Cluster) store the layer is shared with the other replicas on it
+(replica_sync.py): the feed's tail is taken before the start-up rebuild, then the layer
+publishes its adds and removals and a thread follows the others' (stopped by `layer.close()`).
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from infercache.semantic.judges import (
 from infercache.semantic.layer import SemanticLayer
 from infercache.semantic.layer_config import SemanticConfig, ShadowConfig
 from infercache.semantic.matcher import CosineMatcher, Matcher, load_fitted
+from infercache.semantic.replica_sync import attach, tail_before_rebuild, wants_sync
 from infercache.semantic.verify import FalseHitMonitor, Fetch, Verifier
 from infercache.settings import SemanticSettings
 
@@ -154,4 +159,10 @@ def enable_from_settings(
             executor=executor or ThreadPoolExecutor(1, thread_name_prefix="infercache-verify"),
         )
     config = build_config(s, matcher)
-    return cache.enable_semantic(embedder, config=config, guards=guards, verifier=verifier)
+    store_url = cache.settings.resolved_store_url
+    shared = wants_sync(store_url)
+    position = tail_before_rebuild(store_url) if shared else None
+    layer = cache.enable_semantic(embedder, config=config, guards=guards, verifier=verifier)
+    if shared:
+        attach(layer, store_url, position)
+    return layer

@@ -115,6 +115,12 @@ def _split(event_id: str) -> tuple[int, int]:
     return int(ms), int(seq or 0)
 
 
+def reached(position: str | None, target: str) -> bool:
+    """Has a reader at `position` (None: not started) read up to `target`, a position of the
+    same stream life? Pure."""
+    return position is not None and _split(position) >= _split(target)
+
+
 def _text(value: object) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
@@ -224,6 +230,11 @@ class FeedFollower:
         self.position = position
         self.rebuilds += 1
 
+    def resume(self, position: str) -> None:
+        """Start from a `tail()` taken before a rebuild the caller already made (a replica's
+        start-up scan), instead of scanning the store a second time."""
+        self.position = position
+
     def poll(self, *, block_ms: int = 0, count: int = 1000) -> int:
         """Apply what is new (waiting up to `block_ms` for it); return how many events."""
         if self.position is None:
@@ -251,12 +262,15 @@ def open_feed(
     name: str = "semantic",
     max_len: int = 100_000,
     max_block_ms: int = 5_000,
+    socket_timeout_s: float | None = None,
 ) -> RedisFeed:
     """The feed `name` beside the Redis store `store_url` names (`redis://…?prefix=P` or
     `redis+cluster://…?prefix=P`, exactly as given to `open_store`). Its client has its own
-    pool, with a socket timeout above the longest blocking read."""
+    pool, with a socket timeout above the longest blocking read (`socket_timeout_s`, when
+    given, must be: a publisher that never blocks can take a short one)."""
     url, prefix = split_store_url(store_url)
-    client = sync_client(url, socket_timeout_s=max_block_ms / 1000 + 2.0)
+    timeout_s = max_block_ms / 1000 + 2.0 if socket_timeout_s is None else socket_timeout_s
+    client = sync_client(url, socket_timeout_s=timeout_s)
     return RedisFeed(
         client,
         stream_key=f"{prefix}{{feed}}{name}",
