@@ -15,6 +15,9 @@ naming it.
     default_temperature = 1.0            # what a request without temperature samples at
     feedback_max_answers = 50000         # INFERCACHE_FEEDBACK_MAX_ANSWERS: recent answers a
     feedback_ttl_s = 86400               #   complaint can name (INFERCACHE_FEEDBACK_TTL_S)
+    metrics_top_tenants = 20             # INFERCACHE_METRICS_TOP_TENANTS: tenants with their
+    metrics_top_models = 20              #   own /metrics series, the rest `other` (and models:
+                                         #   INFERCACHE_METRICS_TOP_MODELS)
 
     [prices."gpt-4o-mini"]               # INFERCACHE_PRICES='{"gpt-4o-mini": [0.15, 0.6, 0.075]}'
     input_usd_per_mtok = 0.15
@@ -139,6 +142,8 @@ class Settings:
     prices: PriceTable = field(default_factory=PriceTable)
     feedback_max_answers: int = 50_000  # answers remembered for `report_wrong` (0: none)
     feedback_ttl_s: float = 86_400.0  # how long after it was served an answer can be reported
+    metrics_top_tenants: int = 20  # tenants with their own /metrics series; the rest `other`
+    metrics_top_models: int = 20  # the same bound for the `model` label
     semantic: SemanticSettings = field(default_factory=SemanticSettings)
 
     def __post_init__(self) -> None:
@@ -154,6 +159,11 @@ class Settings:
             raise ConfigError(
                 "need feedback_max_answers >= 0 and feedback_ttl_s > 0, got "
                 f"{self.feedback_max_answers}, {self.feedback_ttl_s}"
+            )
+        if self.metrics_top_tenants < 0 or self.metrics_top_models < 0:
+            raise ConfigError(
+                "metrics_top_tenants and metrics_top_models must be >= 0, got "
+                f"{self.metrics_top_tenants}, {self.metrics_top_models}"
             )
 
     @property
@@ -219,6 +229,8 @@ class Settings:
             "INFERCACHE_DEFAULT_TEMPERATURE": "default_temperature",
             "INFERCACHE_FEEDBACK_MAX_ANSWERS": "feedback_max_answers",
             "INFERCACHE_FEEDBACK_TTL_S": "feedback_ttl_s",
+            "INFERCACHE_METRICS_TOP_TENANTS": "metrics_top_tenants",
+            "INFERCACHE_METRICS_TOP_MODELS": "metrics_top_models",
         }
         raw = {field_name: environ[var] for var, field_name in names.items() if var in environ}
         changes = _cache_section(raw, "environment", from_strings=True)
@@ -250,6 +262,8 @@ _CACHE_FIELDS: dict[str, tuple[str, type]] = {
     "default_temperature": ("default_temperature", float),
     "feedback_max_answers": ("feedback_max_answers", int),
     "feedback_ttl_s": ("feedback_ttl_s", float),
+    "metrics_top_tenants": ("metrics_top_tenants", int),
+    "metrics_top_models": ("metrics_top_models", int),
 }
 
 

@@ -8,7 +8,8 @@
     *    /v1/...                     any other path and method: passed through to an upstream
                                      as is (its credentials, never a gateway key), streamed
                                      both ways, never cached, counted
-    GET  /metrics                    Prometheus text, per strategy
+    GET  /metrics                    Prometheus text: per strategy (prometheus.py), per request
+                                     with model and tenant (traffic.py), the store's size
     GET  /stats                      JSON: per strategy, the store, the upstreams
     GET  /healthz                    liveness
     POST /admin/invalidate           {"tags": [...]}                  (admin token)
@@ -46,13 +47,22 @@ from infercache.gateway.controls import apply_header_controls
 from infercache.gateway.feedback import feedback_endpoint
 from infercache.gateway.service import Gateway, JSONReply
 from infercache.gateway.stats import gateway_stats
+from infercache.gateway.store_size import StoreSize
 from infercache.gateway.upstream import PassThrough
 from infercache.http_errors import exception_handlers, json_object, middleware, read_json
+from infercache.metrics import MissReason
 from infercache.request import Endpoint
 
 log = logging.getLogger(__name__)
 
 PASS_THROUGH_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE"]
+# The OpenAI API's resources: a passed-through call is counted under its resource, any other
+# path under `other` (the label's values stay bounded whatever callers send).
+RESOURCES = frozenset(
+    ("assistants", "audio", "batches", "chat", "completions", "containers", "conversations",
+     "embeddings", "evals", "files", "fine_tuning", "images", "models", "moderations",
+     "organization", "realtime", "responses", "threads", "uploads", "vector_stores")
+)  # fmt: skip
 OWN_PATHS = {
     "/v1/chat/completions": ["POST"],
     "/v1/completions": ["POST"],
@@ -69,6 +79,8 @@ def create_app(
     max_body_bytes: int = 4 << 20,
     version_poll_s: float | None = 30.0,
 ) -> Starlette:
+    gateway.cache.metrics.export(StoreSize(gateway.cache.backend, gateway.cache.clock))
+
     async def chat(request: Request) -> Response:
         return await cached(request, Endpoint.CHAT)
 
@@ -138,7 +150,10 @@ def create_app(
                 f"{request.method} {request.url.path} is not served by the built-in engine"
             )
         path = request.url.path.removeprefix("/v1")
-        gateway.cache.metrics.strategy("passthrough").count(path.strip("/").split("/")[0])
+        resource = path.strip("/").split("/")[0]
+        passthrough = gateway.cache.metrics.strategy("passthrough")
+        passthrough.miss(MissReason.UNCACHEABLE)
+        passthrough.count(resource if resource in RESOURCES else "other")
         forwarded = await targets[0].forward(
             request.method,
             path,
@@ -153,10 +168,8 @@ def create_app(
 
     async def metrics(request: Request) -> Response:
         auth.require_metrics(request.headers.get("authorization"))
-        return Response(
-            gateway.cache.metrics.to_prometheus(),
-            media_type="text/plain; version=0.0.4; charset=utf-8",
-        )
+        text = await gateway.offload(gateway.cache.metrics.to_prometheus)  # reads the store
+        return Response(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 
     async def stats(request: Request) -> Response:
         auth.require_stats(request.headers.get("authorization"))

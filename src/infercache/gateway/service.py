@@ -56,6 +56,7 @@ from infercache.gateway.replica_load import LoadPoller
 from infercache.gateway.requestlog import LogEntry, RequestLog, unlogged
 from infercache.gateway.router import PrefixRouter, RouterConfig
 from infercache.gateway.tracing import NoTracer, RequestTracer
+from infercache.gateway.traffic import RequestMetrics
 from infercache.gateway.upstream import EmbeddingsUpstream, TextCompletions, Upstream
 from infercache.gateway.versions import ModelVersionTracker
 from infercache.http_errors import internal_error_body
@@ -123,6 +124,7 @@ class Gateway:
     ) -> None:
         self.cache = cache
         self.tracer: RequestTracer = tracer or NoTracer()
+        self.traffic = RequestMetrics.of(cache)  # /metrics per model and tenant (traffic.py)
         self.across = across
         self.embedder = embedder
         self.embedding_cache = EmbeddingCache.of(cache)
@@ -209,7 +211,8 @@ class Gateway:
 
     def _open(self, tenant: str, body: dict[str, Any], operation: str) -> LogEntry:
         """The request's record: its log line and its tracing span, closed once together."""
-        span = self.tracer.start(operation, body.get("model"))
+        model = body.get("model")
+        span = self.traffic.track(operation, tenant, model, self.tracer.start(operation, model))
         if self.request_log is None:
             return unlogged(tenant, body, span)
         return self.request_log.open(tenant, body, span)

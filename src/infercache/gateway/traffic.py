@@ -1,0 +1,239 @@
+"""The gateway's per-request metrics, with `model` and a bounded `tenant` label.
+
+    infercache_requests_total{endpoint, layer, model, tenant}
+    infercache_request_duration_seconds{endpoint, layer, model}      histogram
+    infercache_prompt_tokens_total{model, tenant}                    answered requests' usage
+    infercache_completion_tokens_total{model, tenant}
+    infercache_cached_prompt_tokens_total{model, tenant}             served from a cache: all
+                                  of a hit's, the upstream's `cached_tokens` on a miss
+
+`endpoint` is chat | completions | embeddings; `layer` is what the `x-infercache` header says
+(exact-hit, semantic-hit, miss, bypass, uncacheable), or `error` for a non-2xx answer, so the
+duration histogram splits hits from misses: `layer=~".*-hit"` against `layer="miss"`.
+
+Bounded labels (`TopLabels`): a label whose values come from callers (the tenant, the model
+name) gets its own series only for the top `n` values by requests; the rest share `other`.
+Requests per value are counted with Space-Saving (Metwally et al. 2005) over `8 n` slots, so
+memory is bounded whatever the callers send. The first `n` values are promoted as they come; a
+later value replaces the least-requested promoted one once it has more than twice its requests
+(the margin stops two close values from trading places on every request). Each counter only
+grows: a demoted value's series are dropped (Prometheus sees them end), its later requests
+count under `other`, and a promoted value's series starts at zero. A tenant that is literally
+called `other` shares the `other` series. Tenants are names (from auth, or the body's `user`
+in open mode), never request content.
+
+A request is recorded once, when its record closes (requestlog.py's `LogEntry.close`, which
+ends its span): `RequestMetrics.track` wraps the request's tracing span.
+Thread-safety: one lock; spans end on the event loop, collection runs on the store pool.
+"""
+
+from __future__ import annotations
+
+import bisect
+import threading
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from infercache.clock import Clock
+from infercache.gateway.tracing import RequestSpan
+from infercache.policy import cached_tokens, usage_tokens
+from infercache.prometheus import cumulative_buckets
+
+if TYPE_CHECKING:
+    from infercache.cache import Cache
+
+OTHER = "other"
+HIT_LAYERS = ("exact-hit", "semantic-hit")
+DURATION_BOUNDS_S = (
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+)  # fmt: skip
+
+
+class TopLabels:
+    """Which values of a caller-supplied label get their own series: the top `n` by requests.
+    Not thread-safe: its owner's lock guards it."""
+
+    def __init__(self, n: int) -> None:
+        if n < 0:
+            raise ValueError(f"n must be >= 0, got {n}")
+        self.n = n
+        self._slots = max(8 * n, 16)
+        self._counts: dict[str, int] = {}  # Space-Saving: over-estimates, never under
+        self._top: set[str] = set()
+
+    def label(self, value: str) -> tuple[str, str | None]:
+        """Count one request of `value`: (the label to count it under, a value demoted now)."""
+        self._count(value)
+        if value in self._top:
+            return value, None
+        if value == OTHER or self.n == 0:
+            return OTHER, None
+        if len(self._top) < self.n:
+            self._top.add(value)
+            return value, None
+        weakest = min(self._top, key=lambda v: self._counts[v])
+        if self._counts[value] > 2 * self._counts[weakest]:
+            self._top.discard(weakest)
+            self._top.add(value)
+            return value, weakest
+        return OTHER, None
+
+    def _count(self, value: str) -> None:
+        if value in self._counts:
+            self._counts[value] += 1
+            return
+        floor = 0
+        if len(self._counts) >= self._slots:  # replace the smallest value not promoted
+            victim = min(
+                (v for v in self._counts if v not in self._top), key=self._counts.__getitem__
+            )
+            floor = self._counts.pop(victim)
+        self._counts[value] = floor + 1
+
+
+class RequestMetrics(Collector):
+    """Records each request when its span ends; exported through `Metrics.export`."""
+
+    def __init__(self, clock: Clock, *, top_tenants: int = 20, top_models: int = 20) -> None:
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._tenants = TopLabels(top_tenants)
+        self._models = TopLabels(top_models)
+        self._requests: dict[tuple[str, str, str, str], int] = {}
+        self._tokens: dict[tuple[str, str], list[int]] = {}  # prompt, completion, cached
+        self._durations: dict[tuple[str, str, str], list[int]] = {}
+        self._duration_sums: dict[tuple[str, str, str], float] = {}
+
+    @classmethod
+    def of(cls, cache: Cache) -> RequestMetrics:
+        """Bounded as the cache's settings say, and exported with its metrics."""
+        settings = cache.settings
+        traffic = cls(
+            cache.clock,
+            top_tenants=settings.metrics_top_tenants,
+            top_models=settings.metrics_top_models,
+        )
+        cache.metrics.export(traffic)
+        return traffic
+
+    def track(self, operation: str, tenant: str, model: object, span: RequestSpan) -> RequestSpan:
+        """The request's span, recorded here when it ends."""
+        return _Tracked(self, operation, tenant, model, self._clock.monotonic_s(), span)
+
+    def record(
+        self,
+        operation: str,
+        tenant: str,
+        model: object,
+        *,
+        status: int,
+        layer: str | None,
+        response: Mapping[str, Any] | None,
+        duration_s: float,
+    ) -> None:
+        layer = (layer or "none") if 200 <= status < 300 else "error"
+        with self._lock:
+            t, dropped_tenant = self._tenants.label(tenant)
+            m, dropped_model = self._models.label(model if isinstance(model, str) else "none")
+            self._drop(dropped_tenant, dropped_model)
+            key = (operation, layer, m, t)
+            self._requests[key] = self._requests.get(key, 0) + 1
+            hist = self._durations.setdefault(
+                (operation, layer, m), [0] * (len(DURATION_BOUNDS_S) + 1)
+            )
+            hist[bisect.bisect_left(DURATION_BOUNDS_S, duration_s)] += 1
+            self._duration_sums[(operation, layer, m)] = (
+                self._duration_sums.get((operation, layer, m), 0.0) + duration_s
+            )
+            if response is not None:
+                prompt, completion = usage_tokens(response)
+                read = prompt if layer in HIT_LAYERS else cached_tokens(response)
+                tokens = self._tokens.setdefault((m, t), [0, 0, 0])
+                tokens[0] += prompt
+                tokens[1] += completion
+                tokens[2] += read
+
+    def _drop(self, tenant: str | None, model: str | None) -> None:
+        """A demoted value's series end (its later requests count under `other`)."""
+        if tenant is not None:
+            self._requests = {k: v for k, v in self._requests.items() if k[3] != tenant}
+            self._tokens = {k: v for k, v in self._tokens.items() if k[1] != tenant}
+        if model is not None:
+            self._requests = {k: v for k, v in self._requests.items() if k[2] != model}
+            self._tokens = {k: v for k, v in self._tokens.items() if k[0] != model}
+            self._durations = {k: v for k, v in self._durations.items() if k[2] != model}
+            self._duration_sums = {k: v for k, v in self._duration_sums.items() if k[2] != model}
+
+    def collect(self) -> Iterator[Metric]:
+        with self._lock:
+            requests = dict(self._requests)
+            tokens = {k: list(v) for k, v in self._tokens.items()}
+            durations = {k: list(v) for k, v in self._durations.items()}
+            sums = dict(self._duration_sums)
+        fam = CounterMetricFamily(
+            "infercache_requests",
+            "Requests answered, by endpoint, layer (x-infercache, or error), model and tenant",
+            labels=["endpoint", "layer", "model", "tenant"],
+        )
+        for key, n in sorted(requests.items()):
+            fam.add_metric(list(key), float(n))
+        yield fam
+        docs = (
+            ("infercache_prompt_tokens", "Prompt tokens of answered requests"),
+            ("infercache_completion_tokens", "Completion tokens of answered requests"),
+            (
+                "infercache_cached_prompt_tokens",
+                "Prompt tokens served from a cache: all of a hit's, the upstream's cached "
+                "tokens on a miss",
+            ),
+        )
+        for i, (name, doc) in enumerate(docs):
+            tfam = CounterMetricFamily(name, doc, labels=["model", "tenant"])
+            for (m, t), counts in sorted(tokens.items()):
+                tfam.add_metric([m, t], float(counts[i]))
+            yield tfam
+        hfam = HistogramMetricFamily(
+            "infercache_request_duration_seconds",
+            "Seconds from a request's arrival to its last byte, by endpoint, layer and model",
+            labels=["endpoint", "layer", "model"],
+        )
+        for labels, counts in sorted(durations.items()):
+            buckets = cumulative_buckets(list(DURATION_BOUNDS_S), counts)
+            hfam.add_metric(list(labels), buckets, sums[labels])
+        yield hfam
+
+
+class _Tracked:
+    __slots__ = ("_metrics", "_model", "_operation", "_span", "_started_s", "_tenant")
+
+    def __init__(
+        self,
+        metrics: RequestMetrics,
+        operation: str,
+        tenant: str,
+        model: object,
+        started_s: float,
+        span: RequestSpan,
+    ) -> None:
+        self._metrics = metrics
+        self._operation = operation
+        self._tenant = tenant
+        self._model = model
+        self._started_s = started_s
+        self._span = span
+
+    def end(self, *, status: int, layer: str | None, response: Mapping[str, Any] | None) -> None:
+        duration_s = self._metrics._clock.monotonic_s() - self._started_s
+        self._metrics.record(
+            self._operation,
+            self._tenant,
+            self._model,
+            status=status,
+            layer=layer,
+            response=response,
+            duration_s=duration_s,
+        )
+        self._span.end(status=status, layer=layer, response=response)
