@@ -129,6 +129,15 @@ def test_tune_and_engine_serve_name_their_extras(
     assert "pip install 'infercache[engine]'" in capsys.readouterr().err
 
 
+def test_the_library_embedders_name_the_semantic_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    from infercache.semantic.embedder import MiniLMEmbedder, StaticEmbedder
+
+    hide_extra(monkeypatch, "semantic")
+    for embedder in (MiniLMEmbedder, StaticEmbedder):
+        with pytest.raises(MissingExtraError, match=r"pip install 'infercache\[semantic\]'"):
+            embedder()
+
+
 def test_analyze_falls_back_without_the_engine_and_semantic_extras(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:

@@ -38,6 +38,7 @@ import numpy as np
 import numpy.typing as npt
 
 from infercache.errors import ConfigError
+from infercache.extras import require
 
 Matrix = npt.NDArray[np.float32]
 
@@ -123,6 +124,7 @@ class MiniLMEmbedder:
         _check_positive("max_tokens", max_tokens)
         if threads is not None:
             _check_positive("threads", threads)
+        require("semantic", "MiniLMEmbedder")
         import torch
         from transformers import AutoModel, AutoTokenizer
 
@@ -181,6 +183,7 @@ class StaticEmbedder:
     ) -> None:
         _check_positive("batch_size", batch_size)
         _check_positive("max_tokens", max_tokens)
+        require("semantic", "StaticEmbedder")
         from static_model._static_model import embedding_dim, encode_batch
 
         directory = model_dir or package_model_dir(self.MODULE, self.DISTRIBUTION)
