@@ -359,8 +359,10 @@ class Cache:
                 raise NotCachedError(f"request is not cacheable: {why_not}")
             return Miss(self, req, Layer.UNCACHEABLE, None)
         if cc.no_cache:
+            # Read first: a read that gives way (StoreWouldBlockError) is retried, counted once.
+            refresh = self.exact.lookup(req, read_entry=False)
             self._exact_metrics.miss(MissReason.BYPASSED)
-            return Miss(self, req, Layer.BYPASS, self.exact.lookup(req, read_entry=False))
+            return Miss(self, req, Layer.BYPASS, refresh)
         lookup = self.exact.lookup(req)
         if lookup.entry is not None:
             return self._exact_hit(req, lookup)

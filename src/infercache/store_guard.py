@@ -19,8 +19,11 @@ lookup waits about `budget_s` at most, and once the breaker is open not at all. 
 version ran each call on a pool of its own to enforce the budget; the extra thread hop per call
 cost more than half the gateway's hit throughput.) `StoreUnavailableError`
 is a `StoreError`, so every layer already turns it into a counted miss; the exact layer counts
-it as `store_unavailable`. Bulk reads (`scan`, for rebuilding an index at start) and `close` are
-not budgeted. Thread-safe; the clock is injected.
+it as `store_unavailable`. `inline_reads(backend)` gives the gateway a way to read on its event
+loop when the inner store supports it (memory, SQLite: base.InlineReads): inside it, a call
+that would wait raises `StoreWouldBlockError`, and so does any call while the breaker is not
+closed (the retry off the loop takes the skip or the probe). Bulk reads (`scan`, for
+rebuilding an index at start) and `close` are not budgeted. Thread-safe; the clock is injected.
 """
 
 from __future__ import annotations
@@ -28,12 +31,13 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from infercache.clock import Clock
-from infercache.errors import StoreError, StoreUnavailableError
-from infercache.stores.base import Backend, Entry, StoreStats
+from infercache.errors import StoreError, StoreUnavailableError, StoreWouldBlockError
+from infercache.stores.base import Backend, Entry, InlineReads, StoreStats
 from infercache.urls import mask_credentials
 
 log = logging.getLogger(__name__)
@@ -130,8 +134,25 @@ class GuardedBackend:
         self._lock = threading.Lock()
         self.over_budget = 0
         self.skipped = 0
+        self._local = threading.local()
+        # Checked once: isinstance against a runtime Protocol costs ~50 µs a call.
+        self._inner_nonblocking = inner.nonblocking if isinstance(inner, InlineReads) else None
+
+    @contextmanager
+    def nonblocking(self) -> Iterator[None]:
+        """The inner store's non-blocking mode (it must be `InlineReads`), breaker included."""
+        if self._inner_nonblocking is None:
+            raise TypeError(f"{type(self.inner).__name__} has no non-blocking reads")
+        self._local.nonblocking = True
+        try:
+            with self._inner_nonblocking():
+                yield
+        finally:
+            self._local.nonblocking = False
 
     def _call(self, fn: Callable[..., T], *args: Any) -> T:
+        if getattr(self._local, "nonblocking", False) and self.breaker.state != "closed":
+            raise StoreWouldBlockError("the store's breaker is not closed")
         if not self.breaker.allow():
             with self._lock:
                 self.skipped += 1
@@ -199,3 +220,14 @@ class GuardedBackend:
             "skipped": skipped,
             "budget_ms": self.budget_s * 1000,
         }
+
+
+def inline_reads(backend: Backend) -> Callable[[], AbstractContextManager[None]] | None:
+    """How to read `backend` on an event loop without waiting (its `nonblocking`), or None when
+    its reads may wait (Redis: every call crosses the network)."""
+    inner = backend.inner if isinstance(backend, GuardedBackend) else backend
+    if not isinstance(inner, InlineReads):
+        return None
+    if isinstance(backend, GuardedBackend):
+        return backend.nonblocking
+    return inner.nonblocking

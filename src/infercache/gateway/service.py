@@ -2,9 +2,11 @@
 
     chat(body, tenant, bearer)              tenant: auth.resolve_tenant's, the only decision
       entry = log.open(tenant, body)        one request-log line, closed once (requestlog.py)
-      outcome = cache.begin(body, tenant)   the library's layers and policy (cache.py), on the
-                                            store pool: never on the event loop, and each store
-                                            call within its budget (store_guard.py)
+      outcome = cache.begin(body, tenant)   the library's layers and policy (cache.py), each
+                                            store call within its budget (store_guard.py): on
+                                            the loop when the store's reads cannot wait
+                                            (memory, SQLite; else retried), on the store pool
+                                            otherwise (Redis, or an embedding to compute)
       a Completion → reply: JSON, or its SSE replay; `x-infercache: exact-hit | semantic-hit`
       a Miss → flights.lead_or_join(key)    one upstream call per key in flight (flight.py)
         leader: start _fetch(miss, flight) as a task, which owns the leader's Miss:
@@ -45,6 +47,7 @@ from infercache.embedding_cache import EmbeddingCache
 from infercache.errors import (
     InfercacheError,
     NotFoundError,
+    StoreWouldBlockError,
     UpstreamAbortedError,
     UpstreamError,
     UpstreamUnavailableError,
@@ -61,6 +64,7 @@ from infercache.gateway.upstream import EmbeddingsUpstream, TextCompletions, Ups
 from infercache.gateway.versions import ModelVersionTracker
 from infercache.http_errors import internal_error_body
 from infercache.request import Endpoint
+from infercache.store_guard import inline_reads
 from infercache.stores.replica_flight import FlightLease, SharedAnswer
 
 log = logging.getLogger(__name__)
@@ -145,6 +149,9 @@ class Gateway:
         self._store_pool = ThreadPoolExecutor(
             min(8, os.cpu_count() or 2), thread_name_prefix="infercache-lookup"
         )
+        # Lookups on a store whose reads never wait run on the loop itself (see _begin).
+        self._inline_reads = inline_reads(cache.backend)
+        self.lookups_retried_off_loop = 0
 
     async def offload(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run `fn` (which touches the store) on the store pool, off the event loop."""
@@ -220,6 +227,14 @@ class Gateway:
     async def _begin(
         self, body: dict[str, Any], tenant: str, bearer: str | None, endpoint: Endpoint
     ) -> Completion | Miss:
+        if self._inline_reads is not None and self.cache.semantic is None:
+            # The lookup reads a store that cannot make it wait (memory, SQLite): on the loop,
+            # sparing the thread hop. Anything that would wait is retried on the pool.
+            try:
+                with self._inline_reads():
+                    return self.cache.begin(body, tenant=tenant, endpoint=endpoint)
+            except StoreWouldBlockError:
+                self.lookups_retried_off_loop += 1
         verify = self.background_fetch(tenant, bearer) if self.cache.semantic else None
         return await self.offload(
             self.cache.begin, body, tenant=tenant, verify=verify, endpoint=endpoint

@@ -23,8 +23,9 @@ Contract (tests/stores/test_contract.py runs it against every backend):
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import orjson
 
@@ -122,6 +123,16 @@ class MetaStore(Protocol):
     def incr_meta(self, name: str) -> int:
         """Atomically add 1 to an integer (absent = 0) and return the new value."""
         ...
+
+
+@runtime_checkable
+class InlineReads(Protocol):
+    """A backend whose reads may run on an event loop. Inside `nonblocking()`, in the calling
+    thread, a call that would wait (a lock held elsewhere, a write that must sync) raises
+    `StoreWouldBlockError` at once instead, and the caller retries it off the loop. Memory and
+    SQLite implement it; Redis does not (every call crosses the network)."""
+
+    def nonblocking(self) -> AbstractContextManager[None]: ...
 
 
 class Backend(Store, MetaStore, Protocol):

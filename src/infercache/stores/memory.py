@@ -7,6 +7,8 @@ recently used entries from the front of the dict, until the new entry fits.
 
 Invariants: `bytes_used == sum(e.size_bytes)` over held entries and `bytes_used <= max_bytes`
 after every call. Thread-safe: one lock around every method. Never raises `StoreError`.
+Every call holds the lock for microseconds and never waits on anything else, so `nonblocking()`
+(the `InlineReads` seam) changes nothing: it may run on an event loop as it is.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import secrets
 import threading
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 from infercache.clock import Clock
 from infercache.stores.base import EPOCH_META, Entry, StoreStats
@@ -34,6 +37,10 @@ class MemoryStore:
         self._bytes_used = 0
         self._meta: dict[str, str] = {EPOCH_META: secrets.token_hex(8)}
         self.evictions = 0
+
+    @contextmanager
+    def nonblocking(self) -> Iterator[None]:
+        yield
 
     def get(self, key: str) -> Entry | None:
         with self._lock:

@@ -18,6 +18,14 @@ O(1) by any process in the same transaction as its write.
   Opening is lazy, so a broken file never stops the cache from being built.
 
 Thread-safety: one connection per thread (sqlite3 connections are not shared across threads).
+
+Non-blocking reads (`nonblocking()`, the `InlineReads` seam in base.py): inside the block, the
+calling thread reads through a second connection whose busy timeout is 0, and every write
+raises `StoreWouldBlockError` at once. A WAL reader does not wait for writers, so a read from
+the page cache takes tens of µs; a read that would have to wait for a lock (WAL recovery,
+a checkpoint another process runs, an exclusive-mode connection) raises `StoreWouldBlockError`
+instead, and the caller retries off its event loop. (A disk that stalls on a cold page is
+outside what this bounds.)
 """
 
 from __future__ import annotations
@@ -36,10 +44,11 @@ from typing import Any
 import orjson
 
 from infercache.clock import Clock
-from infercache.errors import StoreError
+from infercache.errors import StoreError, StoreWouldBlockError
 from infercache.stores.base import EPOCH_META, Entry, StoreStats
 
 SCHEMA_VERSION = 1
+_WAITED = (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)  # primary result codes of a lock wait
 log = logging.getLogger(__name__)
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS entries (
@@ -114,10 +123,10 @@ class SQLiteStore:
 
     # -- connection handling: the one place sqlite3 errors become StoreError --
 
-    def _connect(self) -> sqlite3.Connection:
+    def _connect(self, *, timeout_s: float) -> sqlite3.Connection:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         conn = sqlite3.connect(
-            self.path, timeout=self._busy_timeout_s, isolation_level=None, check_same_thread=True
+            self.path, timeout=timeout_s, isolation_level=None, check_same_thread=True
         )
         try:
             conn.execute("PRAGMA journal_mode=WAL")
@@ -133,24 +142,45 @@ class SQLiteStore:
         return conn
 
     @contextmanager
-    def _conn(self) -> Iterator[sqlite3.Connection]:
+    def nonblocking(self) -> Iterator[None]:
+        """In this thread, for the block: reads never wait for a lock and writes are refused,
+        both by raising `StoreWouldBlockError` (see the module docstring)."""
+        self._local.nonblocking = True
         try:
-            conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+            yield
+        finally:
+            self._local.nonblocking = False
+
+    def _nonblocking(self) -> bool:
+        return getattr(self._local, "nonblocking", False) is True
+
+    @contextmanager
+    def _conn(self) -> Iterator[sqlite3.Connection]:
+        attr = "nonblocking_conn" if self._nonblocking() else "conn"
+        try:
+            conn: sqlite3.Connection | None = getattr(self._local, attr, None)
             if conn is None:
-                conn = self._local.conn = self._connect()
+                timeout_s = 0.0 if attr == "nonblocking_conn" else self._busy_timeout_s
+                conn = self._connect(timeout_s=timeout_s)
+                setattr(self._local, attr, conn)
             yield conn
         except (sqlite3.Error, OSError) as exc:
-            self._drop_connection()
+            self._drop_connection(attr)
+            code = getattr(exc, "sqlite_errorcode", 0) & 0xFF
+            if attr == "nonblocking_conn" and code in _WAITED:
+                raise StoreWouldBlockError(f"sqlite store {self.path}: {exc}") from exc
             raise StoreError(f"sqlite store {self.path}: {exc}") from exc
 
-    def _drop_connection(self) -> None:
-        conn = getattr(self._local, "conn", None)
-        self._local.conn = None
+    def _drop_connection(self, attr: str = "conn") -> None:
+        conn = getattr(self._local, attr, None)
+        setattr(self._local, attr, None)
         if conn is not None:
             conn.close()
 
     @contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
+        if self._nonblocking():
+            raise StoreWouldBlockError(f"sqlite store {self.path}: no writes in non-blocking mode")
         with self._conn() as conn:
             conn.execute("BEGIN IMMEDIATE")
             try:
@@ -306,7 +336,8 @@ class SQLiteStore:
         except StoreError as exc:
             # Only recency hints are lost; entries are already committed.
             log.warning("could not save recency on close: %s", exc)
-        self._drop_connection()
+        self._drop_connection("conn")
+        self._drop_connection("nonblocking_conn")
 
     # -- internals --
 
