@@ -410,6 +410,8 @@ class Cache:
     def _shared(self, miss: Miss, leader: Completion) -> Completion:
         prompt_tokens, completion_tokens = usage_tokens(leader.response)
         self._exact_metrics.prompt_tokens(prompt_tokens)
+        if miss.probe is not None and self.semantic is not None:
+            self.semantic.metrics.prompt_tokens(prompt_tokens)
         self._exact_metrics.hit(
             prompt_tokens=prompt_tokens,
             completion_tokens=completion_tokens,

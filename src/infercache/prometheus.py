@@ -207,7 +207,11 @@ def _histograms(strategies: Mapping[str, Mapping[str, Any]]) -> Iterator[Metric]
             fam = out.get(name)
             if fam is None:
                 fam = out[name] = HistogramMetricFamily(name, doc, labels=["strategy"])
-            fam.add_metric([strategy], cumulative_buckets(h["bounds"], h["counts"]), h["sum"])
+            buckets = cumulative_buckets(h["bounds"], h["counts"])
+            # Buckets under 0 (similarities) fold into le="0": with a negative bucket the
+            # client leaves out `_sum` and `_count`, which Prometheus' rules want.
+            buckets = [(le, n) for le, n in buckets if float(le) >= 0]
+            fam.add_metric([strategy], buckets, h["sum"])
     yield from out.values()
 
 
