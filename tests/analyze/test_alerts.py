@@ -13,8 +13,8 @@ import yaml
 
 from infercache.analyze.cli import register
 from infercache.analyze.reports.alerts import GATEWAY_METRICS
-from infercache.metrics import Metrics, MissReason, PriceTable
 from tests.analyze.generators import short_support_bot
+from tests.observed_gateway import gateway_with_traffic
 
 
 def run_cli(*argv: str) -> int:
@@ -25,19 +25,16 @@ def run_cli(*argv: str) -> int:
     return code
 
 
-def exported_names() -> set[str]:
-    """Metric names in the gateway's /metrics text, with exact and prefix traffic counted."""
-    metrics = Metrics(PriceTable())
-    metrics.strategy("exact").hit(prompt_tokens=5, completion_tokens=3, upstream_s=1.0, money_usd=0)
-    prefix = metrics.strategy("prefix")
-    prefix.prompt_tokens(10)
-    prefix.miss(MissReason.ABSENT)
-    text = metrics.to_prometheus().decode()
-    return {line.split("{")[0] for line in text.splitlines() if line and not line.startswith("#")}
+@pytest.fixture(scope="module")
+def exported_names(tmp_path_factory: pytest.TempPathFactory) -> set[str]:
+    """Metric names in a real gateway's /metrics text, after a mixed workload."""
+    with gateway_with_traffic(tmp_path_factory.mktemp("gateway")) as observed:
+        text = observed.metrics_text
+    return {line.split("{")[0].split(" ")[0] for line in text.splitlines() if line[:1] != "#"}
 
 
 def test_each_alarm_is_a_rule_on_the_gateways_own_metrics(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], exported_names: set[str]
 ) -> None:
     log = short_support_bot(seed=5, n=400).write(tmp_path / "log.jsonl")
     common = ["--tokenizer", "chars4", "--no-semantic"]
@@ -50,7 +47,7 @@ def test_each_alarm_is_a_rule_on_the_gateways_own_metrics(
     [group] = rules["groups"]
     by_strategy = {r["labels"]["strategy"]: r for r in group["rules"]}
     assert set(by_strategy) == set(alarms) == {"exact", "prefix"}
-    names = exported_names()
+    names = exported_names
     assert set(GATEWAY_METRICS.values()) <= names
     for strategy, rule in by_strategy.items():
         expr = rule["expr"]
