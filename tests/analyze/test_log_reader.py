@@ -6,7 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from infercache.analyze.log_reader import Kind, LineErrors, LogReader, LogRecord, estimate_lines
+from infercache.analyze.log_reader import (
+    LineErrors,
+    LineFormat,
+    LogReader,
+    LogRecord,
+    estimate_lines,
+)
 from infercache.errors import ConfigError
 from tests.analyze.conftest import RunAnalysis
 from tests.analyze.generators import write_lines
@@ -41,7 +47,12 @@ def test_each_line_format_is_detected_from_its_content(tmp_path: Path) -> None:
         ),
     ]
     records, errors = read(write_lines(tmp_path / "mixed.log", lines))
-    assert [r.kind for r in records] == [Kind.BODY, Kind.RECORD, Kind.REDACTED, Kind.BLOCKS]
+    assert [r.kind for r in records] == [
+        LineFormat.BODY,
+        LineFormat.RECORD,
+        LineFormat.REDACTED,
+        LineFormat.BLOCKS,
+    ]
     assert errors.count == 0
     gateway = records[1]
     assert (gateway.tenant, gateway.latency_s, gateway.layer) == ("t", 0.9, "miss")
@@ -174,7 +185,7 @@ def test_gateway_timings_names_and_redacted_chains_are_read(tmp_path: Path) -> N
     timed, redacted = records
     assert (timed.upstream_s, timed.ttft_s, timed.cached_tokens) == (0.9, 0.12, 16)
     assert timed.tenant_name == "team-a"
-    assert redacted.kind is Kind.REDACTED
+    assert redacted.kind is LineFormat.REDACTED
     assert (redacted.hash_ids, redacted.hash_chunk_tokens) == ((5, 6), (4, 3))
     assert (redacted.prefix_tokenizer, redacted.not_cacheable) == (
         "chars4",

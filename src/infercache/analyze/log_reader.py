@@ -11,7 +11,9 @@ magic bytes, not by the file name):
 - `redacted`: a line written by `serve --redact` (redaction.py): `key_digest` (an HMAC of the
   exact key), `prefix_hashes` and `prefix_chunk_tokens` (the chained prefix hashes) instead of
   `request`; exact repeats and prefix reuse are counted from them. An older redacted line
-  carries only `request_digest` (sha256 of the body): exact repeats only.
+  carries only `request_digest` (sha256 of the body): exact repeats only. A redacted line with
+  neither (`"redaction"` alone: embeddings, a refused request) is malformed, as its plain twin
+  is an invalid request.
 - `blocks`: a block-hash trace line in the Mooncake form `{"timestamp" (ms), "input_length",
   "output_length", "hash_ids"}`: `hash_ids[i]` names prompt block i together with everything
   before it, so equal leading ids are a reusable prefix.
@@ -45,7 +47,7 @@ GZIP_MAGIC = b"\x1f\x8b"
 BLOCK_TRACE_TIME_UNIT_S = 0.001  # Mooncake traces count milliseconds
 
 
-class Kind(StrEnum):
+class LineFormat(StrEnum):
     BODY = "body"
     RECORD = "record"
     REDACTED = "redacted"
@@ -55,7 +57,7 @@ class Kind(StrEnum):
 class LogRecord(NamedTuple):  # a NamedTuple: one per line, cheaper than frozen
     source: str  # file name
     line: int  # 1-based line number in that file
-    kind: Kind
+    kind: LineFormat
     timestamp_s: float | None
     request: dict[str, Any] | None = None  # the body as the client sent it
     response: dict[str, Any] | None = None
@@ -144,7 +146,7 @@ def _blocks(obj: dict[str, Any], source: str, line: int) -> LogRecord:
     return LogRecord(
         source,
         line,
-        Kind.BLOCKS,
+        LineFormat.BLOCKS,
         None if timestamp is None else timestamp * BLOCK_TRACE_TIME_UNIT_S,
         hash_ids=tuple(ids),
         prompt_tokens=input_length,
@@ -175,16 +177,23 @@ def _prefix_chain(obj: dict[str, Any]) -> tuple[tuple[int, ...] | None, tuple[in
     return hashes, sizes
 
 
+def _refusal(obj: dict[str, Any]) -> str:
+    status = obj.get("status")
+    return f"status {status}" if status != 200 else "not a chat request"
+
+
 def _record(obj: dict[str, Any], source: str, line: int) -> LogRecord:
     request = _object(obj, "request")
     digest = _string(obj, "key_digest") or _string(obj, "request_digest")
     if request is None and digest is None:
+        if "redaction" in obj:  # the redacted log's line for a body the cache does not accept
+            raise Malformed(f"redacted line of a request the cache refuses ({_refusal(obj)})")
         raise Malformed("a request record needs `request` (or `key_digest` when redacted)")
     hashes, sizes = _prefix_chain(obj) if request is None else (None, None)
     return LogRecord(
         source,
         line,
-        Kind.RECORD if request is not None else Kind.REDACTED,
+        LineFormat.RECORD if request is not None else LineFormat.REDACTED,
         _number(obj, "timestamp"),
         request=request,
         response=_object(obj, "response"),
@@ -216,10 +225,10 @@ def parse_line(raw: bytes, source: str, line: int) -> LogRecord:
         raise Malformed(f"a line must be a JSON object, got {type(obj).__name__}")
     if "hash_ids" in obj:
         return _blocks(obj, source, line)
-    if "request" in obj or "key_digest" in obj or "request_digest" in obj:
+    if any(k in obj for k in ("request", "key_digest", "request_digest", "redaction")):
         return _record(obj, source, line)
     if "messages" in obj:
-        return LogRecord(source, line, Kind.BODY, None, request=obj)
+        return LogRecord(source, line, LineFormat.BODY, None, request=obj)
     raise Malformed(
         "not a request body, a request record or a block-hash trace line "
         f"(keys: {', '.join(sorted(obj)[:6])})"

@@ -31,7 +31,7 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from infercache.analyze.cost_model import Timing
-from infercache.analyze.log_reader import Kind, LineErrors, LogRecord
+from infercache.analyze.log_reader import LineErrors, LineFormat, LogRecord
 from infercache.analyze.simulated_prefix_cache import TokensPerUnit
 from infercache.analyze.tokenizing.chat_frames import Turn, turns_of
 from infercache.analyze.tokenizing.tokenizers import PromptTokenizer
@@ -50,7 +50,7 @@ SIDE_EFFECTS = "tools with side effects"
 
 class PreparedRequest(NamedTuple):  # a NamedTuple: one per request, cheaper than frozen
     where: str  # file:line
-    kind: Kind
+    kind: LineFormat
     timestamp_s: float | None
     tenant: str
     model: str
@@ -164,9 +164,9 @@ class RequestPreparer:
         return self._tokenizer
 
     def prepare(self, record: LogRecord) -> PreparedRequest | None:
-        if record.kind is Kind.BLOCKS:
+        if record.kind is LineFormat.BLOCKS:
             return self._blocks(record)
-        if record.kind is Kind.REDACTED:
+        if record.kind is LineFormat.REDACTED:
             return self._redacted(record)
         try:
             return self._request(record)

@@ -37,7 +37,7 @@ from typing import Any
 
 from infercache.analyze.analysis import Analysis
 from infercache.analyze.census import Class, Tally
-from infercache.analyze.log_reader import Kind
+from infercache.analyze.log_reader import LineFormat
 from infercache.analyze.recommend import recommend
 from infercache.analyze.reports.notes import notes
 from infercache.analyze.reports.replay_numbers import layered, strategy
@@ -344,7 +344,7 @@ def tokenizer_of(analysis: Analysis) -> str | None:
     if analysis.tokenizer is not None:
         names.append(analysis.tokenizer)
     names += [f"{name} (the redacted log's prefix hashes)" for name in analysis.hashed_by]
-    if analysis.kinds.get(Kind.BLOCKS.value):
+    if analysis.kinds.get(LineFormat.BLOCKS.value):
         names.append(f"block-hash trace, {analysis.options.block_tokens} tokens a block")
     return "; ".join(names) or None
 

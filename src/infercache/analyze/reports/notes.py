@@ -5,7 +5,7 @@ near-duplicate calibration, where upstream time and money come from)."""
 from __future__ import annotations
 
 from infercache.analyze.analysis import Analysis
-from infercache.analyze.log_reader import Kind
+from infercache.analyze.log_reader import LineFormat
 
 
 def notes(analysis: Analysis, semantic_off: str | None) -> list[str]:
@@ -19,13 +19,13 @@ def notes(analysis: Analysis, semantic_off: str | None) -> list[str]:
             f"{c.total.requests - c.timed} request(s) have no timestamp: they take the time of "
             "the line before them; TTL effects and reuse distances are not measured for them"
         )
-    if kinds.get(Kind.REDACTED.value):
+    if redacted := kinds.get(LineFormat.REDACTED.value):
         out.append(
-            f"{kinds[Kind.REDACTED.value]} redacted line(s): exact repeats from the key digest, "
+            f"{redacted} redacted line(s): exact repeats from the key digest, "
             "prefix reuse from the chained prefix hashes; near-duplicates and prefix breakers "
             "cannot be measured without text"
         )
-    if kinds.get(Kind.BLOCKS.value):
+    if kinds.get(LineFormat.BLOCKS.value):
         out.append(
             "block-hash traces carry no request bodies: exact repeats are identical prompts "
             "(same hash_ids and length); exact and semantic caches cannot be replayed"
