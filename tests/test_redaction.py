@@ -11,10 +11,13 @@ import pytest
 
 from infercache.analyze.tokenizing.tokenizers import Chars4Tokenizer
 from infercache.errors import ConfigError, InvalidRequestError
-from infercache.keys import exact_key
+from infercache.keys import IGNORABLE_FIELDS, exact_key
 from infercache.policy import CachePolicy
 from infercache.redaction import (
+    REDACTION_VERSION,
     SECRET_FILE,
+    ChainMemo,
+    Redactor,
     chunks,
     key_digest,
     load_or_create_secret,
@@ -22,6 +25,7 @@ from infercache.redaction import (
     redact_request,
 )
 from infercache.request import parse_request
+from infercache.settings import Settings
 
 POLICY = CachePolicy(default_ttl_s=3600, max_ttl_s=86_400)
 SYSTEM = {"role": "system", "content": "You are the support assistant of Acme. " * 20}
@@ -155,3 +159,47 @@ def test_a_body_the_cache_refuses_is_an_invalid_request() -> None:
             tokenizer=Chars4Tokenizer(),
             policy=POLICY,
         )
+
+
+def test_the_chain_memo_gives_the_same_hashes_and_stays_bounded() -> None:
+    tokenizer = Chars4Tokenizer()
+    secret = b"s" * 32
+    memo = ChainMemo(max_steps=64)
+    for i in range(40):  # the system prompt again and again, then a new question each time
+        ids = tokenizer.encode_messages(body(f"Question {i}: where is my order?")["messages"])  # type: ignore[arg-type]
+        plain = prefix_hashes(secret, "acme", ids, boundary_ids=tokenizer.boundary_ids)
+        memoised = prefix_hashes(
+            secret, "acme", ids, boundary_ids=tokenizer.boundary_ids, memo=memo
+        )
+        assert memoised == plain
+        assert len(memo) <= 64
+    other = prefix_hashes(secret, "globex", ids, boundary_ids=tokenizer.boundary_ids, memo=memo)
+    assert other == prefix_hashes(secret, "globex", ids, boundary_ids=tokenizer.boundary_ids)
+
+
+def test_the_deployment_redactor_uses_its_secret_and_marks_a_body_it_cannot_redact(
+    tmp_path: Path,
+) -> None:
+    settings = Settings(data_dir=tmp_path, ignorable_fields=IGNORABLE_FIELDS | {"trace_id"})
+    redactor = Redactor(
+        load_or_create_secret(tmp_path),
+        Chars4Tokenizer(),
+        settings.policy(),
+        ignorable_fields=settings.ignorable_fields,
+    )
+    fields = redactor.fields(body("Where are my invoices?", trace_id="a"), "acme")
+    assert fields == redact_request(
+        body("Where are my invoices?", trace_id="b"),  # ignorable in this deployment
+        tenant="acme",
+        exact_key=None,
+        secret=(tmp_path / SECRET_FILE).read_bytes(),
+        tokenizer=Chars4Tokenizer(),
+        policy=settings.policy(),
+        ignorable_fields=settings.ignorable_fields,
+    )
+    by_default = redactor.fields(body("Where are my invoices?"), "acme")
+    assert by_default["key_digest"] == fields["key_digest"]
+    assert by_default["prefix_hashes"] == fields["prefix_hashes"]
+    assert redactor.fields({"model": "e", "input": ["text"]}, "acme") == {
+        "redaction": REDACTION_VERSION
+    }

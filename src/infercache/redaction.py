@@ -34,6 +34,15 @@ part of the one chunk where two prompts diverge: fewer than `block_tokens` token
 With 4-token blocks the prefix share of every generated day in the tests stays within half a
 point of the plain log's (bench/README.md, "Analyzer"), for ~5 bytes of log per prompt token.
 
+`Redactor` is what the gateway's request log holds (`serve --redact`): the secret, the
+tokenizer and the cache policy of one deployment, built once at start (`Redactor.of(settings)`),
+plus a memo of the hash chain. Most of a request's cost is the HMAC per chunk (~60 for a
+150-token system prompt and a short question); the chunks a tenant's requests share (its
+system prompt, a repeated question) chain to the same states, so each step is looked up by
+(state, chunk) first, in a two-generation dict of at most `memo_steps` steps. A step costs a
+dict lookup instead of an HMAC; the first request through a prefix pays the HMACs. Measured on
+a support-bot mix: bench/README.md, "Analyzer". A `Redactor` is thread-safe (one lock).
+
 Pure: no I/O except the secret file; `random_bytes` is injected (os.urandom by default).
 """
 
@@ -42,6 +51,7 @@ from __future__ import annotations
 import hmac
 import os
 import stat
+import threading
 from array import array
 from collections.abc import Callable, Container, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -49,12 +59,13 @@ from typing import Any
 
 from infercache.analyze.prepared_request import not_cacheable_reason
 from infercache.analyze.tokenizing.chat_frames import turns_of
-from infercache.analyze.tokenizing.tokenizers import PromptTokenizer
-from infercache.errors import ConfigError
+from infercache.analyze.tokenizing.tokenizers import PromptTokenizer, load_tokenizer
+from infercache.errors import ConfigError, InvalidRequestError
 from infercache.keys import IGNORABLE_FIELDS
 from infercache.keys import exact_key as key_of
 from infercache.policy import CachePolicy
 from infercache.request import parse_request
+from infercache.settings import Settings
 
 REDACTION_VERSION = 1
 SECRET_FILE = "redaction.key"
@@ -131,6 +142,32 @@ def chunks(
         yield token_ids[start:]
 
 
+class ChainMemo:
+    """Chain steps already computed: (state, chunk ids) → next state, in two generations of at
+    most `max_steps / 2` steps each (a step found in the old one moves back). Not thread-safe."""
+
+    def __init__(self, max_steps: int = 1 << 16) -> None:
+        self._half = max(1, max_steps // 2)
+        self._new: dict[bytes, bytes] = {}
+        self._old: dict[bytes, bytes] = {}
+
+    def __len__(self) -> int:
+        return len(self._new) + len(self._old)
+
+    def step(self, secret: bytes, state: bytes, chunk: bytes) -> bytes:
+        key = state + chunk
+        found = self._new.get(key)
+        if found is not None:
+            return found
+        found = self._old.pop(key, None)
+        if found is None:
+            found = hmac.digest(secret, key, "sha256")
+        if len(self._new) >= self._half:
+            self._old, self._new = self._new, {}
+        self._new[key] = found
+        return found
+
+
 def prefix_hashes(
     secret: bytes,
     tenant: str,
@@ -138,13 +175,19 @@ def prefix_hashes(
     *,
     boundary_ids: Container[int],
     block_tokens: int = DEFAULT_BLOCK_TOKENS,
+    memo: ChainMemo | None = None,
 ) -> tuple[list[int], list[int]]:
-    """(chained hash of each chunk, tokens of each chunk); see the module docstring."""
+    """(chained hash of each chunk, tokens of each chunk); see the module docstring. With a
+    `memo`, steps it holds are not recomputed (same result)."""
     chain = hmac.digest(secret, b"prefix\x00" + tenant.encode(), "sha256")
     hashes: list[int] = []
     sizes: list[int] = []
     for chunk in chunks(token_ids, boundary_ids, block_tokens):
-        chain = hmac.digest(secret, chain + array("Q", chunk).tobytes(), "sha256")
+        data = array("Q", chunk).tobytes()
+        if memo is None:
+            chain = hmac.digest(secret, chain + data, "sha256")
+        else:
+            chain = memo.step(secret, chain, data)
         hashes.append(int.from_bytes(chain[:8], "big") >> (64 - _HASH_BITS))
         sizes.append(len(chunk))
     return hashes, sizes
@@ -160,6 +203,7 @@ def redact_request(
     policy: CachePolicy,
     block_tokens: int = DEFAULT_BLOCK_TOKENS,
     ignorable_fields: frozenset[str] = IGNORABLE_FIELDS,
+    memo: ChainMemo | None = None,
 ) -> dict[str, Any]:
     """The redacted fields of one request-log record (see the module docstring).
 
@@ -171,7 +215,12 @@ def redact_request(
     key = exact_key if exact_key is not None else key_of(request, ignorable_fields)
     ids = tokenizer.encode_turns(turns_of(request.body["messages"]))
     hashes, sizes = prefix_hashes(
-        secret, tenant, ids, boundary_ids=tokenizer.boundary_ids, block_tokens=block_tokens
+        secret,
+        tenant,
+        ids,
+        boundary_ids=tokenizer.boundary_ids,
+        block_tokens=block_tokens,
+        memo=memo,
     )
     return {
         "redaction": REDACTION_VERSION,
@@ -182,3 +231,55 @@ def redact_request(
         "prefix_block_tokens": block_tokens,
         "not_cacheable": not_cacheable_reason(request, policy),
     }
+
+
+class Redactor:
+    """One deployment's redaction (see the module docstring); thread-safe."""
+
+    def __init__(
+        self,
+        secret: bytes,
+        tokenizer: PromptTokenizer,
+        policy: CachePolicy,
+        *,
+        ignorable_fields: frozenset[str] = IGNORABLE_FIELDS,
+        block_tokens: int = DEFAULT_BLOCK_TOKENS,
+        memo_steps: int = 1 << 16,
+    ) -> None:
+        self._secret = secret
+        self._tokenizer = tokenizer
+        self._policy = policy
+        self._ignorable = ignorable_fields
+        self._block_tokens = block_tokens
+        self._memo = ChainMemo(memo_steps)
+        self._lock = threading.Lock()
+
+    @classmethod
+    def of(cls, settings: Settings) -> Redactor:
+        """The deployment's: its secret (shared with the upstreams' `cache_salt`), the packaged
+        tokenizer (extracted once into the data dir), its cache policy and key fields."""
+        return cls(
+            load_or_create_secret(settings.data_dir),
+            load_tokenizer("smollm2", settings.data_dir),
+            settings.policy(),
+            ignorable_fields=settings.ignorable_fields,
+        )
+
+    def fields(self, body: Mapping[str, Any], tenant: str) -> dict[str, Any]:
+        """`redact_request`'s fields for one request; `{"redaction": REDACTION_VERSION}` alone
+        for a body the cache does not accept (embeddings, a refused request)."""
+        with self._lock:
+            try:
+                return redact_request(
+                    body,
+                    tenant=tenant,
+                    exact_key=None,
+                    secret=self._secret,
+                    tokenizer=self._tokenizer,
+                    policy=self._policy,
+                    block_tokens=self._block_tokens,
+                    ignorable_fields=self._ignorable,
+                    memo=self._memo,
+                )
+            except InvalidRequestError:
+                return {"redaction": REDACTION_VERSION}

@@ -6,7 +6,9 @@ prefix reuse needs.
 Implementations of `PromptTokenizer`:
 - `TemplateTokenizer`: a Hugging Face tokenizer (`tokenizer.json`, loaded with `tokenizers`
   only) with its chat template. `smollm2`, the default for text logs, is the packaged
-  SmolLM2-135M-Instruct, converted once by `engine.weights.resolve_model`.
+  SmolLM2-135M-Instruct's: its tokenizer files alone are extracted from the GGUF once, under
+  `data_dir/tokenizers/` (seconds; the model's conversion takes a minute and ~500 MB, and a
+  gateway writing a redacted log in front of a provider never needs the weights).
 - `Chars4Tokenizer` (`chars4`): ChatML rendering; each special marker is one token and every
   other run of text is cut into 4-byte pieces of its UTF-8 (ceil(bytes / 4) tokens). Counts
   are approximate, prefix structure is exact to within 3 bytes; for huge logs.
@@ -227,11 +229,32 @@ def load_tokenizer(spec: str, data_dir: Path) -> PromptTokenizer:
     if spec == "chars4":
         return Chars4Tokenizer()
     if spec == "smollm2":
-        from infercache.engine.weights import PACKAGED_MODEL_ID, resolve_model
+        from infercache.engine.weights import PACKAGED_MODEL_ID
 
-        resolved = resolve_model(None, data_dir)
-        return TemplateTokenizer.from_dir(resolved.directory, name=f"smollm2:{PACKAGED_MODEL_ID}")
+        directory = packaged_tokenizer_dir(data_dir)
+        return TemplateTokenizer.from_dir(directory, name=f"smollm2:{PACKAGED_MODEL_ID}")
     directory = Path(spec).expanduser()
     if not (directory / "tokenizer.json").is_file():
         raise ConfigError(f"--tokenizer {spec!r}: expected {TOKENIZER_HELP}")
     return TemplateTokenizer.from_dir(directory)
+
+
+def packaged_tokenizer_dir(data_dir: Path) -> Path:
+    """The packaged GGUF's tokenizer files (tokenizer.json, its config, the chat template),
+    written once under `data_dir/tokenizers/`, keyed like the engine's converted models by the
+    file's name, size and mtime; built aside and renamed into place."""
+    from infercache.engine.weights import packaged_gguf, publish_directory
+
+    gguf = packaged_gguf()
+    stat = gguf.stat()
+    target = data_dir / "tokenizers" / f"{gguf.stem}-{stat.st_size}-{stat.st_mtime_ns}"
+
+    def extract(out: Path) -> None:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(
+            gguf.parent, gguf_file=gguf.name, local_files_only=True
+        )
+        tokenizer.save_pretrained(out)
+
+    return publish_directory(target, extract)
