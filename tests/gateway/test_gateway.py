@@ -409,7 +409,7 @@ def test_a_redacted_request_log_holds_digests_not_bodies(
     running.built.gateway.request_log.close()  # type: ignore[union-attr]
     text = log_path.read_text()
     assert "secret question" not in text
-    assert json.loads(text)["request_digest"].startswith("sha256:")
+    assert json.loads(text)["key_digest"].startswith("hmac-sha256:")  # redaction.py
 
 
 def test_semantic_hits_are_labelled_with_their_similarity(make_gateway: MakeGateway) -> None:

@@ -5,16 +5,24 @@
      "completion_tokens": 38, "cached_tokens": 384, "latency_ms": 1.9, "response": {...}}
 
 `RequestLog.open(tenant, body, span)` starts a `LogEntry` when a request arrives; the request
-path closes it exactly once, with the status and the answer, when the reply is complete (for a
-stream: when the stream ends). Closing it also ends the request's tracing span (tracing.py).
-`request` is the body as the client sent it; with `redact` only `request_digest` (its exact
-cache key) is written, and no response. Lines are appended and
-flushed one at a time under a lock, so a crash loses at most the line being written.
+path closes it exactly once, with the status, the answer and the upstream call's seconds when
+it made one (`upstream_ms`), when the reply is complete (for a stream: when the stream ends).
+Closing it also ends the request's tracing span (tracing.py). `request` is the body as the
+client sent it.
+
+With a `redactor` (`serve --redact`, redaction.py) no text is written: no request, no response,
+but what the traffic analyzer needs from them: the exact key's HMAC (`key_digest`), the chained
+prefix hashes of the tokenized prompt and the reason it is not cacheable, beside the counts,
+timings and layer every line has. A body the cache does not accept (embeddings, a refused
+request) gets only `"redaction": 1`. Redacting costs ~60 µs a request (bench/README.md,
+"Analyzer"), on the thread that closes the entry.
+
+Lines are appended and flushed one at a time under a lock, so a crash loses at most the line
+being written.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import threading
 from pathlib import Path
@@ -22,14 +30,14 @@ from typing import Any, TextIO
 
 from infercache.clock import Clock
 from infercache.gateway.tracing import RequestSpan
-from infercache.keys import canonical_json
 from infercache.policy import cached_tokens, usage_tokens
+from infercache.redaction import Redactor
 
 
 class RequestLog:
-    def __init__(self, path: Path, *, clock: Clock, redact: bool = False) -> None:
+    def __init__(self, path: Path, *, clock: Clock, redactor: Redactor | None = None) -> None:
         self.path = path
-        self.redact = redact
+        self.redactor = redactor
         self._clock = clock
         path.parent.mkdir(parents=True, exist_ok=True)
         self._file: TextIO = path.open("a", encoding="utf-8")
@@ -39,7 +47,17 @@ class RequestLog:
         now_s, mono_s = self._clock.now_s(), self._clock.monotonic_s()
         return LogEntry(self, tenant, body, now_s, mono_s, span)
 
-    def _record(self, entry: LogEntry, status: int, response: dict[str, Any] | None) -> None:
+    @property
+    def redact(self) -> bool:
+        return self.redactor is not None
+
+    def _record(
+        self,
+        entry: LogEntry,
+        status: int,
+        response: dict[str, Any] | None,
+        upstream_s: float | None,
+    ) -> None:
         prompt_tokens, completion_tokens = usage_tokens(response) if response else (0, 0)
         record: dict[str, Any] = {
             "timestamp": entry.started_s,
@@ -53,9 +71,10 @@ class RequestLog:
             "cached_tokens": cached_tokens(response) if response else 0,
             "latency_ms": round((self._clock.monotonic_s() - entry.started_mono_s) * 1000, 3),
         }
-        if self.redact:
-            digest = hashlib.sha256(canonical_json(entry.body)).hexdigest()
-            record["request_digest"] = "sha256:" + digest
+        if upstream_s is not None:
+            record["upstream_ms"] = round(upstream_s * 1000, 3)
+        if self.redactor is not None:
+            record.update(self.redactor.fields(entry.body, entry.tenant))
         else:
             record["request"] = entry.body
             if response is not None:
@@ -96,13 +115,20 @@ class LogEntry:
         self.layer: str | None = None  # which layer answered, once known
         self._closed = False
 
-    def close(self, *, status: int, response: dict[str, Any] | None = None) -> None:
+    def close(
+        self,
+        *,
+        status: int,
+        response: dict[str, Any] | None = None,
+        upstream_s: float | None = None,
+    ) -> None:
+        """`upstream_s`: how long the upstream call took, when this request made one."""
         if self._closed:
             return
         self._closed = True
         self._span.end(status=status, layer=self.layer, response=response)
         if self._log is not None:
-            self._log._record(self, status, response)
+            self._log._record(self, status, response, upstream_s)
 
 
 def unlogged(tenant: str, body: dict[str, Any], span: RequestSpan) -> LogEntry:
