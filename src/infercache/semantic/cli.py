@@ -3,7 +3,8 @@
     infercache tune FILE... [--fit] [--target-false-hit 0.01] [--write-config FILE.toml]
                             [--out DIR] [--format text|json] [--plot FILE.png]
                             [--embedder minilm|static] [--guards ...] [--threads N]
-    infercache tune eval FILE... (--threshold X | --config FILE.toml) [--format text|json] [...]
+    infercache tune eval FILE... (--threshold X | --config FILE.toml) [--target P]
+                                 [--format text|json] [...]
 
 FILE is either a pairs file (`pairs.read_pairs`: TSV/CSV/JSONL with a, b, same) or intent-
 labelled texts (`intents.read_labelled`: text and label); `intents.file_kind` tells them apart
@@ -21,8 +22,10 @@ argparse cannot hold both a positional list and an `eval` sub-command under one 
 first file name would be read as a sub-command), so `tune` has one parser whose first
 positional selects the mode: `eval` → evaluation, anything else → a file (write `./eval` for a
 file named eval). Options belonging to the other mode are rejected, not ignored. Exit status: 0,
-or 2 with a one-line message on stderr for bad options or files. Heavy imports (torch,
-transformers, matplotlib) happen inside the handler.
+or 2 with a one-line message on stderr for bad options or files, or 1 when `tune eval --target P`
+finds the false-hit rate's 95% upper bound above P (marked in the report: `above_target`).
+Both forms show a progress bar on stderr while they embed, when stderr is a terminal. Heavy
+imports (torch, transformers, matplotlib) happen inside the handler.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ from infercache.extras import require
 EMBEDDERS = ("minilm", "static")
 USAGE = (
     "infercache tune PAIRS... [--fit] [--target-false-hit P] [--write-config FILE] [options]\n"
-    "       infercache tune eval PAIRS... (--threshold X | --config FILE) [options]"
+    "       infercache tune eval PAIRS... (--threshold X | --config FILE) [--target P] [options]"
 )
 
 
@@ -68,6 +71,13 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     )
     parser.add_argument("--threshold", type=float, default=None, help="a threshold (eval only)")
     parser.add_argument("--config", type=Path, default=None, help="a written config (eval only)")
+    parser.add_argument(
+        "--target",
+        type=float,
+        default=None,
+        metavar="P",
+        help="eval only: mark a 95%% upper bound on the false-hit rate above P, and exit 1",
+    )
     parser.add_argument("--fit", action="store_true", help="fit a matcher to labelled texts")
     parser.add_argument("--out", type=Path, default=None, help="where --fit writes the matcher")
     parser.add_argument("--epochs", type=int, default=30, help="adapter training passes (--fit)")
@@ -113,7 +123,7 @@ def handle(args: argparse.Namespace) -> int:
         print(json.dumps(report, indent=2))
     else:
         print_text(report, how)
-    return 0
+    return 1 if report.get("above_target") else 0
 
 
 def print_text(report: dict[str, Any], how: str) -> None:
@@ -136,6 +146,9 @@ def print_text(report: dict[str, Any], how: str) -> None:
     )
     print(f"{report['counted']:<15} {report['pairs']}")
     print(f"guards          {', '.join(report['guards']) or 'none'}")
+    if "above_target" in report:
+        verdict = "ABOVE TARGET" if report["above_target"] else "within target"
+        print(f"target          {report['target_false_hit']}  {verdict} (95% upper bound {upper})")
     print(f"embedder        {report['embedder_name']}")
     if report.get("matcher") is not None:
         print(f"matcher         {report['matcher']}")

@@ -17,7 +17,7 @@ import hashlib
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -40,14 +40,16 @@ def tune_files(args: argparse.Namespace, files: list[str]) -> dict[str, Any]:
     kind = _kind(files)
     guards = parse_guards(args.guards)
     base = build_base(args.embedder, args.threads)
-    if kind == "pairs":
-        if args.fit:
-            raise ConfigError("--fit needs intent-labelled texts (text,label), not pairs")
-        report = _tune_pairs(args, files, base, guards, target)
-    elif args.fit:
-        report = _fit(args, _labelled(files), base, guards, target)
-    else:
-        report = _tune_lookups(_labelled(files), base, CosineMatcher(), guards, target)
+    if kind == "pairs" and args.fit:
+        raise ConfigError("--fit needs intent-labelled texts (text,label), not pairs")
+    with _progress_bar() as bar:
+        if kind == "pairs":
+            report = _tune_pairs(args, files, _Reporting(base, bar.update), guards, target)
+        elif args.fit:
+            report = _fit(args, _labelled(files), base, guards, target, bar)
+        else:
+            rows = _labelled(files)
+            report = _tune_lookups(rows, base, CosineMatcher(), guards, target, bar.update)
     report.update(
         embedder=args.embedder,
         embedder_name=report.get("embedder_name", base.name),
@@ -71,13 +73,15 @@ def evaluate_files(args: argparse.Namespace, files: list[str]) -> dict[str, Any]
         served = Served(base, CosineMatcher(), args.threshold, parse_guards(args.guards), None)
     embedder, matcher, threshold, guards, matcher_dir = served
     embedder_kind = args.embedder if args.config is None else served_kind(args.config)
-    if kind == "pairs":
-        report = _evaluate_pairs(args, files, embedder, matcher, guards, threshold)
-    else:
-        from infercache.semantic.cache_sim import evaluate_lookups
+    with _progress_bar() as bar:
+        if kind == "pairs":
+            reporting = _Reporting(embedder, bar.update)
+            report = _evaluate_pairs(args, files, reporting, matcher, guards, threshold)
+        else:
+            from infercache.semantic.cache_sim import evaluate_lookups
 
-        cases = _all_lookups(_labelled(files), embedder, matcher)
-        report = _lookup_report(evaluate_lookups(cases, matcher, threshold, guards=guards))
+            cases = _all_lookups(_labelled(files), embedder, matcher, bar.update)
+            report = _lookup_report(evaluate_lookups(cases, matcher, threshold, guards=guards))
     report.update(
         embedder=embedder_kind,
         embedder_name=embedder.name,
@@ -85,6 +89,11 @@ def evaluate_files(args: argparse.Namespace, files: list[str]) -> dict[str, Any]
         scale=_scale(matcher),
         files=files,
     )
+    if args.target is not None:  # the bound tune holds: the false-hit rate's 95% upper bound
+        upper = report["false_hit_upper"]
+        report.update(
+            target_false_hit=args.target, above_target=upper is None or upper > args.target
+        )
     return report
 
 
@@ -128,6 +137,10 @@ def check_modes(args: argparse.Namespace, *, evaluating: bool) -> None:
             raise ConfigError("`infercache tune eval` needs --threshold X or --config FILE")
     elif args.threshold is not None or args.config is not None:
         raise ConfigError("--threshold and --config belong to `infercache tune eval`")
+    elif args.target is not None:
+        raise ConfigError("--target belongs to `infercache tune eval` (tune: --target-false-hit)")
+    if args.target is not None and not 0 < args.target < 1:
+        raise ConfigError(f"--target must lie in (0, 1), got {args.target}")
     if args.target_false_hit is not None and not 0 < args.target_false_hit < 1:
         raise ConfigError(f"--target-false-hit must lie in (0, 1), got {args.target_false_hit}")
     if args.epochs < 1:
@@ -249,12 +262,17 @@ def score_pairs_with(
     ]
 
 
-def _all_lookups(rows: Sequence[LabelledText], embedder: Embedder, matcher: Matcher) -> list[Any]:
+def _all_lookups(
+    rows: Sequence[LabelledText],
+    embedder: Embedder,
+    matcher: Matcher,
+    progress: Callable[[str, int, int], None] | None = None,
+) -> list[Any]:
     """Every text looked up in a cache of all the others."""
     from infercache.semantic.cache_sim import simulate_lookups
     from infercache.semantic.fit import embed_all
 
-    vectors = embed_all(embedder, [r.text for r in rows], None)
+    vectors = embed_all(embedder, [r.text for r in rows], progress)
     return simulate_lookups(rows, vectors, rows, vectors, k=max(8, matcher.k or 0))
 
 
@@ -268,10 +286,11 @@ def _tune_lookups(
     matcher: Matcher,
     guards: list[Guard],
     target: float,
+    progress: Callable[[str, int, int], None] | None = None,
 ) -> dict[str, Any]:
     from infercache.semantic.cache_sim import tune_lookups
 
-    cases = _all_lookups(rows, base, matcher)
+    cases = _all_lookups(rows, base, matcher, progress)
     evaluation = tune_lookups(cases, matcher, target_false_hit=target, guards=guards)
     return {**_lookup_report(evaluation), "scale": _scale(matcher)}
 
@@ -282,15 +301,15 @@ def _fit(
     base: Embedder,
     guards: list[Guard],
     target: float,
+    bar: _ProgressBar,
 ) -> dict[str, Any]:
     from infercache.semantic.fit import FitOptions, fit_matcher
 
     out = args.out or _default_out(rows, base, args.epochs)
     options = FitOptions(target_false_hit=target, epochs=args.epochs, guards=tuple(guards))
-    with _ProgressBar(enabled=args.format == "text" or sys.stderr.isatty()) as bar:
-        result = fit_matcher(
-            rows, base, out, base_kind=args.embedder, options=options, progress=bar.update
-        )
+    result = fit_matcher(
+        rows, base, out, base_kind=args.embedder, options=options, progress=bar.update
+    )
     return {
         **_lookup_report(result.fitted),
         "scale": SCALES["fitted"],
@@ -308,6 +327,32 @@ def _default_out(rows: Sequence[LabelledText], base: Embedder, epochs: int) -> P
     for row in sorted(rows, key=lambda r: r.text):
         digest.update(f"{row.label}\0{row.text}\0".encode())
     return default_data_dir(os.environ) / "matchers" / f"matcher-{digest.hexdigest()[:12]}"
+
+
+def _progress_bar() -> _ProgressBar:
+    """On stderr when it is a terminal (a log or a pipe gets no bar; stdout is the report)."""
+    return _ProgressBar(enabled=sys.stderr.isatty())
+
+
+class _Reporting:
+    """An embedder that embeds in batches and reports each one (`embed` stage)."""
+
+    def __init__(self, inner: Embedder, progress: Callable[[str, int, int], None]) -> None:
+        self._inner = inner
+        self._progress = progress
+
+    @property
+    def dim(self) -> int:
+        return self._inner.dim
+
+    @property
+    def name(self) -> str:
+        return self._inner.name
+
+    def embed(self, texts: Sequence[str]) -> Any:
+        from infercache.semantic.fit import embed_all
+
+        return embed_all(self._inner, texts, self._progress)
 
 
 class _ProgressBar:
