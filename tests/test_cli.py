@@ -1,16 +1,24 @@
 """The `infercache` command line as a user meets it: `--version`, a sub-command's own usage on a
-bad flag, and `./run` without arguments printing clean usage."""
+bad flag, `./run` without arguments printing clean usage, progress bars on `tune` and `tune
+eval`, and `tune eval --target P` failing a result above P. (`stats`, `purge` and `invalidate`
+on a store that does not exist: tests/test_cli_cache.py.)"""
 
 from __future__ import annotations
 
 import argparse
 import importlib.metadata
+import json
+import os
+import pty
+import random
 import subprocess
+import threading
 from pathlib import Path
 
 import pytest
 
 from infercache.cli import build_parser, main
+from tests.processes import infercache_exe
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -72,3 +80,133 @@ def test_run_without_arguments_prints_clean_usage() -> None:
     assert lines[0].startswith("usage: ./run test")
     assert all(not line.startswith(("#", "set ", "here=")) for line in lines)
     assert any("./run COMMAND [ARGS...]" in line for line in lines)
+
+
+@pytest.fixture(scope="module")
+def pairs_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """40 near-duplicate positives and 80 unrelated negatives over a small vocabulary."""
+    words = [
+        "card",
+        "payment",
+        "transfer",
+        "account",
+        "balance",
+        "refund",
+        "fee",
+        "limit",
+        "password",
+        "login",
+        "phone",
+    ]
+    words += [
+        "address",
+        "travel",
+        "holiday",
+        "weather",
+        "music",
+        "alarm",
+        "timer",
+        "recipe",
+        "dinner",
+        "flight",
+    ]
+    rng = random.Random(7)
+    lines = ["a\tb\tsame"]
+    for _ in range(40):
+        picked = rng.sample(words, 6)
+        lines.append(f"{' '.join(picked)}\t{' '.join([*picked[:5], rng.choice(words)])}\t1")
+    for _ in range(80):
+        lines.append(f"{' '.join(rng.sample(words, 6))}\t{' '.join(rng.sample(words, 6))}\t0")
+    path = tmp_path_factory.mktemp("pairs") / "pairs.tsv"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def on_a_terminal(*argv: str) -> tuple[int, str, str]:
+    """`infercache ARGV...` with stderr on a pseudo-terminal, as at a user's shell: (exit
+    status, stdout, what the terminal showed)."""
+    master, slave = pty.openpty()
+    shown: list[bytes] = []
+
+    def read() -> None:  # drains the terminal while the process runs, so it never blocks
+        while True:
+            try:
+                data = os.read(master, 65536)
+            except OSError:  # EIO: the process side closed
+                return
+            if not data:
+                return
+            shown.append(data)
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    try:
+        done = subprocess.run(
+            [infercache_exe(), *argv],
+            stdout=subprocess.PIPE,
+            stderr=slave,
+            text=True,
+            timeout=120,
+            check=False,
+            env={**os.environ, "HF_HUB_OFFLINE": "1", "COLUMNS": "100"},
+        )
+    finally:
+        os.close(slave)
+        reader.join(30)
+        os.close(master)
+    return done.returncode, done.stdout, b"".join(shown).decode(errors="replace")
+
+
+@pytest.mark.parametrize(
+    "form",
+    [
+        ["tune", "{file}", "--target-false-hit", "0.2"],
+        ["tune", "eval", "{file}", "--threshold", "0.7"],
+    ],
+)
+def test_tune_and_tune_eval_show_a_progress_bar_on_a_terminal(
+    form: list[str], pairs_file: Path
+) -> None:
+    argv = [a.format(file=pairs_file) for a in form]
+    code, out, shown = on_a_terminal(*argv, "--embedder", "static", "--format", "json")
+    assert code == 0, shown
+    assert "embedding texts" in shown
+    assert "100%" in shown
+    assert json.loads(out)["pairs"] == 120  # stdout is the report alone
+
+
+def test_no_progress_bar_when_stderr_is_not_a_terminal(
+    pairs_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["tune", "eval", str(pairs_file), "--threshold", "0.7", "--embedder", "static"]
+    assert main(argv) == 0
+    out, err = capsys.readouterr()
+    assert err == ""
+    assert out.startswith("threshold ")
+
+
+def test_tune_eval_target_marks_a_result_above_it_and_exits_non_zero(
+    pairs_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["tune", "eval", str(pairs_file), "--threshold", "0.6", "--embedder", "static"]
+    assert main([*argv, "--format", "json"]) == 0  # no target: nothing to hold
+    report = json.loads(capsys.readouterr().out)
+    assert "above_target" not in report
+    upper = report["false_hit_upper"]
+    assert 0.05 < upper < 0.95
+
+    assert main([*argv, "--target", f"{upper / 2:.4f}", "--format", "json"]) == 1
+    above = json.loads(capsys.readouterr().out)
+    assert (above["above_target"], above["target_false_hit"]) == (True, round(upper / 2, 4))
+    assert main([*argv, "--target", f"{upper / 2:.4f}"]) == 1
+    assert "ABOVE TARGET" in capsys.readouterr().out
+
+    assert main([*argv, "--target", f"{min(0.99, upper + 0.01):.4f}"]) == 0
+    assert "within target" in capsys.readouterr().out
+
+
+def test_target_belongs_to_tune_eval(pairs_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["tune", str(pairs_file), "--embedder", "static", "--target", "0.1"]) == 2
+    assert "--target belongs to `infercache tune eval`" in capsys.readouterr().err
+    assert main(["tune", "eval", str(pairs_file), "--threshold", "0.5", "--target", "2"]) == 2
+    assert "--target must lie in (0, 1)" in capsys.readouterr().err
