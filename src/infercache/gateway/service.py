@@ -210,7 +210,7 @@ class Gateway:
             if miss.request.stream:
                 return await self._stream(miss, flight, fetch, entry)
             done = await self._answer(miss, flight, fetch)
-            entry.close(status=200, response=done.response)
+            entry.close(status=200, response=done.response, upstream_s=done.upstream_s)
             return JSONReply(200, done.response, _reply_headers(done))
         except BaseException as exc:
             entry.close(status=_status_of(exc))
@@ -312,6 +312,7 @@ class Gateway:
                 entry.close(
                     status=200 if done is not None else 499,
                     response=done.response if done is not None else None,
+                    upstream_s=done.upstream_s if done is not None else None,
                 )
 
         return StreamReply(headers, events())
