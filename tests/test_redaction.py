@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from infercache import redaction
 from infercache.analyze.tokenizing.tokenizers import Chars4Tokenizer
 from infercache.errors import ConfigError, InvalidRequestError
 from infercache.keys import IGNORABLE_FIELDS, exact_key
@@ -203,3 +204,12 @@ def test_the_deployment_redactor_uses_its_secret_and_marks_a_body_it_cannot_reda
     assert redactor.fields({"model": "e", "input": ["text"]}, "acme") == {
         "redaction": REDACTION_VERSION
     }
+
+
+def test_without_the_engine_extra_the_deployment_redactor_counts_with_chars4(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(redaction, "available", lambda extra: extra != "engine")
+    fields = Redactor.of(Settings(data_dir=tmp_path)).fields(body("hi"), "acme")
+    assert fields["prefix_tokenizer"] == "chars4"
+    assert (tmp_path / SECRET_FILE).is_file()

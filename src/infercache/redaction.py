@@ -20,10 +20,10 @@ already writes):
 
 Prefix hashes, like the `hash_ids` of Mooncake's traces: the prompt is rendered with its chat
 template and tokenized (`PromptTokenizer.encode_turns`, the packaged SmolLM2 tokenizer by
-default: `load_tokenizer("smollm2", data_dir)`), and the token ids are cut into chunks after
-every boundary token (a special token such as a template's turn markers, or a token holding a
-newline) and after every `block_tokens` (4) tokens since the last cut. Chunk i is named
-together with everything before it:
+default: `load_tokenizer("smollm2", data_dir)`; `chars4` without the engine extra), and the
+token ids are cut into chunks after every boundary token (a special token such as a
+template's turn markers, or a token holding a newline) and after every `block_tokens` (4)
+tokens since the last cut. Chunk i is named together with everything before it:
 
     h_0 = HMAC(secret, "prefix\0" + tenant)        h_i = HMAC(secret, h_(i-1) ‖ ids of chunk i)
 
@@ -61,6 +61,7 @@ from infercache.analyze.prepared_request import not_cacheable_reason
 from infercache.analyze.tokenizing.chat_frames import turns_of
 from infercache.analyze.tokenizing.tokenizers import PromptTokenizer, load_tokenizer
 from infercache.errors import ConfigError, InvalidRequestError
+from infercache.extras import available
 from infercache.keys import IGNORABLE_FIELDS
 from infercache.keys import exact_key as key_of
 from infercache.policy import CachePolicy
@@ -257,10 +258,12 @@ class Redactor:
     @classmethod
     def of(cls, settings: Settings) -> Redactor:
         """The deployment's: its secret (shared with the upstreams' `cache_salt`), the packaged
-        tokenizer (extracted once into the data dir), its cache policy and key fields."""
+        SmolLM2 tokenizer (extracted once into the data dir; `chars4` on an install without
+        the engine extra, as the analyzer counts), its cache policy and key fields."""
+        tokenizer = "smollm2" if available("engine") else "chars4"
         return cls(
             load_or_create_secret(settings.data_dir),
-            load_tokenizer("smollm2", settings.data_dir),
+            load_tokenizer(tokenizer, settings.data_dir),
             settings.policy(),
             ignorable_fields=settings.ignorable_fields,
         )
