@@ -265,14 +265,15 @@ def test_the_bare_install_serves_with_an_upstream(
     try:
         assert process.stdout is not None
         wait_for_line(process.stdout, "gateway ready", process)
-        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="anything")
         layers, answers = [], []
-        for _ in range(2):
-            raw = client.chat.completions.with_raw_response.create(
-                model="m", messages=[{"role": "user", "content": "hi"}], temperature=0
-            )
-            layers.append(raw.headers["x-infercache"])
-            answers.append(raw.parse().choices[0].message.content)
+        base_url = f"http://127.0.0.1:{port}/v1"
+        with openai.OpenAI(base_url=base_url, api_key="anything", max_retries=0) as client:
+            for _ in range(2):
+                raw = client.chat.completions.with_raw_response.create(
+                    model="m", messages=[{"role": "user", "content": "hi"}], temperature=0
+                )
+                layers.append(raw.headers["x-infercache"])
+                answers.append(raw.parse().choices[0].message.content)
         assert layers == ["miss", "exact-hit"]
         assert answers == ["answer #1 to hi"] * 2
         assert fake.calls == 1
