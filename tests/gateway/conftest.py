@@ -16,6 +16,7 @@ from infercache.gateway.config import GatewayConfig
 from infercache.gateway.http_server import server_config
 from infercache.settings import Settings
 from tests.gateway.servers import FakeUpstream, serve
+from tests.observed_gateway import assert_token_hit_rates_at_most_one
 
 
 @dataclass
@@ -46,6 +47,7 @@ MakeGateway = Callable[..., Running]
 @pytest.fixture
 def make_gateway(tmp_path: Path, fake: tuple[FakeUpstream, str]) -> Iterator[MakeGateway]:
     upstream, upstream_url = fake
+    built_gateways: list[Built] = []
     with ExitStack() as stack:
 
         def make(
@@ -63,12 +65,15 @@ def make_gateway(tmp_path: Path, fake: tuple[FakeUpstream, str]) -> Iterator[Mak
             config.setdefault("store_budget_s", 0.5)
             gateway_config = GatewayConfig(**config).with_env(environ or {})
             built = build(settings, gateway_config)
+            built_gateways.append(built)
             server = server_config(built.app)  # as `infercache serve` configures uvicorn
             server.pop("app")
             url = stack.enter_context(serve(built.app, **server))
             return Running(url, built, upstream)
 
         yield make
+    for built in built_gateways:  # whatever the test did, every token hit rate is a share
+        assert_token_hit_rates_at_most_one(built.cache.stats()["strategies"])
 
 
 def body(content: str = "What is 2+2?", **fields: Any) -> dict[str, Any]:
