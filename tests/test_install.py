@@ -132,8 +132,10 @@ def test_tune_and_engine_serve_name_their_extras(
 def test_the_library_embedders_name_the_semantic_extra(monkeypatch: pytest.MonkeyPatch) -> None:
     from infercache.semantic.embedder import MiniLMEmbedder, StaticEmbedder
 
-    hide_extra(monkeypatch, "semantic")
-    for embedder in (MiniLMEmbedder, StaticEmbedder):
+    hide_extra(monkeypatch, "semantic")  # a module neither embedder needs: no error for it
+    extras.require("semantic", "MiniLM", modules=("torch", "transformers"))
+    for embedder, needs in ((MiniLMEmbedder, "transformers"), (StaticEmbedder, "static_model")):
+        monkeypatch.setattr(extras, "_installed", lambda module, needs=needs: module != needs)
         with pytest.raises(MissingExtraError, match=r"pip install 'infercache\[semantic\]'"):
             embedder()
 

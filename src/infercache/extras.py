@@ -28,6 +28,7 @@ missing.
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Sequence
 
 from infercache.errors import MissingExtraError
 
@@ -48,20 +49,24 @@ def _installed(module: str) -> bool:
         return False
 
 
-def missing(extra: str) -> tuple[str, ...]:
-    """The modules of `extra` that are not installed (empty when it is complete)."""
+def missing(extra: str, modules: Sequence[str] | None = None) -> tuple[str, ...]:
+    """The modules of `extra` (or only `modules`, some of them) that are not installed."""
     if extra not in EXTRAS:
         raise ValueError(f"unknown extra {extra!r}; known: {', '.join(EXTRAS)}")
-    return tuple(m for m in EXTRAS[extra] if not _installed(m))
+    wanted = EXTRAS[extra] if modules is None else tuple(modules)
+    if not set(wanted) <= set(EXTRAS[extra]):
+        raise ValueError(f"{wanted} are not all modules of the {extra!r} extra")
+    return tuple(m for m in wanted if not _installed(m))
 
 
 def available(extra: str) -> bool:
     return not missing(extra)
 
 
-def require(extra: str, purpose: str) -> None:
-    """Raise `MissingExtraError` naming `extra` if any of its modules is missing."""
-    absent = missing(extra)
+def require(extra: str, purpose: str, *, modules: Sequence[str] | None = None) -> None:
+    """Raise `MissingExtraError` naming `extra` if any of its modules is missing; `modules`:
+    check only these (a part that needs fewer than the whole extra: MiniLM needs no index)."""
+    absent = missing(extra, modules)
     if absent:
         raise MissingExtraError(
             f"{purpose} needs the {extra!r} extra ({', '.join(absent)} not installed): "

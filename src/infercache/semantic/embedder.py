@@ -124,7 +124,7 @@ class MiniLMEmbedder:
         _check_positive("max_tokens", max_tokens)
         if threads is not None:
             _check_positive("threads", threads)
-        require("semantic", "MiniLMEmbedder")
+        require("semantic", "MiniLMEmbedder", modules=("torch", "transformers"))
         import torch
         from transformers import AutoModel, AutoTokenizer
 
@@ -183,7 +183,7 @@ class StaticEmbedder:
     ) -> None:
         _check_positive("batch_size", batch_size)
         _check_positive("max_tokens", max_tokens)
-        require("semantic", "StaticEmbedder")
+        require("semantic", "StaticEmbedder", modules=("static_model",))
         from static_model._static_model import embedding_dim, encode_batch
 
         directory = model_dir or package_model_dir(self.MODULE, self.DISTRIBUTION)
