@@ -2,7 +2,7 @@
 8 and 16 concurrent streams.
 
     .venv/bin/python bench/batching.py [--streams 1,4,8,16] [--rounds 3] [--new-tokens 64]
-        [--threads N] [--out bench/out/batching]
+        [--threads N] [--before-src DIR] [--out bench/out/batching]
 
 One process, the packaged SmolLM2-135M-Instruct (fp32), the real `Engine` (its worker thread,
 scheduler, streaming bridge), driven through `achat_stream` from one asyncio loop. For each
@@ -16,10 +16,16 @@ concurrency N, a wave of N streams starts together, once a round; each stream is
   runs every variant in turn, so a slow spell hits them alike);
 - TTFT p50/p99: from the call to the first content chunk, over every stream of every wave;
 - peak RSS during the waves (`VmHWM`, reset before each wave).
-Baseline, in the same process: today's single-stream decode before batching, a plain loop of
-one-token forwards over unpacked weights (the path the engine took for every request), run once
-a round beside the waves. Targets: 8 streams ≥ 4× the engine's single-stream rate measured in
-the same run; the engine's single stream no slower than the baseline.
+Baselines for the single stream, once a round beside the waves:
+- in the same process, a plain loop of one-token forwards over unpacked weights (the model's
+  decode with no engine around it: no scheduler, sampling, detokenizer or streaming);
+- with `--before-src DIR`, the engine as it was before continuous batching, whole: its `src`
+  folder (`git archive 2b9118b~1 src | tar -x -C DIR`) imported in a subprocess that loads the
+  same model and streams one request a round, when told, through its own `achat_stream` (that
+  engine knows no `ignore_eos`, so its stream may end early at the end-of-sequence token; its
+  rate is over the tokens it did produce).
+Targets: 8 streams ≥ 4× the engine's single-stream rate measured in the same run; the engine's
+single stream no slower than before batching.
 Everything printed is also written to `<out>/results-<threads>t.md`.
 """
 
@@ -29,21 +35,21 @@ import argparse
 import asyncio
 import contextlib
 import io
+import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 import torch
 
-from infercache.engine.config import EngineConfig, default_data_dir
-from infercache.engine.engine import Engine
-from infercache.engine.model import LlamaModel
-from infercache.engine.weights import load_checkpoint, resolve_model
+if TYPE_CHECKING:  # imported where used: `--as-before` runs this file over an older tree
+    from infercache.engine.engine import Engine
 
 TOPICS = [
     "lighthouses", "glaciers", "honeybees", "volcanoes", "coral reefs", "comets", "deserts",
@@ -103,13 +109,15 @@ async def one_stream(engine: Engine, request: dict[str, Any], tenant: str) -> St
     return Stream(started, first, last, tokens)
 
 
-async def wave(engine: Engine, n: int, wave_id: int, new_tokens: int) -> list[Stream]:
+async def wave(
+    engine: Engine, n: int, wave_id: int, new_tokens: int, *, exact: bool = True
+) -> list[Stream]:
     calls = [
         one_stream(engine, body(engine, i, wave_id, new_tokens), f"w{wave_id}-s{i}")
         for i in range(n)
     ]
     streams = await asyncio.gather(*calls)
-    assert all(s.tokens == new_tokens for s in streams)
+    assert all(s.tokens == new_tokens or not exact for s in streams)
     return list(streams)
 
 
@@ -124,9 +132,12 @@ def percentile(values: list[float], q: float) -> float:
 
 
 class Baseline:
-    """Today's single-stream decode before batching: one token a forward, plain weights."""
+    """The model's single-stream decode alone: one token a forward, plain weights."""
 
     def __init__(self, directory: Path) -> None:
+        from infercache.engine.model import LlamaModel
+        from infercache.engine.weights import load_checkpoint
+
         ck = load_checkpoint(directory)
         self.model = LlamaModel(ck.spec, ck.tensors, max_positions=1024, packed=False)
 
@@ -140,7 +151,64 @@ class Baseline:
         return (new_tokens - 1) / (time.perf_counter() - started)
 
 
+class Before:
+    """The engine before batching, in a subprocess over its own source tree: one single-stream
+    wave each time `rate` is called."""
+
+    def __init__(self, src: Path, args: argparse.Namespace) -> None:
+        command = [sys.executable, __file__, "--as-before", "--threads", str(args.threads),
+                   "--new-tokens", str(args.new_tokens)]  # fmt: skip
+        env = {**os.environ, "PYTHONPATH": str(src.resolve())}
+        self._process = subprocess.Popen(
+            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env
+        )
+        self.source = self._ask("ready")["source"]
+
+    def _ask(self, line: str) -> dict[str, Any]:
+        assert self._process.stdin is not None
+        assert self._process.stdout is not None
+        self._process.stdin.write(line + "\n")
+        self._process.stdin.flush()
+        answer: dict[str, Any] = json.loads(self._process.stdout.readline())
+        return answer
+
+    def rate(self, round_id: int) -> dict[str, Any]:
+        return self._ask(str(round_id))
+
+    def close(self) -> None:
+        assert self._process.stdin is not None
+        self._process.stdin.close()
+        self._process.wait(60)
+
+
+def as_before(args: argparse.Namespace) -> None:
+    """The subprocess side of `Before`: the older tree's engine, one wave per line on stdin."""
+    import infercache
+    from infercache.engine.config import EngineConfig
+    from infercache.engine.engine import Engine
+    from infercache.settings import default_data_dir  # where the older tree kept it
+
+    torch.set_num_threads(args.threads)
+    config = EngineConfig(
+        data_dir=default_data_dir(os.environ), threads=args.threads, max_context_tokens=1024
+    )
+    with Engine(config) as engine:
+        asyncio.run(wave(engine, 1, -1, 4, exact=False))
+        for line in sys.stdin:
+            if line.strip() == "ready":
+                print(json.dumps({"source": str(Path(infercache.__file__).parent)}), flush=True)
+                continue
+            [stream] = asyncio.run(wave(engine, 1, int(line), args.new_tokens, exact=False))
+            ttft_ms = (stream.first_s - stream.started_s) * 1e3
+            answer = {"rate": decode_rate([stream]), "tokens": stream.tokens, "ttft_ms": ttft_ms}
+            print(json.dumps(answer), flush=True)
+
+
 def run(args: argparse.Namespace) -> None:
+    from infercache.engine.config import EngineConfig, default_data_dir
+    from infercache.engine.engine import Engine
+    from infercache.engine.weights import resolve_model
+
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     counts = [int(n) for n in args.streams.split(",")]
     print(
@@ -151,7 +219,9 @@ def run(args: argparse.Namespace) -> None:
     )
     torch.set_num_threads(args.threads)
     data_dir = default_data_dir(os.environ)
-    baseline = Baseline(resolve_model(None, data_dir).directory)
+    before = Before(args.before_src, args) if args.before_src else None
+    if before is not None:
+        print(f"before batching: the engine imported from {before.source}")
     config = EngineConfig(
         data_dir=data_dir, max_batch=max(counts), threads=args.threads, max_context_tokens=1024
     )
@@ -159,10 +229,15 @@ def run(args: argparse.Namespace) -> None:
     ttfts: dict[int, list[float]] = {n: [] for n in counts}
     peaks: dict[int, float] = dict.fromkeys(counts, 0.0)
     base: list[float] = []
+    befores: list[dict[str, Any]] = []
     with Engine(config) as engine:
         asyncio.run(wave(engine, 1, -1, 4))  # warm-up: first-touch of weights and kernels
+        print(f"RSS with the engine loaded and warm: {rss_mib('VmRSS'):.0f} MiB")
+        baseline = Baseline(resolve_model(None, data_dir).directory)  # after: not in that RSS
         for r in range(args.rounds):  # rounds interleave every variant: drift hits them alike
             base.append(baseline.rate(args.new_tokens, r))
+            if before is not None:
+                befores.append(before.rate(r))
             for n in counts:
                 reset_peak_rss()
                 streams = asyncio.run(wave(engine, n, r, args.new_tokens))
@@ -183,12 +258,22 @@ def run(args: argparse.Namespace) -> None:
         )
     print(f"\nbatch sizes over all steps: {batches['count']} steps, "
           f"mean {batches['sum'] / batches['count']:.1f} sequences a step")  # fmt: skip
-    print(f"baseline (today's unbatched decode loop, same process): {max(base):.1f} tok/s")
+    print(f"baseline: the model's decode loop alone (same process): {max(base):.1f} tok/s")
+    if before is not None:
+        before.close()
+        best_before = max(b["rate"] for b in befores)
+        print(
+            f"baseline: the engine before batching (subprocess), 1 stream: {best_before:.1f} tok/s"
+            f" (tokens a stream: {sorted({b['tokens'] for b in befores})}; TTFT p50 "
+            f"{statistics.median(b['ttft_ms'] for b in befores):.0f} ms)"
+        )
     print("\n## Targets")
     if 8 in best and 1 in best:
         print(f"8 streams / 1 stream = {best[8] / best[1]:.2f}× (target ≥ 4×)")
     if 1 in best:
-        print(f"1 stream / baseline = {best[1] / max(base):.2f}× (target ≥ 1×)")
+        print(f"1 stream / the model's decode loop alone = {best[1] / max(base):.2f}×")
+        if before is not None:
+            print(f"1 stream / the engine before batching = {best[1] / best_before:.2f}× (≥ 1×)")
     print(f"load average at the end {os.getloadavg()[0]:.1f}")
 
 
@@ -209,8 +294,13 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
+    parser.add_argument("--before-src", type=Path, help="the pre-batching engine's src folder")
+    parser.add_argument("--as-before", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "out" / "batching")
     args = parser.parse_args()
+    if args.as_before:
+        as_before(args)
+        return
     tee = _Tee(sys.stdout)
     with contextlib.redirect_stdout(tee):
         run(args)

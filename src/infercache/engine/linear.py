@@ -7,7 +7,7 @@ multiply itself for a few rows: 8 rows took about 3× as long as 1, though the w
 once either way. A weight packed once into oneDNN's blocked layout is read as it is, and 8 or 16
 rows cost little more than one. For a single row (one sequence decoding alone) the plain GEMM
 is the faster of the two, so both are kept: the packed copy costs the weights' size again in
-memory, the price of batching (bench/README.md, "Continuous batching", has the figures).
+memory, the price of batching (bench/README.md, "Batching (engine)", has the figures).
 
 `packed=True` needs float32 and PyTorch's oneDNN (`can_pack`); the op is an internal one that
 PyTorch's own compiler uses, `torch.ops.mkldnn._linear_pointwise`. The two kernels agree up to
