@@ -101,6 +101,18 @@ def embed_cached(embedder: Embedder, texts: Sequence[str], path: Path) -> Matrix
     return vectors
 
 
+def fill_vectors(embedder: Embedder, texts: Sequence[str], out: Path) -> Matrix:
+    """The entries' vectors, from the base model's remembered vectors (a fitted embedder's
+    adapter is applied to them: the same vectors it would compute)."""
+    from infercache.semantic.embedder import l2_normalise
+    from infercache.semantic.matcher import AdaptedEmbedder
+
+    if isinstance(embedder, AdaptedEmbedder):
+        return l2_normalise(fill_vectors(embedder.base, texts, out) @ embedder.adapter.T)
+    slug = hashlib.sha256(embedder.name.encode()).hexdigest()[:12]
+    return embed_cached(embedder, texts, out / f"vectors-{slug}.npz")
+
+
 def fill(cache: Cache, texts: Sequence[str], vectors: Matrix, size: int, seed: int) -> float:
     """Store `size` entries (real texts first, then noisy copies); returns seconds taken."""
     assert cache.semantic is not None
@@ -202,8 +214,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     texts = list(dict.fromkeys(texts))
     random.Random(args.seed).shuffle(texts)
     queries, base = texts[: args.queries], texts[args.queries :]
-    slug = hashlib.sha256(embedder.name.encode()).hexdigest()[:12]
-    vectors = embed_cached(embedder, base, args.out / f"vectors-{slug}.npz")
+    vectors = fill_vectors(embedder, base, args.out)
     results: dict[str, Any] = {
         "embedder": embedder.name,
         "matcher": config.matcher.name,
