@@ -157,5 +157,5 @@ def test_repeats_returning_after_the_ttl_get_ttl_advice(
     lines = [json.dumps({"timestamp": 7200.0 * i, "request": body}) for i in range(10)]
     report = report_of(run_analysis, write_lines(tmp_path / "log.jsonl", lines), ttl_s=3600)
     rec = report["recommendation"]
-    assert any("come back within the 3600 s TTL" in a for a in rec["advice"])
+    assert any("come back within the 1.0 h TTL" in a for a in rec["advice"])
     assert "exact" not in rec["strategies"]  # every repeat arrives after its entry expired

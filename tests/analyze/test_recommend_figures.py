@@ -3,10 +3,13 @@ analyses (generated days, a redacted log, a block trace; bounded and unbounded K
 and without a cached-input price, two upstream profiles, a calibrated threshold), every number
 in every reason must be one of the figures it quotes; each quoted figure must be the report's
 own value at the path it names, formatted as the report's tables format it; and each must
-equal the same figure computed afresh from the census and the replays."""
+equal the same figure computed afresh from the census and the replays. On the rendered page,
+a figure a reason quotes from the census, the tenant table or the replay table reads the same
+in that table, and no saved share is over 100%."""
 
 from __future__ import annotations
 
+import io
 import re
 from pathlib import Path
 from typing import Any
@@ -19,6 +22,7 @@ from infercache.analyze.cost_model import UpstreamProfile
 from infercache.analyze.options import SemanticOptions
 from infercache.analyze.reports.document import build_report
 from infercache.analyze.reports.replay_numbers import layered, strategy
+from infercache.analyze.reports.text import render_text
 from infercache.analyze.rules import at
 from infercache.analyze.tokenizing.tokenizers import Chars4Tokenizer
 from infercache.metrics import Price, PriceTable
@@ -141,6 +145,34 @@ def check_tables(report: dict[str, Any]) -> None:
         assert only["prefix_token_share"] == pytest.approx(report["prefix_token_share"])
 
 
+def in_a_table(path: tuple[str | int, ...]) -> bool:
+    """Quoted figures the page also shows in a table (the rest only explain a reason: the
+    interval's confidence, what fixing a breaker would give, the prefix under the caches)."""
+    head = path[0]
+    if head in ("census", "prefix_token_share", "breakdown", "settings"):
+        return True
+    if head == "near_duplicates":
+        return path[1] in ("share", "interval")
+    return head == "simulation" and path[1] != "layered" and path[-1] != "request_share"
+
+
+def check_page(report: dict[str, Any]) -> None:
+    """The text page: every reason whole, and the tables above it show what the reasons quote."""
+    out = io.StringIO()
+    render_text(report, out, color=False)
+    page = " ".join(out.getvalue().split())  # rich wraps long lines
+    tables = page.split("Recommendation:")[0]
+    for reason in report["recommendation"]["reasons"]:
+        assert " ".join(reason["text"].split()) in page
+        for quote in reason["quotes"]:
+            if in_a_table(tuple(quote["path"])):
+                assert quote["shown"] in tables, (quote, tables)
+    for name, figures in report["simulation"].items():
+        for key, value in figures.items():
+            if key.endswith("_share") or key.endswith("hit_rate"):
+                assert 0 <= value <= 1, (name, key, value)
+
+
 @pytest.mark.parametrize("prices", list(PRICES))
 @pytest.mark.parametrize("options", list(OPTIONS))
 @pytest.mark.parametrize("log", LOGS)
@@ -163,4 +195,5 @@ def test_every_reason_quotes_only_figures_the_report_shows(
     ).run([path])
     report = build_report(analysis)
     check_tables(report)
+    check_page(report)
     assert check_reasons(report, analysis) >= 3  # exact, semantic or prefix quote something

@@ -106,6 +106,8 @@ def test_the_command_on_a_redacted_log_loads_no_embedder_and_says_why(
     assert "cannot be measured without text" in report["near_duplicates"]["reason"]
     assert "Loading" not in captured.err
     assert report["recommendation"]["strategies"] == ["exact", "prefix"]
+    # nothing was measured, so no note labels a near-duplicate share with its calibration
+    assert not any(n.startswith("near-duplicates: public calibration") for n in report["notes"])
 
 
 def test_an_older_redacted_line_counts_exact_repeats_only(

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from infercache.analyze.census import DISTANCE_BOUNDS_S
-from infercache.analyze.rules import RecommendRules, pct
+from infercache.analyze.rules import RecommendRules, duration, pct
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,7 +66,7 @@ def _ttl_advice(report: Mapping[str, Any], r: RecommendRules) -> list[str]:
     hint = f"; a TTL of {better:g} s would cover 90%" if better is not None else ""
     return [
         f"only {pct(within)} of the {report['census_counts']['exact_repeat']:,} exact repeats "
-        f"come back within the {distances['ttl_s']:g} s TTL{hint} (if the answers stay valid "
+        f"come back within the {duration(distances['ttl_s'])} TTL{hint} (if the answers stay valid "
         "that long)"
     ]
 

@@ -33,6 +33,7 @@ from infercache.analyze.rules import (
     RecommendRules,
     at,
     dollars,
+    duration,
     milliseconds,
     pct,
     seconds,
@@ -142,7 +143,7 @@ def _exact(report: Mapping[str, Any], r: RecommendRules) -> StrategyDecision:
         )
     served_value = report["simulation"]["exact"]["request_share"]
     served = p.show(("simulation", "exact", "request_share"))
-    ttl = p.show(("settings", "ttl_s"), lambda v: f"{v:g} s")
+    ttl = p.show(("settings", "ttl_s"), duration)  # as the replay's title shows it
     if served_value >= r.min_exact_request_share:
         saved = p.show(("simulation", "exact", "completion_token_share"))
         return p.decide(
@@ -192,7 +193,11 @@ def _semantic(report: Mapping[str, Any], r: RecommendRules) -> StrategyDecision:
     also = ""
     if _available(report, "semantic"):
         replayed = p.show(("simulation", "semantic", "request_share"))
-        also = f" (in the replay it answered {replayed} of requests after exact misses)"
+        of_misses = p.show(("simulation", "semantic", "hit_rate"))
+        also = (
+            f" (in the replay it answered {replayed} of all requests: {of_misses} of the exact "
+            "cache's misses)"
+        )
     if worth:
         return p.decide(
             "semantic",

@@ -368,13 +368,15 @@ class Replay:
 
     @staticmethod
     def _response(event: PreparedRequest, prompt: int, completion: int) -> dict[str, Any]:
+        """The answer the replayed cache stores. Its usage counts the prompt as the analysis
+        does (`prompt`: the tokenizer's count, or the trace's), so what a hit saves and the
+        totals it is a share of are counted alike: a provider's logged count beside our
+        tokenizer's put a saved share over 100%."""
         if event.response is None:
             out = synthetic_response(event.model, prompt, completion)
-        elif isinstance(event.response.get("usage"), dict):
-            out = dict(event.response)
         else:
             usage = {"prompt_tokens": prompt, "completion_tokens": completion}
-            out = {**event.response, "usage": usage}
+            out = {**event.response, "usage": {**usage, "total_tokens": prompt + completion}}
         if event.upstream_s is not None:
             out[MEASURED_S_KEY] = event.upstream_s
         return out

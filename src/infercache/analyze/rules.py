@@ -33,6 +33,17 @@ def milliseconds(value: float) -> str:
     return f"{value:,.0f} ms" if value >= 10 else f"{value:,.2f} ms"
 
 
+def duration(value: float) -> str:
+    """A span of time: seconds, minutes, hours or days, whichever reads best."""
+    if value >= 86_400:
+        return f"{value / 86_400:.1f} d"
+    if value >= 3600:
+        return f"{value / 3600:.1f} h"
+    if value >= 60:
+        return f"{value / 60:.1f} min"
+    return f"{value:.3g} s"
+
+
 def dollars(value: float) -> str:
     return f"${value:,.2f}"
 

@@ -15,6 +15,7 @@ from typing import Any
 
 from infercache.analyze.reports.plots import plots_for, png
 from infercache.analyze.reports.text import CLASS_NAMES, header_lines, near_duplicate_cell, pct
+from infercache.analyze.rules import dollars, seconds
 
 STYLE = """
 body{font:15px/1.45 system-ui,sans-serif;margin:2rem auto;max-width:1000px;color:#212529;
@@ -104,8 +105,8 @@ def _simulation(report: dict[str, Any]) -> str:
                 pct(hit),
                 pct(f["prompt_token_share"]),
                 pct(f["completion_token_share"]),
-                f"{f['upstream_s_saved']:,.0f} s ({pct(f['upstream_share'])})",
-                f"${f['money_saved_usd']:,.2f}",
+                f"{seconds(f['upstream_s_saved'])} ({pct(f['upstream_share'])})",
+                dollars(f["money_saved_usd"]),
             ]
         )
     header = ["strategy", "hit rate", "prompt tokens saved", "completion tokens saved",

@@ -39,7 +39,7 @@ def notes(analysis: Analysis, semantic_off: str | None) -> list[str]:
     run = analysis.semantic
     if run is None:
         out.append(f"near-duplicates not measured: {semantic_off or 'no calibrated threshold'}")
-    elif run.label is not None:
+    elif run.label is not None and c.total.checked:  # a log without text measured none
         out.append(f"near-duplicates: {run.label}")
     out += _cost_notes(analysis)
     return out

@@ -1,5 +1,6 @@
 """The terminal summary of a report dict (document.py): rich tables, plain when not a terminal.
-Shares are shown as `pct` (recommend.py), the same format the reasons quote them in."""
+Shares, seconds, milliseconds and dollars are shown as rules.py formats them, the same format
+the reasons quote them in, so a figure reads the same in a table and in a reason."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from infercache.analyze.rules import dollars, duration, milliseconds, seconds
 from infercache.analyze.rules import pct as _pct
 
 CLASS_NAMES = {
@@ -24,15 +26,7 @@ def pct(value: float | None) -> str:
 
 
 def seconds_span(value: float | None) -> str:
-    if value is None:
-        return "—"
-    if value >= 86_400:
-        return f"{value / 86_400:.1f} d"
-    if value >= 3600:
-        return f"{value / 3600:.1f} h"
-    if value >= 60:
-        return f"{value / 60:.1f} min"
-    return f"{value:.3g} s"
+    return "—" if value is None else duration(value)
 
 
 def header_lines(report: dict[str, Any]) -> list[str]:
@@ -160,7 +154,7 @@ def _simulation(console: Console, report: dict[str, Any]) -> None:
         caption="prefix hit rate: share of prompt tokens reaching the engine that were reused",
         caption_justify="left",
     )
-    for column in ("strategy", "hit rate", "prompt tok", "completion tok", "upstream s",
+    for column in ("strategy", "hit rate", "prompt tok", "completion tok", "upstream time",
                    "money", "age p50/p90"):  # fmt: skip
         table.add_column(column, justify="left" if column == "strategy" else "right")
     for name in ("exact", "semantic", "prefix", "layered"):
@@ -174,8 +168,8 @@ def _simulation(console: Console, report: dict[str, Any]) -> None:
             pct(f["token_hit_rate"] if name == "prefix" else f["hit_rate"]),
             pct(f["prompt_token_share"]),
             pct(f["completion_token_share"]),
-            f"{f['upstream_s_saved']:,.0f} ({pct(f['upstream_share'])})",
-            f"${f['money_saved_usd']:,.2f}",
+            f"{seconds(f['upstream_s_saved'])} ({pct(f['upstream_share'])})",
+            dollars(f["money_saved_usd"]),
             f"{seconds_span(age.get('p50_s_at_most'))}/{seconds_span(age.get('p90_s_at_most'))}"
             if age
             else "—",
@@ -183,9 +177,10 @@ def _simulation(console: Console, report: dict[str, Any]) -> None:
     console.print(table)
     prefix = sim["prefix"]
     if prefix.get("available"):
+        ttft = milliseconds(prefix["ttft_saved_ms_mean"])
         console.print(
-            f"prefix reuse: {prefix['ttft_saved_ms_mean']:,.0f} ms off the mean time to first "
-            "token of a request reaching the engine"
+            f"prefix reuse: {ttft} off the mean time to first token of a request reaching the "
+            "engine"
         )
 
 
