@@ -93,6 +93,19 @@ COUNTERS: dict[str, tuple[str, str]] = {
         "infercache_store_unavailable",
         "Store calls skipped or over their latency budget",
     ),
+    "complaints": (
+        "infercache_complaints",
+        "Answers reported wrong (POST /v1/feedback), by the layer that served them",
+    ),
+    "complaints_on_fetched": (
+        "infercache_complaints_on_fetched",
+        "Answers reported wrong that were fetched upstream, not served from a cache",
+    ),
+    "model_version_changes": (
+        "infercache_model_version_changes",
+        "Model versions made current (each retires the older entries)",
+    ),
+    "invalidated_tags": ("infercache_invalidated_tags", "Tags invalidated"),
 }
 
 # `StrategyMetrics.gauge(name)` → (family name, help)
