@@ -23,6 +23,7 @@ from tests.semantic.test_layer import ORIGINAL, REPHRASED, ask, make_cache
 Replica = tuple[Cache, ReplicaSync]
 MakeReplica = Callable[[], Replica]
 SYNC_THREAD = "infercache-replica-sync"
+BLOCK_MS = 50  # each sync's blocking read: how long closing it may take
 
 
 @pytest.fixture
@@ -41,7 +42,7 @@ def make_replica(tmp_path: Path, clock: ManualClock, store_url: str) -> Iterator
         cache = make_cache(tmp_path / str(len(made)), clock, store_url=store_url)
         made.append(cache)
         assert cache.semantic is not None
-        return cache, attach(cache.semantic, store_url, position)
+        return cache, attach(cache.semantic, store_url, position, block_ms=BLOCK_MS)
 
     yield make
     for cache in made:
@@ -214,9 +215,35 @@ def test_closing_the_layer_stops_its_sync_thread(
     position = tail_before_rebuild(store_url)
     cache = make_cache(tmp_path, clock, store_url=store_url)
     assert cache.semantic is not None
-    sync = attach(cache.semantic, store_url, position)
+    sync = attach(cache.semantic, store_url, position, block_ms=BLOCK_MS)
     assert any(t.name == SYNC_THREAD for t in threading.enumerate())
     cache.semantic.close()
     cache.close()
     assert not sync._thread.is_alive()
     assert not any(t.name == SYNC_THREAD for t in threading.enumerate())
+
+
+def test_a_replica_whose_start_up_scan_failed_scans_the_store_from_its_sync_thread(
+    make_replica: MakeReplica,
+    upstream: CountingUpstream,
+    tmp_path: Path,
+    clock: ManualClock,
+    store_url: str,
+) -> None:
+    a, _ = make_replica()
+    a.complete(ask(ORIGINAL), upstream)
+    position = tail_before_rebuild(store_url)
+    late = make_cache(tmp_path / "late", clock, store_url=store_url)
+    assert late.semantic is not None
+    late.semantic.indexes = late.semantic._new_indexes()  # as if the store had been down
+    late.semantic.rebuilds = 0  # (Cache.enable_semantic logs that and starts empty)
+    sync = attach(late.semantic, store_url, position, block_ms=BLOCK_MS)
+    try:
+        a.complete(ask("Where is my parcel?"), upstream)
+        assert sync.caught_up(published(a), timeout_s=1.0)
+        assert sync.follower.rebuilds == 1  # the thread took the tail, then scanned
+        assert len(late.semantic.indexes) == 2
+        assert late.complete(ask(REPHRASED), upstream).layer == Layer.SEMANTIC
+    finally:
+        late.semantic.close()
+        late.close()

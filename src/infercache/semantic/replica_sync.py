@@ -123,12 +123,16 @@ class ReplicaSync:
         self._feed.close()
 
 
-def attach(layer: SemanticLayer, store_url: str, position: str | None) -> ReplicaSync:
+def attach(
+    layer: SemanticLayer, store_url: str, position: str | None, *, block_ms: int = BLOCK_MS
+) -> ReplicaSync:
     """Publish `layer`'s changes to the feed beside `store_url` and follow it in a thread
     (closed with the layer). `position`: `tail_before_rebuild`'s answer."""
     publisher = open_feed(store_url, max_block_ms=0, socket_timeout_s=PUBLISH_TIMEOUT_S)
-    follower = open_feed(store_url, max_block_ms=BLOCK_MS)
-    sync = ReplicaSync(layer, follower, position=position if layer.rebuilds else None)
+    follower = open_feed(store_url, max_block_ms=block_ms)
+    sync = ReplicaSync(
+        layer, follower, block_ms=block_ms, position=position if layer.rebuilds else None
+    )
     layer.feed = publisher
     layer.on_close(publisher.close)
     layer.on_close(sync.close)  # closed first: the thread stops before its feed goes
