@@ -1,4 +1,5 @@
-"""Semantic entries shared by replicas on one real redis-server: an entry stored through one
+"""Semantic entries shared by replicas on one real redis-server (and a real 3-master Redis
+Cluster): an entry stored through one
 replica is a candidate on the other through the feed, a complaint retires it everywhere, a
 lagging replica never serves an invalidated or removed entry, a new replica bootstraps from the
 store, a lost stretch of the feed rebuilds the index, and closing stops the thread."""
@@ -17,7 +18,7 @@ from infercache.clock import ManualClock
 from infercache.semantic.records import record_key
 from infercache.semantic.replica_sync import ReplicaSync, attach, tail_before_rebuild
 from infercache.stores.feed import FeedEvent, FeedKind, open_feed
-from tests.conftest import CountingUpstream, RedisServer, free_port
+from tests.conftest import CountingUpstream, RedisClusterServers, RedisServer, free_port
 from tests.semantic.test_layer import ORIGINAL, REPHRASED, ask, make_cache
 
 Replica = tuple[Cache, ReplicaSync]
@@ -247,3 +248,31 @@ def test_a_replica_whose_start_up_scan_failed_scans_the_store_from_its_sync_thre
     finally:
         late.semantic.close()
         late.close()
+
+
+def test_replicas_on_a_redis_cluster_share_semantic_entries(
+    tmp_path: Path,
+    clock: ManualClock,
+    redis_cluster: RedisClusterServers,
+    redis_prefix: str,
+    upstream: CountingUpstream,
+) -> None:
+    url = f"{redis_cluster.url()}?prefix={redis_prefix}"
+    replicas: list[tuple[Cache, ReplicaSync]] = []
+    try:
+        for name in ("a", "b"):
+            position = tail_before_rebuild(url)
+            cache = make_cache(tmp_path / name, clock, store_url=url)
+            assert cache.semantic is not None
+            replicas.append((cache, attach(cache.semantic, url, position, block_ms=BLOCK_MS)))
+        (a, _), (b, b_sync) = replicas
+        first = a.complete(ask(ORIGINAL), upstream)
+        assert b_sync.caught_up(published(a), timeout_s=1.0)
+        again = b.complete(ask(REPHRASED), upstream)
+        assert again.layer == Layer.SEMANTIC
+        assert again.response == first.response
+    finally:
+        for cache, _ in replicas:
+            assert cache.semantic is not None
+            cache.semantic.close()
+            cache.close()
