@@ -1,8 +1,8 @@
 """Semantic entries shared by replicas on one real redis-server (and a real 3-master Redis
-Cluster): an entry stored through one
-replica is a candidate on the other through the feed, a complaint retires it everywhere, a
-lagging replica never serves an invalidated or removed entry, a new replica bootstraps from the
-store, a lost stretch of the feed rebuilds the index, and closing stops the thread."""
+Cluster): an entry stored through one replica is a candidate on the other through the feed, a
+complaint retires it everywhere, a lagging replica never serves an invalidated or removed
+entry, a new replica bootstraps from the store, a lost stretch of the feed rebuilds the index,
+and closing stops the thread."""
 
 from __future__ import annotations
 
