@@ -35,12 +35,19 @@ def test_a_value_with_more_than_twice_the_weakest_ones_requests_replaces_it() ->
     assert top.label("b") == (OTHER, None)
 
 
-def test_memory_stays_bounded_whatever_the_callers_send() -> None:
+def test_memory_stays_bounded_and_counts_never_under_count() -> None:
+    """Space-Saving's invariants: at most `8 n` values tracked, their counts summing to the
+    requests seen, each at least the value's true count; a heavy value keeps its label."""
     top = TopLabels(3)
     rng = random.Random(4)
+    true: dict[str, int] = {}
     for i in range(20_000):
-        top.label("heavy" if i % 3 == 0 else f"user-{rng.randrange(10**9)}")
-    assert len(top._counts) <= 24  # 8 n slots
+        value = "heavy" if i % 3 == 0 else f"user-{rng.randrange(40 if i % 2 else 10**9)}"
+        true[value] = true.get(value, 0) + 1
+        top.label(value)
+        assert len(top._counts) <= 24
+    assert sum(top._counts.values()) == 20_000
+    assert all(n >= true[v] for v, n in top._counts.items())
     assert top.label("heavy")[0] == "heavy"
 
 

