@@ -2,7 +2,7 @@
 Figures go to stdout and to OUT/results.json; bench/README.md ("Analyzer") records them.
 
     .venv/bin/python bench/analyze.py [--data /work/shared/data] [--out bench/out/analyze]
-        [--requests 1000000] [--sections census,default,mooncake,redacted]
+        [--requests 1000000] [--sections census,default,mooncake,redacted,request-log]
         [--tokenizers chars4,smollm2] [--seed 0]
 
 Sections, each in child processes of this one (so each one's peak RSS is its own):
@@ -15,7 +15,10 @@ Sections, each in child processes of this one (so each one's peak RSS is its own
 - `mooncake`: the shared Mooncake trace, the whole file, analysed by default: the
   recommendation, the KV sweep and its knee, against real bounded replays at a few budgets.
 - `redacted`: a generated day written plain and redacted (redaction.redact_request, as the
-  gateway's request log will), both analysed: exact share, prefix share, recommendation.
+  gateway's request log does), both analysed: exact share, prefix share, recommendation.
+- `request-log`: what closing a request's log entry costs on the gateway's request path, plain
+  against `serve --redact` (the packaged tokenizer, the deployment's `Redactor` and its chain
+  memo) and against redacting without the memo, on a support-bot day; rounds interleaved.
 CPU seconds are given per process: on a shared 2-core box the wall time depends on the load,
 which each figure is printed with.
 
@@ -350,12 +353,62 @@ def redacted_child(seed: str) -> dict[str, Any]:
     return out
 
 
+def request_log_child(seed: str) -> dict[str, Any]:
+    from infercache.analyze.tokenizing.tokenizers import load_tokenizer
+    from infercache.clock import SystemClock
+    from infercache.gateway.requestlog import RequestLog
+    from infercache.gateway.tracing import NoTracer
+    from infercache.redaction import Redactor, load_or_create_secret, redact_request
+    from infercache.settings import Settings
+
+    records = short_support_bot(int(seed), 3000).records
+    tokenizer = load_tokenizer("smollm2", Settings.load({}).data_dir)
+    times: dict[str, list[float]] = {"plain": [], "redacted": [], "redacted, no memo": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        settings = Settings(data_dir=Path(tmp))
+        secret = load_or_create_secret(settings.data_dir)
+        redactor = Redactor(secret, tokenizer, settings.policy())
+        logs = {
+            "plain": RequestLog(Path(tmp) / "plain.jsonl", clock=SystemClock()),
+            "redacted": RequestLog(
+                Path(tmp) / "redacted.jsonl", clock=SystemClock(), redactor=redactor
+            ),
+        }
+
+        def close(name: str, record: dict[str, Any]) -> None:
+            if name == "redacted, no memo":
+                redact_request(
+                    record["request"], tenant="t", exact_key=None, secret=secret,
+                    tokenizer=tokenizer, policy=settings.policy(),
+                )  # fmt: skip
+                return
+            entry = logs[name].open("t", record["request"], NoTracer().start("chat", "m"))
+            entry.close(status=200, response=record["response"])
+
+        for rnd in range(3):  # the first round warms the caches and is not counted
+            for name in times:
+                for record in records:
+                    started = time.perf_counter()
+                    close(name, record)
+                    if rnd:
+                        times[name].append(time.perf_counter() - started)
+        sizes = {n: (Path(tmp) / f"{n}.jsonl").stat().st_size // (3 * len(records)) for n in logs}
+    out: dict[str, Any] = {"requests": len(records), "load_average": list(os.getloadavg())}
+    for name, spans in times.items():
+        spans.sort()
+        out[name] = {f"p{q}_us": 1e6 * spans[int(len(spans) * q / 100)] for q in (50, 90, 99)} | (
+            {"bytes_a_line": sizes[name]} if name in sizes else {}
+        )
+    return out
+
+
 CHILDREN = {
     "census": census_child,
     "default": default_child,
     "reading": reading_child,
     "mooncake": mooncake_child,
     "redacted": redacted_child,
+    "request-log": request_log_child,
 }
 
 
@@ -441,6 +494,9 @@ def main() -> None:
     if "redacted" in sections:
         results["redacted"] = r = run_child("redacted", str(args.seed))
         print(f"redacted twins ({r['tokenizer']}): " + json.dumps(r, indent=1))
+    if "request-log" in sections:
+        results["request-log"] = r = run_child("request-log", str(args.seed))
+        print("request-log entry close: " + json.dumps(r, indent=1))
     (args.out / "results.json").write_text(json.dumps(results, indent=2))
 
 
