@@ -17,6 +17,7 @@ import pytest
 from infercache.analyze.cli import register
 from infercache.analyze.reports.document import build_report
 from infercache.analyze.reports.plots import plots_for
+from infercache.analyze.reports.text import header_lines
 from tests.analyze.conftest import MOONCAKE, RunAnalysis
 from tests.analyze.generators import support_bot, write_lines
 
@@ -140,6 +141,8 @@ def test_no_plot_for_what_the_replay_calls_not_available(run_analysis: RunAnalys
     assert "ttl" not in keys
     assert "exact-capacity" not in keys
     assert "kv-budget" in keys
+    # the header says what the counts are in (a trace is never "tokenizer None")
+    assert "tokenizer: block-hash trace, 512 tokens a block" in header_lines(report)
 
 
 def test_tenants_show_by_their_configured_names(tmp_path: Path, run_analysis: RunAnalysis) -> None:
