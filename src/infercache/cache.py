@@ -521,6 +521,8 @@ class Cache:
         return self.metrics.snapshot()
 
     def close(self) -> None:
+        if self.semantic is not None:
+            self.semantic.close()  # its replica sync's thread, before the store it reads
         self.backend.close()
 
 
