@@ -42,3 +42,19 @@ def test_the_check_sees_classes_and_aliases() -> None:
         "class Alpha: ...\nBeta = dict[str, int]\nGamma = 3\nMAX = list[int]\n_D = int | None"
     )
     assert _defined_names(tree) == ["Alpha", "Beta"]
+
+
+def test_the_readme_layout_names_every_module() -> None:
+    """Every module at the package's top level and in gateway/ appears in the README's Layout
+    table, so a newcomer can find it there."""
+    readme = (PACKAGE.parents[1] / "README.md").read_text(encoding="utf-8")
+    layout = readme.split("## Layout", 1)[1].split("\n## ", 1)[0]
+    modules = [*PACKAGE.glob("*.py"), *(PACKAGE / "gateway").glob("*.py")]
+    missing = sorted(
+        str(p.relative_to(PACKAGE))
+        for p in modules
+        if p.name != "__init__.py" and f"`{p.name}`" not in layout
+    )
+    assert missing == [], f"modules the README's Layout table does not name: {missing}"
+    packages = sorted(p.name for p in PACKAGE.iterdir() if (p / "__init__.py").exists())
+    assert [name for name in packages if f"`{name}/`" not in layout] == []
