@@ -47,10 +47,6 @@ class RequestLog:
         now_s, mono_s = self._clock.now_s(), self._clock.monotonic_s()
         return LogEntry(self, tenant, body, now_s, mono_s, span)
 
-    @property
-    def redact(self) -> bool:
-        return self.redactor is not None
-
     def _record(
         self,
         entry: LogEntry,
