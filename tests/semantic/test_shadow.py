@@ -1,5 +1,6 @@
 """`LiveCalibration`: no operating point before enough judged pairs meet the bound; serving at the
-lowest score that does; back to shadow when the bound is exceeded; kept across restarts."""
+lowest score reached walking down while each point meets it; back to shadow when the bound is
+exceeded; kept across restarts."""
 
 from __future__ import annotations
 
@@ -70,6 +71,26 @@ def test_the_operating_point_is_the_lowest_score_whose_bound_meets_the_target(
     state = live.state()
     assert state.false_hit_upper is not None
     assert state.false_hit_upper <= 0.05
+
+
+def test_the_walk_down_stops_at_the_first_point_that_fails(tmp_path: Path) -> None:
+    """A band of wrong answers between two clean bands: the lower clean band alone would pass
+    the bound, but reaching it means serving the wrong band too, so the point stays above it."""
+    live, _ = calibration(tmp_path, min_pairs=60)
+    for i in range(100):
+        live.record(0.9 + i * 1e-4, wrong=False)  # clean: 0.9 and up
+    for i in range(20):
+        live.record(0.8 + i * 1e-4, wrong=True)  # a wrong band just below
+    for i in range(800):
+        live.record(0.1 + i * 1e-4, wrong=False)  # many clean pairs far below (window: 1,000)
+    # Over everything scoring >= 0.1 the rate is 20 / 920 (its upper bound would pass alone),
+    # but the walk down meets the wrong band first and stops in it (1 wrong in 101 still
+    # passes; 2 in 102 does not).
+    assert wilson_upper(20, 920) <= 0.05
+    assert live.operating_point == pytest.approx(0.8019)
+    state = live.state()
+    assert state.serving
+    assert state.false_hit_upper == pytest.approx(wilson_upper(1, 101))
 
 
 def test_wrong_answers_send_it_back_to_shadow_and_the_state_survives_a_restart(
