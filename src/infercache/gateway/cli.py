@@ -163,7 +163,11 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     p.add_argument(
         "--request-log", type=Path, metavar="PATH", help="append one JSON line per request"
     )
-    p.add_argument("--redact", action="store_true", help="log request digests, not bodies")
+    p.add_argument(
+        "--redact",
+        action="store_true",
+        help="log no request text: keyed digests and prefix hashes that analyze reads",
+    )
     p.add_argument(
         "--otel",
         action="store_true",
