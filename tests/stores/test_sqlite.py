@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 
 import pytest
@@ -142,3 +143,29 @@ def test_a_hit_within_the_granule_rewrites_nothing(tmp_path: Path, clock: Manual
     assert store.get("a") is None  # so "a" was still the least recently used
     assert store.get("b") is not None
     store.close()
+
+
+@pytest.mark.concurrency
+def test_threads_racing_on_a_fresh_file_never_see_it_locked(tmp_path: Path) -> None:
+    """Sixteen threads opening their connections to a new file at once: switching it to WAL
+    takes a lock SQLite does not wait for, so before connection set-up was serialised about one
+    race in a hundred got "database is locked" (measured: 2 of 200)."""
+    failures: list[StoreError] = []
+    for trial in range(150):
+        store = SQLiteStore(
+            tmp_path / f"{trial}.db", max_bytes=1 << 20, clock=ManualClock(), busy_timeout_s=0.05
+        )
+
+        def look(store: SQLiteStore = store) -> None:
+            try:
+                store.get_with_meta("k", ["model:m"])
+            except StoreError as exc:
+                failures.append(exc)
+
+        threads = [threading.Thread(target=look) for _ in range(16)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(30)
+        store.close()
+    assert failures == []

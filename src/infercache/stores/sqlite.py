@@ -119,11 +119,23 @@ class SQLiteStore:
         self._touch_granularity_s = touch_granularity_s
         self._local = threading.local()
         self._touch_lock = threading.Lock()
+        self._setup_lock = threading.Lock()
         self._touches: dict[str, float] = {}
 
     # -- connection handling: the one place sqlite3 errors become StoreError --
 
     def _connect(self, *, timeout_s: float) -> sqlite3.Connection:
+        # One thread at a time sets a connection up: switching a new file to WAL takes a lock
+        # that SQLite does not wait for, so threads racing on a fresh file got "database is
+        # locked". A non-blocking caller does not queue behind another's set-up.
+        if not self._setup_lock.acquire(blocking=timeout_s > 0):
+            raise StoreWouldBlockError(f"sqlite store {self.path}: another thread is connecting")
+        try:
+            return self._set_up(timeout_s)
+        finally:
+            self._setup_lock.release()
+
+    def _set_up(self, timeout_s: float) -> sqlite3.Connection:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         conn = sqlite3.connect(
             self.path, timeout=timeout_s, isolation_level=None, check_same_thread=True
