@@ -36,6 +36,7 @@ import math
 import secrets
 import sqlite3
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -49,6 +50,7 @@ from infercache.stores.base import EPOCH_META, Entry, StoreStats
 
 SCHEMA_VERSION = 1
 _WAITED = (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)  # primary result codes of a lock wait
+_WAL_RETRY_S = 0.005
 log = logging.getLogger(__name__)
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS entries (
@@ -141,7 +143,7 @@ class SQLiteStore:
             self.path, timeout=timeout_s, isolation_level=None, check_same_thread=True
         )
         try:
-            conn.execute("PRAGMA journal_mode=WAL")
+            _switch_to_wal(conn, timeout_s)
             conn.execute("PRAGMA synchronous=NORMAL")
             if conn.execute("PRAGMA user_version").fetchone()[0] != SCHEMA_VERSION:
                 # Idempotent DDL in one transaction: processes racing to create it are safe.
@@ -374,3 +376,20 @@ class SQLiteStore:
                 " ORDER BY last_access LIMIT ?)",
                 (keep, max(1, overflow_rows)),
             )
+
+
+def _switch_to_wal(conn: sqlite3.Connection, timeout_s: float) -> None:
+    """`PRAGMA journal_mode=WAL`, retried for up to `timeout_s`: on a fresh file the switch
+    takes a lock that SQLite's busy handler does not wait for, so a process (or thread) racing
+    another's switch reads "database is locked" at once. Real time, as SQLite's own busy
+    timeout is; 5 ms between tries."""
+    tries = max(1, math.ceil(timeout_s / _WAL_RETRY_S))
+    for attempt in range(tries):
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            busy = getattr(exc, "sqlite_errorcode", 0) & 0xFF in _WAITED
+            if not busy or attempt == tries - 1:
+                raise
+            time.sleep(_WAL_RETRY_S)
