@@ -7,6 +7,8 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
 
@@ -54,3 +56,30 @@ def stop(process: subprocess.Popen[str]) -> tuple[str, str]:
         process.terminate()
     out, err = process.communicate(timeout=60)
     return out, err
+
+
+@contextmanager
+def sqlite_lock_held(path: Path, *statements: str) -> Iterator[None]:
+    """Another process opens the SQLite file at `path`, runs `statements` (the lock it takes)
+    and holds on until the block ends."""
+    script = "\n".join(
+        [
+            "import sqlite3, sys",
+            f"c = sqlite3.connect({str(path)!r}, isolation_level=None)",
+            *(f"c.execute({statement!r})" for statement in statements),
+            "print('locked', flush=True)",
+            "sys.stdin.read()",
+        ]
+    )
+    holder = subprocess.Popen(
+        [sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    assert holder.stdout is not None
+    assert holder.stdin is not None
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        yield
+    finally:
+        holder.stdin.close()
+        holder.wait(10)
+        holder.stdout.close()

@@ -6,12 +6,8 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +17,7 @@ import pytest
 from tests.conftest import start_redis
 from tests.gateway.conftest import MakeGateway, Running, body
 from tests.gateway.servers import FakeUpstream, serve
+from tests.processes import sqlite_lock_held
 
 FAULT_S = 2.0  # how long each fault lasts here (bench/faults.py: 10 s)
 
@@ -89,37 +86,13 @@ def test_a_paused_redis_costs_hits_never_latency(make_gateway: MakeGateway, tmp_
     assert misses["store_unavailable"] >= len(seen["hot"])
 
 
-@contextmanager
-def sqlite_locked_by_another_process(path: Path) -> Iterator[None]:
-    holder = subprocess.Popen(
-        [
-            sys.executable, "-c",
-            "import sqlite3, sys\n"
-            f"c = sqlite3.connect({str(path)!r}, isolation_level=None)\n"
-            "c.execute('BEGIN EXCLUSIVE')\n"
-            "print('locked', flush=True)\n"
-            "sys.stdin.read()\n",
-        ],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    assert holder.stdout is not None
-    assert holder.stdin is not None
-    assert holder.stdout.readline().strip() == "locked"
-    try:
-        yield
-    finally:
-        holder.stdin.close()
-        holder.wait(10)
-        holder.stdout.close()
-
-
 def test_a_sqlite_file_locked_by_another_process_costs_hits_never_latency(
     make_gateway: MakeGateway, tmp_path: Path
 ) -> None:
     db = tmp_path / "locked.db"
     running = make_gateway(store_url=f"sqlite:///{db}", store_budget_s=0.2)
     warm(running)
-    with sqlite_locked_by_another_process(db):
+    with sqlite_lock_held(db, "BEGIN EXCLUSIVE"):
         seen = drive(running, FAULT_S)
     assert_served_fast(seen, bound_s=1.0)
     assert seconds_until_a_hit(running) < 5.0

@@ -8,10 +8,7 @@ test_inline_lookups.py).
 
 from __future__ import annotations
 
-import subprocess
-import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 import pytest
@@ -22,36 +19,20 @@ from infercache.store_guard import BreakerSettings, GuardedBackend, inline_reads
 from infercache.stores.memory import MemoryStore
 from infercache.stores.redis import RedisStore
 from infercache.stores.sqlite import SQLiteStore
+from tests.processes import sqlite_lock_held
 from tests.stores.test_contract import entry
 
 
-@contextmanager
-def exclusively_locked(path: Path) -> Iterator[None]:
+def exclusively_locked(path: Path) -> AbstractContextManager[None]:
     """Another process holds the file in exclusive locking mode: no other connection may even
     read it until that process lets go (the one kind of lock a WAL reader waits for). It can
     take that lock only while no other connection is open on the file."""
-    holder = subprocess.Popen(
-        [
-            sys.executable, "-c",
-            "import sqlite3, sys\n"
-            f"c = sqlite3.connect({str(path)!r}, isolation_level=None)\n"
-            "c.execute('PRAGMA locking_mode=EXCLUSIVE')\n"
-            "c.execute('CREATE TABLE IF NOT EXISTS holder (x)')\n"
-            "c.execute('INSERT INTO holder VALUES (1)')\n"
-            "print('locked', flush=True)\n"
-            "sys.stdin.read()\n",
-        ],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    assert holder.stdout is not None
-    assert holder.stdin is not None
-    try:
-        assert holder.stdout.readline().strip() == "locked"
-        yield
-    finally:
-        holder.stdin.close()
-        holder.wait(10)
-        holder.stdout.close()
+    return sqlite_lock_held(
+        path,
+        "PRAGMA locking_mode=EXCLUSIVE",
+        "CREATE TABLE IF NOT EXISTS holder (x)",
+        "INSERT INTO holder VALUES (1)",
+    )
 
 
 def sqlite(path: Path, *, busy_timeout_s: float = 5.0) -> SQLiteStore:
