@@ -17,8 +17,10 @@ concurrency N, a wave of N streams starts together, once a round; each stream is
 - TTFT p50/p99: from the call to the first content chunk, over every stream of every wave;
 - peak RSS during the waves (`VmHWM`, reset before each wave).
 Baselines for the single stream, once a round beside the waves:
-- in the same process, a plain loop of one-token forwards over unpacked weights (the model's
-  decode with no engine around it: no scheduler, sampling, detokenizer or streaming);
+- a plain loop of one-token forwards over unpacked weights (the model's decode with no engine
+  around it: no scheduler, sampling, detokenizer or streaming), in a subprocess: run in this
+  process, its thread's OpenMP team would sit beside the engine worker's, and with more OpenMP
+  threads than cores libgomp stops spin-waiting and both slow down by a third (engine/worker.py);
 - with `--before-src DIR`, the engine as it was before continuous batching, whole: its `src`
   folder (`git archive 2b9118b~1 src | tar -x -C DIR`) imported in a subprocess that loads the
   same model and streams one request a round, when told, through its own `achat_stream` (that
@@ -131,8 +133,9 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-class Baseline:
-    """The model's single-stream decode alone: one token a forward, plain weights."""
+class DecodeLoop:
+    """The model's single-stream decode alone (run by `--as-decode-loop`): one token a forward,
+    plain weights, on the process's main thread."""
 
     def __init__(self, directory: Path) -> None:
         from infercache.engine.model import LlamaModel
@@ -151,14 +154,17 @@ class Baseline:
         return (new_tokens - 1) / (time.perf_counter() - started)
 
 
-class Before:
-    """The engine before batching, in a subprocess over its own source tree: one single-stream
-    wave each time `rate` is called."""
+class Subprocess:
+    """A baseline in a subprocess: this file run with `mode` (`--as-before` over the source
+    tree `src`, or `--as-decode-loop` over this one), one single-stream measurement each time
+    `rate` is called."""
 
-    def __init__(self, src: Path, args: argparse.Namespace) -> None:
-        command = [sys.executable, __file__, "--as-before", "--threads", str(args.threads),
+    def __init__(self, mode: str, src: Path | None, args: argparse.Namespace) -> None:
+        command = [sys.executable, __file__, mode, "--threads", str(args.threads),
                    "--new-tokens", str(args.new_tokens)]  # fmt: skip
-        env = {**os.environ, "PYTHONPATH": str(src.resolve())}
+        env = dict(os.environ)
+        if src is not None:
+            env["PYTHONPATH"] = str(src.resolve())
         self._process = subprocess.Popen(
             command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env
         )
@@ -204,10 +210,25 @@ def as_before(args: argparse.Namespace) -> None:
             print(json.dumps(answer), flush=True)
 
 
+def as_decode_loop(args: argparse.Namespace) -> None:
+    """The subprocess side of the decode-loop baseline: one loop per line on stdin."""
+    import infercache
+    from infercache.engine.config import default_data_dir
+    from infercache.engine.weights import resolve_model
+
+    torch.set_num_threads(args.threads)
+    loop = DecodeLoop(resolve_model(None, default_data_dir(os.environ)).directory)
+    loop.rate(4, -1)  # warm-up
+    for line in sys.stdin:
+        if line.strip() == "ready":
+            print(json.dumps({"source": str(Path(infercache.__file__).parent)}), flush=True)
+            continue
+        print(json.dumps({"rate": loop.rate(args.new_tokens, int(line))}), flush=True)
+
+
 def run(args: argparse.Namespace) -> None:
     from infercache.engine.config import EngineConfig, default_data_dir
     from infercache.engine.engine import Engine
-    from infercache.engine.weights import resolve_model
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     counts = [int(n) for n in args.streams.split(",")]
@@ -219,7 +240,8 @@ def run(args: argparse.Namespace) -> None:
     )
     torch.set_num_threads(args.threads)
     data_dir = default_data_dir(os.environ)
-    before = Before(args.before_src, args) if args.before_src else None
+    decode_loop = Subprocess("--as-decode-loop", None, args)
+    before = Subprocess("--as-before", args.before_src, args) if args.before_src else None
     if before is not None:
         print(f"before batching: the engine imported from {before.source}")
     config = EngineConfig(
@@ -233,9 +255,8 @@ def run(args: argparse.Namespace) -> None:
     with Engine(config) as engine:
         asyncio.run(wave(engine, 1, -1, 4))  # warm-up: first-touch of weights and kernels
         print(f"RSS with the engine loaded and warm: {rss_mib('VmRSS'):.0f} MiB")
-        baseline = Baseline(resolve_model(None, data_dir).directory)  # after: not in that RSS
         for r in range(args.rounds):  # rounds interleave every variant: drift hits them alike
-            base.append(baseline.rate(args.new_tokens, r))
+            base.append(decode_loop.rate(r)["rate"])
             if before is not None:
                 befores.append(before.rate(r))
             for n in counts:
@@ -258,7 +279,8 @@ def run(args: argparse.Namespace) -> None:
         )
     print(f"\nbatch sizes over all steps: {batches['count']} steps, "
           f"mean {batches['sum'] / batches['count']:.1f} sequences a step")  # fmt: skip
-    print(f"baseline: the model's decode loop alone (same process): {max(base):.1f} tok/s")
+    decode_loop.close()
+    print(f"baseline: the model's decode loop alone (subprocess): {max(base):.1f} tok/s")
     if before is not None:
         before.close()
         best_before = max(b["rate"] for b in befores)
@@ -296,10 +318,14 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
     parser.add_argument("--before-src", type=Path, help="the pre-batching engine's src folder")
     parser.add_argument("--as-before", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--as-decode-loop", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "out" / "batching")
     args = parser.parse_args()
     if args.as_before:
         as_before(args)
+        return
+    if args.as_decode_loop:
+        as_decode_loop(args)
         return
     tee = _Tee(sys.stdout)
     with contextlib.redirect_stdout(tee):

@@ -397,3 +397,39 @@ def test_a_failed_swap_raises_to_the_caller_and_the_old_model_keeps_serving(
         engine.swap_model(tmp_path / "no-such-model")
     assert engine.model_version == version
     assert engine.chat(body(engine))["system_fingerprint"] == version
+
+
+def test_the_model_is_loaded_and_run_on_the_engine_thread_alone(
+    make_engine: MakeEngine, tiny_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A caller's thread that ran torch's parallel kernels (the load, say) keeps an OpenMP team
+    that throttles the engine thread's: every torch op of the engine runs on its own thread."""
+    from infercache.engine import loader
+    from infercache.engine.model import LlamaModel
+
+    threads: list[str] = []
+
+    class Recording(LlamaModel):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            threads.append(threading.current_thread().name)
+            super().__init__(*args, **kwargs)
+
+        def forward_batch(self, *args: Any, **kwargs: Any) -> Any:
+            threads.append(threading.current_thread().name)
+            return super().forward_batch(*args, **kwargs)
+
+    monkeypatch.setattr(loader, "LlamaModel", Recording)
+    engine = make_engine(tiny_dir)
+    engine.chat(body(engine))
+    engine.swap_model(tiny_dir)
+    engine.chat(body(engine))
+    assert threading.current_thread().name not in threads
+    assert set(threads) == {"infercache-engine"}
+    assert len(threads) >= 4  # two loads, at least one step each
+
+
+def test_a_model_that_fails_to_load_raises_from_the_constructor(
+    make_engine: MakeEngine, tmp_path: Path
+) -> None:
+    with pytest.raises(ConfigError):
+        make_engine(tmp_path / "no-such-model")

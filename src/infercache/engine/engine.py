@@ -27,7 +27,9 @@ Path of a request:
   (or fails if the model id changed).
 - Backpressure: at most `max_batch` requests run together and `max_queue` wait; one more is
   refused with `OverloadedError` (HTTP 429 with Retry-After), raised by the call itself.
-- Threads: the worker sets `torch.set_num_threads(config.threads or the usable cores)` once.
+- Threads: the worker thread sets `torch.set_num_threads(config.threads or the usable cores)`,
+  then loads the model: every torch op of the engine runs on that one thread (worker.py says
+  why).
 Thread-safe: every public method may be called from any thread or event loop.
 """
 
@@ -85,9 +87,8 @@ class Engine:
         self._clock: Clock = clock if clock is not None else SystemClock()
         self._rng = rng if rng is not None else random.Random()
         self._accounting = EngineAccounting(self.metrics, prefix_cache_enabled=config.prefix_cache)
-        loaded = load_model(config, config.model_path, config.served_model_id, self._clock)
         self._worker = Worker(
-            loaded,
+            lambda: load_model(config, config.model_path, config.served_model_id, self._clock),
             config=config,
             threads=config.threads or _usable_cores(),
             clock=self._clock,

@@ -91,9 +91,12 @@ class _Swap:
 
 
 class Worker:
+    """`Worker(load, ...)` starts the thread, which loads the model (`load()`) before it
+    steps; the constructor returns once it is loaded and raises what `load` raised."""
+
     def __init__(
         self,
-        loaded: LoadedModel,
+        load: Callable[[], LoadedModel],
         *,
         config: EngineConfig,
         threads: int,
@@ -101,21 +104,25 @@ class Worker:
         accounting: EngineAccounting,
         reprepare: Reprepare,
     ) -> None:
-        self.loaded = loaded
         self._config = config
         self._threads = threads
         self._clock = clock
         self._accounting = accounting
         self._reprepare = reprepare
         self._waiting = WaitingQueue()
-        self._runner = self._runner_for(loaded)
         self._cond = threading.Condition()
         self._swaps: list[_Swap] = []
         self._closing = False
         self._idle = True  # nothing queued, running or swapping (guarded by _cond)
-        accounting.record_cache(loaded.cache_stats())
-        self._thread = threading.Thread(target=self._loop, name="infercache-engine", daemon=True)
+        self.loaded: LoadedModel  # both set by the thread before it steps
+        self._runner: Runner
+        started: Future[None] = Future()
+        self._thread = threading.Thread(
+            target=self._run, args=(load, started), name="infercache-engine", daemon=True
+        )
         self._thread.start()
+        started.result()  # raises what `load` raised
+        accounting.record_cache(self.loaded.cache_stats())
 
     # -- any thread -----------------------------------------------------------------------
 
@@ -168,8 +175,25 @@ class Worker:
 
     # -- the worker thread ----------------------------------------------------------------
 
-    def _loop(self) -> None:
+    def _run(self, load: Callable[[], LoadedModel], started: Future[None]) -> None:
+        """The thread's body. Every torch op of the engine runs on this one thread, the load
+        included: a thread that runs torch's parallel kernels keeps its own team of OpenMP
+        threads, and once the process holds more of those than it has cores, libgomp stops
+        spin-waiting between kernels and sleeps instead (throttled spin). A model loaded on
+        the caller's thread left that thread's team behind and cost the decode loop a third
+        of its speed (bench/README.md, "Batching (engine)")."""
         torch.set_num_threads(self._threads)
+        try:
+            self.loaded = load()
+            self._runner = self._runner_for(self.loaded)
+        except Exception as e:  # raised to the constructor's caller
+            logger.exception("loading the model failed")
+            started.set_exception(e)
+            return
+        started.set_result(None)
+        self._loop()
+
+    def _loop(self) -> None:
         while True:
             with self._cond:
                 while not (self._closing or self._swaps or self._runner.has_work()):
