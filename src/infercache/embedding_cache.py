@@ -185,7 +185,7 @@ class EmbeddingCache:
                 if reason in (MissReason.STALE_MODEL_VERSION, MissReason.INVALIDATED_TAG):
                     self._delete(key)  # lazy reclamation, as the exact layer does
         except StoreError as exc:
-            self._store_error("lookup", exc)
+            self.store_failed("lookup", exc)
             unavailable = isinstance(exc, StoreUnavailableError)
             reason = MissReason.STORE_UNAVAILABLE if unavailable else MissReason.STORE_ERROR
             return None, {}, dict.fromkeys(request.keys, reason)
@@ -211,7 +211,7 @@ class EmbeddingCache:
         try:
             self.backend.delete(key)
         except StoreError as exc:
-            self._store_error("delete", exc)
+            self.store_failed("delete", exc)
 
     def _vector(self, entry: Entry) -> CachedVector:
         try:
@@ -252,7 +252,7 @@ class EmbeddingCache:
                 self.backend.put(key, entry)
                 stored += 1
         except StoreError as exc:
-            self._store_error("store", exc)
+            self.store_failed("store", exc)
         finally:
             self._metrics.overhead(self._clock.monotonic_s() - started)
         self._metrics.count("stored", stored)
@@ -273,7 +273,7 @@ class EmbeddingCache:
                 money_usd=self._prices.cost_usd(model, hit.prompt_tokens, 0),
             )
 
-    def _store_error(self, op: str, exc: StoreError) -> None:
+    def store_failed(self, op: str, exc: StoreError) -> None:
         if isinstance(exc, StoreUnavailableError):
             self._metrics.count("store_unavailable")
             log.debug("embedding store skipped on %s: %s", op, exc)

@@ -77,7 +77,7 @@ class ExactCache:
             else:
                 entry, view = None, self.versions.view(request.model, tags)
         except StoreError as exc:
-            self._store_error("lookup", exc)
+            self.store_failed("lookup", exc)
             self._metrics.overhead(self._clock.monotonic_s() - started)
             unavailable = isinstance(exc, StoreUnavailableError)
             why = MissReason.STORE_UNAVAILABLE if unavailable else MissReason.STORE_ERROR
@@ -145,7 +145,7 @@ class ExactCache:
             try:
                 current = self.versions.view(request.model, ()).model_version
             except StoreError as exc:
-                self._store_error("store", exc)
+                self.store_failed("store", exc)
                 return None
             if current.partition(":")[2] != produced_by:
                 self._metrics.count("not_stored")
@@ -167,7 +167,7 @@ class ExactCache:
         try:
             self.backend.put(lookup.key, entry)
         except StoreError as exc:
-            self._store_error("store", exc)
+            self.store_failed("store", exc)
             return None
         finally:
             self._metrics.overhead(self._clock.monotonic_s() - started)
@@ -181,9 +181,9 @@ class ExactCache:
         try:
             self.backend.delete(key)
         except StoreError as exc:
-            self._store_error("delete", exc)
+            self.store_failed("delete", exc)
 
-    def _store_error(self, op: str, exc: StoreError) -> None:
+    def store_failed(self, op: str, exc: StoreError) -> None:
         if isinstance(exc, StoreUnavailableError):  # the guard logs when it starts and stops
             self._metrics.count("store_unavailable")
             log.debug("cache store skipped on %s: %s", op, exc)

@@ -22,7 +22,9 @@ is a `StoreError`, so every layer already turns it into a counted miss; the exac
 it as `store_unavailable`. `inline_reads(backend)` gives the gateway a way to read on its event
 loop when the inner store supports it (memory, SQLite: base.InlineReads): inside it, a call
 that would wait raises `StoreWouldBlockError`, and so does any call while the breaker is not
-closed (the retry off the loop takes the skip or the probe). Bulk reads (`scan`, for
+closed (the retry off the loop takes the skip or the probe). `inline_writes(backend)` does the
+same for a miss's writes (base.InlineWrites): entry gives way unless the breaker is closed and
+the store can take its write lock at once. Bulk reads (`scan`, for
 rebuilding an index at start) and `close` are not budgeted. Thread-safe; the clock is injected.
 """
 
@@ -37,7 +39,7 @@ from typing import Any, TypeVar
 
 from infercache.clock import Clock
 from infercache.errors import StoreError, StoreUnavailableError, StoreWouldBlockError
-from infercache.stores.base import Backend, Entry, InlineReads, StoreStats
+from infercache.stores.base import Backend, Entry, InlineReads, InlineWrites, StoreStats
 from infercache.urls import mask_credentials
 
 log = logging.getLogger(__name__)
@@ -137,6 +139,7 @@ class GuardedBackend:
         self._local = threading.local()
         # Checked once: isinstance against a runtime Protocol costs ~50 µs a call.
         self._inner_nonblocking = inner.nonblocking if isinstance(inner, InlineReads) else None
+        self._inner_writes = inner.nonblocking_writes if isinstance(inner, InlineWrites) else None
 
     @contextmanager
     def nonblocking(self) -> Iterator[None]:
@@ -149,6 +152,22 @@ class GuardedBackend:
                 yield
         finally:
             self._local.nonblocking = False
+
+    @contextmanager
+    def nonblocking_writes(self) -> Iterator[None]:
+        """The inner store's non-blocking writes (it must be `InlineWrites`): entry gives way
+        (`StoreWouldBlockError`) unless the breaker is closed; inside, each call is guarded
+        as usual; a failed commit at the end counts against the breaker."""
+        if self._inner_writes is None:
+            raise TypeError(f"{type(self.inner).__name__} has no non-blocking writes")
+        if self.breaker.state != "closed":
+            raise StoreWouldBlockError("the store's breaker is not closed")
+        try:
+            with self._inner_writes():
+                yield
+        except StoreError:
+            self.breaker.record(False)
+            raise
 
     def _call(self, fn: Callable[..., T], *args: Any) -> T:
         if getattr(self._local, "nonblocking", False) and self.breaker.state != "closed":
@@ -220,6 +239,17 @@ class GuardedBackend:
             "skipped": skipped,
             "budget_ms": self.budget_s * 1000,
         }
+
+
+def inline_writes(backend: Backend) -> Callable[[], AbstractContextManager[None]] | None:
+    """How to write `backend` on an event loop without waiting (its `nonblocking_writes`), or
+    None when its writes may wait (Redis)."""
+    inner = backend.inner if isinstance(backend, GuardedBackend) else backend
+    if not isinstance(inner, InlineWrites):
+        return None
+    if isinstance(backend, GuardedBackend):
+        return backend.nonblocking_writes
+    return inner.nonblocking_writes
 
 
 def inline_reads(backend: Backend) -> Callable[[], AbstractContextManager[None]] | None:

@@ -1,12 +1,13 @@
-"""The gateway looks up on its event loop when the store cannot make it wait (SQLite, memory),
-and retries off the loop when it would (stores.base.InlineReads): a real gateway on loopback,
-a real SQLite file locked by a real second process."""
+"""The gateway looks up and stores on its event loop when the store cannot make it wait (SQLite,
+memory), and retries off the loop when it would (stores.base.InlineReads, InlineWrites): a real
+gateway on loopback, a real SQLite file locked by a real second process."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from tests.gateway.conftest import MakeGateway, body
+from tests.processes import sqlite_lock_held
 from tests.stores.test_inline_reads import exclusively_locked
 
 
@@ -29,3 +30,30 @@ def test_the_gateway_serves_through_a_lock_by_retrying_off_the_loop(
         hit = client.post("/v1/chat/completions", json=body())
         assert hit.headers["x-infercache"] == "exact-hit"
     assert gateway.lookups_retried_off_loop == 1  # read on the loop once the lock was gone
+
+
+def test_a_miss_is_stored_on_the_loop_and_off_it_while_another_process_writes(
+    make_gateway: MakeGateway, tmp_path: Path
+) -> None:
+    db = tmp_path / "gateway.db"
+    running = make_gateway(store_url=f"sqlite:///{db}", store_budget_s=0.2)
+    gateway = running.built.gateway
+    with running.client() as client:
+
+        def ask(question: str) -> str:
+            reply = client.post("/v1/chat/completions", json=body(question))
+            assert reply.status_code == 200, reply.text
+            return reply.headers["x-infercache"]
+
+        assert ask("one") == "miss"
+        assert ask("one") == "exact-hit"
+        assert gateway.stores_retried_off_loop == 0  # stored on the loop
+        with sqlite_lock_held(db, "BEGIN IMMEDIATE"):  # a write lock; reads go on
+            assert ask("two") == "miss"
+            assert gateway.stores_retried_off_loop == 1  # given to the pool, which waited
+            assert running.exact()["counters"]["store_errors"] == 1  # its busy timeout out
+            assert ask("one") == "exact-hit"  # looked up on the loop meanwhile
+        assert ask("two") == "miss"  # nothing was stored under the lock
+        assert ask("two") == "exact-hit"
+    assert gateway.stores_retried_off_loop == 1
+    assert gateway.lookups_retried_off_loop == 0

@@ -135,6 +135,16 @@ class InlineReads(Protocol):
     def nonblocking(self) -> AbstractContextManager[None]: ...
 
 
+@runtime_checkable
+class InlineWrites(Protocol):
+    """A backend whose writes may run on an event loop. `nonblocking_writes()` takes what the
+    block's writes need without waiting, or raises `StoreWouldBlockError` on entry (before the
+    block runs: the caller then runs the block off the loop); inside, in the calling thread,
+    reads are non-blocking and writes never wait. Memory and SQLite implement it."""
+
+    def nonblocking_writes(self) -> AbstractContextManager[None]: ...
+
+
 class Backend(Store, MetaStore, Protocol):
     """What the cache needs from one backend: entries and meta, sharing one lifetime."""
 

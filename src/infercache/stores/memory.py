@@ -8,7 +8,8 @@ recently used entries from the front of the dict, until the new entry fits.
 Invariants: `bytes_used == sum(e.size_bytes)` over held entries and `bytes_used <= max_bytes`
 after every call. Thread-safe: one lock around every method. Never raises `StoreError`.
 Every call holds the lock for microseconds and never waits on anything else, so `nonblocking()`
-(the `InlineReads` seam) changes nothing: it may run on an event loop as it is.
+and `nonblocking_writes()` (the `InlineReads` and `InlineWrites` seams) change nothing: it may
+run on an event loop as it is.
 """
 
 from __future__ import annotations
@@ -40,6 +41,10 @@ class MemoryStore:
 
     @contextmanager
     def nonblocking(self) -> Iterator[None]:
+        yield
+
+    @contextmanager
+    def nonblocking_writes(self) -> Iterator[None]:
         yield
 
     def get(self, key: str) -> Entry | None:

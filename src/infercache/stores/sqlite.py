@@ -26,6 +26,16 @@ the page cache takes tens of µs; a read that would have to wait for a lock (WAL
 a checkpoint another process runs, an exclusive-mode connection) raises `StoreWouldBlockError`
 instead, and the caller retries off its event loop. (A disk that stalls on a cold page is
 outside what this bounds.)
+
+Non-blocking writes (`nonblocking_writes()`, the `InlineWrites` seam): on entry the calling
+thread's non-blocking connection begins `BEGIN IMMEDIATE` (the write lock, taken at once or
+`StoreWouldBlockError`); every write in the block joins that one transaction, committed when the
+block ends (rolled back if it raises). A commit in WAL mode appends to the log and does not sync
+(`synchronous=NORMAL`). What can take milliseconds is a checkpoint, which copies the log into
+the file and syncs it; the non-blocking connection never checkpoints (`wal_autocheckpoint=0`).
+Instead, one entry in `inline_commits_per_checkpoint` raises `StoreWouldBlockError`, so that
+block runs on a blocking connection, whose commit checkpoints once the log passes SQLite's
+1,000 pages: the log stays bounded.
 """
 
 from __future__ import annotations
@@ -109,6 +119,7 @@ class SQLiteStore:
         busy_timeout_s: float = 5.0,
         touch_batch: int = 1024,
         touch_granularity_s: float = 60.0,
+        inline_commits_per_checkpoint: int = 256,
     ) -> None:
         if max_bytes <= 0:
             raise ValueError(f"max_bytes must be > 0, got {max_bytes}")
@@ -123,6 +134,8 @@ class SQLiteStore:
         self._touch_lock = threading.Lock()
         self._setup_lock = threading.Lock()
         self._touches: dict[str, float] = {}
+        self._inline_commits_per_checkpoint = inline_commits_per_checkpoint
+        self._inline_commits = 0
 
     # -- connection handling: the one place sqlite3 errors become StoreError --
 
@@ -145,6 +158,8 @@ class SQLiteStore:
         try:
             _switch_to_wal(conn, timeout_s)
             conn.execute("PRAGMA synchronous=NORMAL")
+            if timeout_s == 0:  # the non-blocking connection: checkpoints are left to others
+                conn.execute("PRAGMA wal_autocheckpoint=0")
             if conn.execute("PRAGMA user_version").fetchone()[0] != SCHEMA_VERSION:
                 # Idempotent DDL in one transaction: processes racing to create it are safe.
                 conn.executescript(
@@ -164,6 +179,44 @@ class SQLiteStore:
             yield
         finally:
             self._local.nonblocking = False
+
+    @contextmanager
+    def nonblocking_writes(self) -> Iterator[None]:
+        """In this thread, for the block: reads as in `nonblocking()`, and every write joins
+        one transaction whose lock is taken on entry, without waiting (the module docstring
+        says when entry raises `StoreWouldBlockError`). Committed at the end of the block;
+        a failed commit raises `StoreError`."""
+        if getattr(self._local, "txn", None) is not None:
+            raise RuntimeError("nonblocking_writes() blocks do not nest")
+        self._inline_commits += 1
+        if self._inline_commits > self._inline_commits_per_checkpoint:
+            self._inline_commits = 0
+            raise StoreWouldBlockError(f"sqlite store {self.path}: this write may checkpoint")
+        with self.nonblocking():
+            try:
+                with self._conn() as conn:
+                    conn.execute("BEGIN IMMEDIATE")
+            except StoreError as exc:  # on entry, so the caller retries where it may wait
+                raise StoreWouldBlockError(str(exc)) from exc
+            self._local.txn = conn
+            done = False
+            try:
+                yield
+                done = True
+            finally:
+                self._local.txn = None
+                self._end_transaction(conn, commit=done)
+
+    def _end_transaction(self, conn: sqlite3.Connection, *, commit: bool) -> None:
+        if getattr(self._local, "nonblocking_conn", None) is not conn:  # dropped on an error
+            if commit:
+                raise StoreError(f"sqlite store {self.path}: the transaction was rolled back")
+            return
+        try:
+            conn.execute("COMMIT" if commit else "ROLLBACK")
+        except sqlite3.Error as exc:
+            self._drop_connection("nonblocking_conn")
+            raise StoreError(f"sqlite store {self.path}: {exc}") from exc
 
     def _nonblocking(self) -> bool:
         return getattr(self._local, "nonblocking", False) is True
@@ -193,6 +246,13 @@ class SQLiteStore:
 
     @contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
+        txn: sqlite3.Connection | None = getattr(self._local, "txn", None)
+        if txn is not None:  # inside nonblocking_writes(): its transaction
+            if getattr(self._local, "nonblocking_conn", None) is not txn:
+                raise StoreError(f"sqlite store {self.path}: the transaction was rolled back")
+            with self._conn() as conn:
+                yield conn
+            return
         if self._nonblocking():
             raise StoreWouldBlockError(f"sqlite store {self.path}: no writes in non-blocking mode")
         with self._conn() as conn:
