@@ -108,16 +108,18 @@ class ServedAnswers:
         now_s = self._clock.monotonic_s()
         name = (tenant, response_id)
         with self._lock:
-            record = self._records.pop(name, None)
+            record = self._records.get(name)
             if record is None or record.reported or record.expires_at_s <= now_s:
+                self._records.pop(name, None)
                 record = ServedAnswer(layer, set(keys), semantic)
-            else:
+                self._records[name] = record
+            else:  # served again (a hot cached answer): refreshed, moved to the young end
                 record.keys.update(keys)
                 if _SUSPICION[layer] > _SUSPICION[record.layer]:
                     record.layer = layer
                 record.semantic = semantic or record.semantic
+                self._records.move_to_end(name)
             record.expires_at_s = now_s + self.ttl_s
-            self._records[name] = record
             while len(self._records) > self.max_answers:
                 self._records.popitem(last=False)
             self._drop_expired(now_s)

@@ -35,6 +35,7 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
+from types import TracebackType
 from typing import Any, TypeVar
 
 from infercache.clock import Clock
@@ -74,6 +75,11 @@ class CircuitBreaker:
         self.opened = 0  # times the breaker opened
 
     @property
+    def closed(self) -> bool:
+        """Read without the lock (one attribute: as good as a read a moment earlier)."""
+        return self._open_until_s is None
+
+    @property
     def state(self) -> str:
         with self._lock:
             if self._open_until_s is None:
@@ -81,6 +87,8 @@ class CircuitBreaker:
             return "half-open" if self._probing else "open"
 
     def allow(self) -> bool:
+        if self.closed:  # the hot path takes no lock
+            return True
         with self._lock:
             if self._open_until_s is None:
                 return True
@@ -90,6 +98,8 @@ class CircuitBreaker:
             return True
 
     def record(self, ok: bool) -> None:
+        if ok and self._failures == 0 and self._open_until_s is None:
+            return  # a success while healthy changes nothing: no lock
         with self._lock:
             if ok:
                 self._failures = 0
@@ -141,17 +151,11 @@ class GuardedBackend:
         self._inner_nonblocking = inner.nonblocking if isinstance(inner, InlineReads) else None
         self._inner_writes = inner.nonblocking_writes if isinstance(inner, InlineWrites) else None
 
-    @contextmanager
-    def nonblocking(self) -> Iterator[None]:
+    def nonblocking(self) -> AbstractContextManager[None]:
         """The inner store's non-blocking mode (it must be `InlineReads`), breaker included."""
         if self._inner_nonblocking is None:
             raise TypeError(f"{type(self.inner).__name__} has no non-blocking reads")
-        self._local.nonblocking = True
-        try:
-            with self._inner_nonblocking():
-                yield
-        finally:
-            self._local.nonblocking = False
+        return _Nonblocking(self._local, self._inner_nonblocking())
 
     @contextmanager
     def nonblocking_writes(self) -> Iterator[None]:
@@ -160,7 +164,7 @@ class GuardedBackend:
         as usual; a failed commit at the end counts against the breaker."""
         if self._inner_writes is None:
             raise TypeError(f"{type(self.inner).__name__} has no non-blocking writes")
-        if self.breaker.state != "closed":
+        if not self.breaker.closed:
             raise StoreWouldBlockError("the store's breaker is not closed")
         try:
             with self._inner_writes():
@@ -170,7 +174,7 @@ class GuardedBackend:
             raise
 
     def _call(self, fn: Callable[..., T], *args: Any) -> T:
-        if getattr(self._local, "nonblocking", False) and self.breaker.state != "closed":
+        if getattr(self._local, "nonblocking", False) and not self.breaker.closed:
             raise StoreWouldBlockError("the store's breaker is not closed")
         if not self.breaker.allow():
             with self._lock:
@@ -239,6 +243,27 @@ class GuardedBackend:
             "skipped": skipped,
             "budget_ms": self.budget_s * 1000,
         }
+
+
+class _Nonblocking:
+    """The guard's flag and the inner store's non-blocking mode, for one block (a class: it
+    runs on every inline lookup)."""
+
+    __slots__ = ("_inner", "_local")
+
+    def __init__(self, local: threading.local, inner: AbstractContextManager[None]) -> None:
+        self._local = local
+        self._inner = inner
+
+    def __enter__(self) -> None:
+        self._inner.__enter__()
+        self._local.nonblocking = True
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self._local.nonblocking = False
+        self._inner.__exit__(kind, exc, tb)
 
 
 def inline_writes(backend: Backend) -> Callable[[], AbstractContextManager[None]] | None:

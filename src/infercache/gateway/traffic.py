@@ -71,9 +71,10 @@ class TopLabels:
 
     def label(self, value: str) -> tuple[str, str | None]:
         """Count one request of `value`: (the label to count it under, a value demoted now)."""
-        self._count(value)
-        if value in self._top:
+        if value in self._top:  # the common case: no heap entry (promoted values never evict)
+            self._counts[value] += 1
             return value, None
+        self._count(value)
         if value == OTHER or self.n == 0:
             return OTHER, None
         if len(self._top) < self.n:
@@ -157,23 +158,26 @@ class RequestMetrics(Collector):
         duration_s: float,
     ) -> None:
         layer = (layer or "none") if 200 <= status < 300 else "error"
+        if response is not None:
+            prompt, completion = usage_tokens(response)
+            read = prompt if layer in HIT_LAYERS else cached_tokens(response)
         with self._lock:
             t, dropped_tenant = self._tenants.label(tenant)
             m, dropped_model = self._models.label(model if isinstance(model, str) else "none")
-            self._drop(dropped_tenant, dropped_model)
+            if dropped_tenant is not None or dropped_model is not None:
+                self._drop(dropped_tenant, dropped_model)
             key = (operation, layer, m, t)
             self._requests[key] = self._requests.get(key, 0) + 1
-            hist = self._durations.setdefault(
-                (operation, layer, m), [0] * (len(DURATION_BOUNDS_S) + 1)
-            )
+            series = (operation, layer, m)
+            hist = self._durations.get(series)
+            if hist is None:
+                hist = self._durations[series] = [0] * (len(DURATION_BOUNDS_S) + 1)
             hist[bisect.bisect_left(DURATION_BOUNDS_S, duration_s)] += 1
-            self._duration_sums[(operation, layer, m)] = (
-                self._duration_sums.get((operation, layer, m), 0.0) + duration_s
-            )
+            self._duration_sums[series] = self._duration_sums.get(series, 0.0) + duration_s
             if response is not None:
-                prompt, completion = usage_tokens(response)
-                read = prompt if layer in HIT_LAYERS else cached_tokens(response)
-                tokens = self._tokens.setdefault((m, t), [0, 0, 0])
+                tokens = self._tokens.get((m, t))
+                if tokens is None:
+                    tokens = self._tokens[(m, t)] = [0, 0, 0]
                 tokens[0] += prompt
                 tokens[1] += completion
                 tokens[2] += read

@@ -48,14 +48,14 @@ import sqlite3
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any
 
 import orjson
 
 from infercache.clock import Clock
-from infercache.errors import StoreError, StoreWouldBlockError
+from infercache.errors import InfercacheError, StoreError, StoreWouldBlockError
 from infercache.stores.base import EPOCH_META, Entry, StoreStats
 
 SCHEMA_VERSION = 1
@@ -136,6 +136,7 @@ class SQLiteStore:
         self._touches: dict[str, float] = {}
         self._inline_commits_per_checkpoint = inline_commits_per_checkpoint
         self._inline_commits = 0
+        self._nonblocking_block = _ThreadFlag(self._local, "nonblocking")
 
     # -- connection handling: the one place sqlite3 errors become StoreError --
 
@@ -170,15 +171,10 @@ class SQLiteStore:
             raise
         return conn
 
-    @contextmanager
-    def nonblocking(self) -> Iterator[None]:
+    def nonblocking(self) -> AbstractContextManager[None]:
         """In this thread, for the block: reads never wait for a lock and writes are refused,
         both by raising `StoreWouldBlockError` (see the module docstring)."""
-        self._local.nonblocking = True
-        try:
-            yield
-        finally:
-            self._local.nonblocking = False
+        return self._nonblocking_block
 
     @contextmanager
     def nonblocking_writes(self) -> Iterator[None]:
@@ -221,22 +217,26 @@ class SQLiteStore:
     def _nonblocking(self) -> bool:
         return getattr(self._local, "nonblocking", False) is True
 
-    @contextmanager
-    def _conn(self) -> Iterator[sqlite3.Connection]:
-        attr = "nonblocking_conn" if self._nonblocking() else "conn"
-        try:
-            conn: sqlite3.Connection | None = getattr(self._local, attr, None)
-            if conn is None:
-                timeout_s = 0.0 if attr == "nonblocking_conn" else self._busy_timeout_s
-                conn = self._connect(timeout_s=timeout_s)
-                setattr(self._local, attr, conn)
-            yield conn
-        except (sqlite3.Error, OSError) as exc:
-            self._drop_connection(attr)
-            code = getattr(exc, "sqlite_errorcode", 0) & 0xFF
-            if attr == "nonblocking_conn" and code in _WAITED:
-                raise StoreWouldBlockError(f"sqlite store {self.path}: {exc}") from exc
-            raise StoreError(f"sqlite store {self.path}: {exc}") from exc
+    def _conn(self) -> _Connection:
+        """`with self._conn() as conn:` this thread's connection (the non-blocking one inside
+        `nonblocking()`), opened on first use; a sqlite3 error in the block drops it and is
+        raised as `StoreError` (`StoreWouldBlockError` for a lock a non-blocking read met)."""
+        return _Connection(self, "nonblocking_conn" if self._nonblocking() else "conn")
+
+    def _connection(self, attr: str) -> sqlite3.Connection:
+        conn: sqlite3.Connection | None = getattr(self._local, attr, None)
+        if conn is None:
+            timeout_s = 0.0 if attr == "nonblocking_conn" else self._busy_timeout_s
+            conn = self._connect(timeout_s=timeout_s)
+            setattr(self._local, attr, conn)
+        return conn
+
+    def _failed(self, attr: str, exc: sqlite3.Error | OSError) -> InfercacheError:
+        self._drop_connection(attr)
+        code = getattr(exc, "sqlite_errorcode", 0) & 0xFF
+        if attr == "nonblocking_conn" and code in _WAITED:
+            return StoreWouldBlockError(f"sqlite store {self.path}: {exc}")
+        return StoreError(f"sqlite store {self.path}: {exc}")
 
     def _drop_connection(self, attr: str = "conn") -> None:
         conn = getattr(self._local, attr, None)
@@ -453,3 +453,42 @@ def _switch_to_wal(conn: sqlite3.Connection, timeout_s: float) -> None:
             if not busy or attempt == tries - 1:
                 raise
             time.sleep(_WAL_RETRY_S)
+
+
+class _ThreadFlag:
+    """`with flag:` sets `local.<name>` for the block, in the calling thread. Stateless, so
+    one instance serves every thread (and costs less than a generator-based context)."""
+
+    __slots__ = ("_local", "_name")
+
+    def __init__(self, local: threading.local, name: str) -> None:
+        self._local = local
+        self._name = name
+
+    def __enter__(self) -> None:
+        setattr(self._local, self._name, True)
+
+    def __exit__(self, *exc_info: object) -> None:
+        setattr(self._local, self._name, False)
+
+
+class _Connection:
+    """The context `SQLiteStore._conn()` returns (a class: it runs on every store call)."""
+
+    __slots__ = ("_attr", "_store")
+
+    def __init__(self, store: SQLiteStore, attr: str) -> None:
+        self._store = store
+        self._attr = attr
+
+    def __enter__(self) -> sqlite3.Connection:
+        try:
+            return self._store._connection(self._attr)
+        except (sqlite3.Error, OSError) as exc:
+            raise self._store._failed(self._attr, exc) from exc
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: object
+    ) -> None:
+        if isinstance(exc, (sqlite3.Error, OSError)):
+            raise self._store._failed(self._attr, exc) from exc
