@@ -12,10 +12,11 @@ gateway (asyncio, streaming or not):
              the flight failed)
 
 A `Flight` is a value that settles once: `settle` returns False and changes nothing on a second
-call. It is thread-safe: the state sits under one lock, threads wait on a `threading.Event`, and
-each asyncio subscriber waits on its own loop's event, set with `call_soon_threadsafe` from
-another thread. A key leaves the table when its flight settles, so a later caller starts afresh
-(by then the answer is in the cache).
+call. It is thread-safe: the state sits under one lock, threads wait on a `threading.Event`
+(made when the first thread waits: the gateway's flights never need one), and each asyncio
+subscriber waits on its own loop's event, set with `call_soon_threadsafe` from another thread.
+A key leaves the table when its flight settles, so a later caller starts afresh (by then the
+answer is in the cache).
 
 Interest (asyncio subscribers only): `cancel_when_idle(task)` cancels the leader's task when the
 last async subscriber leaves before the flight settled (every streaming client hung up), so the
@@ -26,7 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any, Generic, TypeVar
 
 from infercache.chat import StreamChunk
@@ -57,8 +58,9 @@ class _Waker:
 class Flight(Generic[T]):
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._readers_changed = threading.Condition(self._lock)
-        self._settled = threading.Event()
+        self._readers_changed: threading.Condition | None = None  # made by wait_for_readers
+        self._done = False
+        self._done_event: threading.Event | None = None  # made by the first thread to wait
         self._chunks: list[StreamChunk] = []
         self._result: T | None = None
         self._error: BaseException | None = None
@@ -71,7 +73,7 @@ class Flight(Generic[T]):
 
     def publish(self, chunk: StreamChunk) -> None:
         with self._lock:
-            if self._settled.is_set():
+            if self._done:
                 raise RuntimeError("publish after the flight settled")
             self._chunks.append(chunk)
             wakers = list(self._wakers)
@@ -82,12 +84,14 @@ class Flight(Generic[T]):
         """End the flight with `result`, or with `error` when it is not None. Only the first
         call counts; it returns False afterwards."""
         with self._lock:
-            if self._settled.is_set():
+            if self._done:
                 return False
             self._result, self._error = result, error
             if error is None and result is None:
                 self._error = RuntimeError("a flight settled without a result or an error")
-            self._settled.set()
+            self._done = True
+            if self._done_event is not None:
+                self._done_event.set()
             wakers = list(self._wakers)
         for waker in wakers:
             waker.wake()
@@ -100,7 +104,7 @@ class Flight(Generic[T]):
 
     @property
     def settled(self) -> bool:
-        return self._settled.is_set()
+        return self._done
 
     @property
     def published(self) -> int:
@@ -115,17 +119,21 @@ class Flight(Generic[T]):
 
     def wait_for_readers(self, n: int, timeout_s: float) -> bool:
         """Block until exactly `n` asyncio readers are interested (observability and tests)."""
-        with self._readers_changed:
-            return self._readers_changed.wait_for(lambda: self._interested == n, timeout_s)
+        with self._lock:
+            if self._readers_changed is None:
+                self._readers_changed = threading.Condition(self._lock)
+            readers_changed = self._readers_changed
+        with readers_changed:
+            return readers_changed.wait_for(lambda: self._interested == n, timeout_s)
 
     def result_now(self) -> T | None:
         """The result if the flight already settled with one; None otherwise."""
         with self._lock:
-            return self._result if self._settled.is_set() and self._error is None else None
+            return self._result if self._done and self._error is None else None
 
     def outcome(self) -> T:
         """The result of a settled flight; raises its error."""
-        if not self._settled.is_set():
+        if not self._done:
             raise RuntimeError("the flight has not settled")
         if self._error is not None:
             raise self._error
@@ -134,14 +142,18 @@ class Flight(Generic[T]):
 
     def wait(self, timeout_s: float | None = None) -> T:
         """Block this thread until the flight settles; its result, or raises its error."""
-        if not self._settled.wait(timeout_s):
+        with self._lock:
+            if not self._done and self._done_event is None:
+                self._done_event = threading.Event()
+            done_event = self._done_event
+        if done_event is not None and not done_event.wait(timeout_s):
             raise TimeoutError(f"flight not settled after {timeout_s} s")
         return self.outcome()
 
     async def result(self) -> T:
         waker = self._subscribe()
         try:
-            while not self._settled.is_set():
+            while not self._done:
                 await waker.event.wait()
                 waker.event.clear()
         finally:
@@ -153,7 +165,7 @@ class Flight(Generic[T]):
         is not interest: it never keeps the flight alive nor lets it go idle."""
         waker = self._subscribe(interested=False)
         try:
-            while not (self._chunks or self._settled.is_set()):
+            while not (self._chunks or self._done):
                 await waker.event.wait()
                 waker.event.clear()
         finally:
@@ -163,7 +175,7 @@ class Flight(Generic[T]):
     def error_before_chunks(self) -> BaseException | None:
         """The error that settled the flight before any chunk (an upstream refusal)."""
         with self._lock:
-            if self._settled.is_set() and not self._chunks:
+            if self._done and not self._chunks:
                 return self._error
         return None
 
@@ -175,7 +187,7 @@ class Flight(Generic[T]):
             while True:
                 with self._lock:
                     batch = self._chunks[seen:]
-                    done = self._settled.is_set()
+                    done = self._done
                 for chunk in batch:
                     yield chunk
                 seen += len(batch)
@@ -194,7 +206,7 @@ class Flight(Generic[T]):
         with self._lock:
             self._wakers.append(waker)
             self._interested += interested
-            self._readers_changed.notify_all()
+            self._readers_moved()
         return waker
 
     def _unsubscribe(self, waker: _Waker, *, interested: bool = True) -> None:
@@ -203,11 +215,16 @@ class Flight(Generic[T]):
             if not interested:
                 return
             self._interested -= 1
-            self._readers_changed.notify_all()
-            idle = self._interested == 0 and not self._settled.is_set()
+            self._readers_moved()
+            idle = self._interested == 0 and not self._done
             task = self._task
         if idle and task is not None and not task.done():
             task.cancel()
+
+    def _readers_moved(self) -> None:
+        """Under the lock: wake `wait_for_readers`, if anyone ever called it."""
+        if self._readers_changed is not None:
+            self._readers_changed.notify_all()
 
 
 class FlightTable(Generic[T]):
@@ -216,6 +233,7 @@ class FlightTable(Generic[T]):
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._joined = threading.Condition(self._lock)
+        self._watching = 0  # callers in wait_for/wait_for_waiters: only they need a notify
         self._flights: dict[str, Flight[T]] = {}
 
     def lead_or_join(self, key: str | None) -> tuple[Flight[T], bool]:
@@ -227,18 +245,22 @@ class FlightTable(Generic[T]):
             flight = self._flights.get(key)
             if flight is not None and not flight.settled:
                 flight._waiters += 1
-                self._joined.notify_all()
+                self._changed()
                 return flight, False
             flight = _Tracked(self, key)
             self._flights[key] = flight
-            self._joined.notify_all()
+            self._changed()
             return flight, True
 
     def _remove(self, key: str, flight: Flight[T]) -> None:
         with self._lock:
             if self._flights.get(key) is flight:
                 del self._flights[key]
-                self._joined.notify_all()
+                self._changed()
+
+    def _changed(self) -> None:
+        if self._watching:  # under the lock
+            self._joined.notify_all()
 
     def __len__(self) -> int:
         with self._lock:
@@ -255,22 +277,28 @@ class FlightTable(Generic[T]):
 
     def wait_for_waiters(self, key: str, n: int, timeout_s: float) -> bool:
         """Block until `n` callers wait on the flight for `key` (observability and tests)."""
-        with self._joined:
-            return self._joined.wait_for(
-                lambda: (f := self._flights.get(key)) is not None and f.waiters >= n, timeout_s
-            )
+        return self._watch(
+            lambda: (f := self._flights.get(key)) is not None and f.waiters >= n, timeout_s
+        )
 
     def wait_for(self, flights: int, waiting: int, timeout_s: float) -> bool:
         """Block until at least `flights` flights are in progress with at least `waiting`
         callers waiting on them in all (observability and tests)."""
+        return self._watch(
+            lambda: (
+                len(self._flights) >= flights
+                and sum(f.waiters for f in self._flights.values()) >= waiting
+            ),
+            timeout_s,
+        )
+
+    def _watch(self, predicate: Callable[[], bool], timeout_s: float) -> bool:
         with self._joined:
-            return self._joined.wait_for(
-                lambda: (
-                    len(self._flights) >= flights
-                    and sum(f.waiters for f in self._flights.values()) >= waiting
-                ),
-                timeout_s,
-            )
+            self._watching += 1
+            try:
+                return self._joined.wait_for(predicate, timeout_s)
+            finally:
+                self._watching -= 1
 
 
 class _Tracked(Flight[T]):

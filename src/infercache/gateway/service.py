@@ -461,7 +461,7 @@ class Gateway:
         if not miss.request.stream:
             body.pop("stream", None)
             body.pop("stream_options", None)
-            if isinstance(upstream, TextCompletions) and text:
+            if text and isinstance(upstream, TextCompletions):
                 response = await upstream.complete_text(body, tenant=tenant, api_key=bearer)
             else:
                 response = await upstream.complete(body, tenant=tenant, api_key=bearer)
@@ -472,7 +472,7 @@ class Gateway:
         assembler = CompletionAssembler()
         chunks = (
             upstream.stream_text(body, tenant=tenant, api_key=bearer)
-            if isinstance(upstream, TextCompletions) and text
+            if text and isinstance(upstream, TextCompletions)
             else upstream.stream(body, tenant=tenant, api_key=bearer)
         )
         async for chunk in chunks:
