@@ -3,10 +3,10 @@
 httptools buffers a request's headers however large they are (a 32 MB header was accepted).
 `BoundedHeadersProtocol` answers `431 Request Header Fields Too Large` in the OpenAI error shape
 and closes the connection when a request's head passes `MAX_HEADER_BYTES` (64 KB), counted two
-ways: the URL and header fields as the parser hands them over (exact), and the raw bytes read
-while the head is still incomplete (so a huge head is refused after one socket read past the
-bound, before it is buffered whole). Body bytes read together with the end of a head are not
-counted.
+ways: the URL and header fields the parser handed over, summed once the head is complete
+(exact), and the raw bytes read while the head is still incomplete (so a huge head is refused
+after one socket read past the bound, before it is buffered whole). Body bytes read together
+with the end of a head are not counted.
 """
 
 from __future__ import annotations
@@ -29,28 +29,12 @@ class BoundedHeadersProtocol(HttpToolsProtocol):
         super().__init__(*args, **kwargs)
         self._in_head = True
         self._head_bytes = 0  # raw bytes read while the head is incomplete
-        self._field_bytes = 0  # URL and header fields parsed so far
         self._too_large = False
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self._in_head = True
         self._head_bytes = 0
-        self._field_bytes = 0
-
-    def on_url(self, url: bytes) -> None:
-        self._count(len(url))
-        super().on_url(url)
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        self._count(len(name) + len(value) + 4)
-        super().on_header(name, value)
-
-    def _count(self, n: int) -> None:
-        self._field_bytes += n
-        if self._field_bytes > self.max_header_bytes:
-            self._too_large = True
-            raise ValueError("request head too large")  # the parser stops: see below
 
     def send_400_response(self, msg: str) -> None:
         """The parser gave up: a 400 in the OpenAI shape (uvicorn's is plain text), or the
@@ -64,6 +48,11 @@ class BoundedHeadersProtocol(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self._in_head = False
+        # Summed once here rather than counted per field: this runs on every request.
+        fields = len(self.url) + sum(len(name) + len(value) + 4 for name, value in self.headers)
+        if fields > self.max_header_bytes:
+            self._too_large = True
+            raise ValueError("request head too large")  # the parser stops: see below
         super().on_headers_complete()
 
     def data_received(self, data: bytes) -> None:
