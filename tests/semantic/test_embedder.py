@@ -110,3 +110,27 @@ def test_a_missing_model_package_is_a_config_error_naming_it() -> None:
 def test_l2_normalise_leaves_zero_rows_at_zero_without_nan() -> None:
     out = l2_normalise([[3.0, 4.0], [0.0, 0.0]])
     np.testing.assert_allclose(out, [[0.6, 0.8], [0.0, 0.0]])
+
+
+@pytest.mark.slow
+def test_minilm_runs_its_torch_work_on_its_own_thread_with_its_own_thread_count() -> None:
+    """Beside the built-in engine the gateway asks for 1 torch thread: a second OpenMP team in
+    the process would throttle the engine's decode (MiniLMEmbedder's docstring)."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    import torch
+
+    before = torch.get_num_threads()
+    embedder = MiniLMEmbedder(threads=1)
+    seen: list[tuple[str, int]] = []
+    embedder._model.register_forward_hook(
+        lambda *_: seen.append((threading.current_thread().name, torch.get_num_threads()))
+    )
+    with ThreadPoolExecutor(3) as callers:  # embed may be called from any thread
+        results = list(callers.map(embedder.embed, [TEXTS[:2], TEXTS[2:4], TEXTS]))
+    assert len(seen) == 3
+    assert {name.rsplit("_", 1)[0] for name, _ in seen} == {"infercache-embedder"}
+    assert {threads for _, threads in seen} == {1}
+    assert torch.get_num_threads() == before  # the caller's thread keeps its own count
+    assert np.allclose(results[2][:4], np.vstack([results[0], results[1]]), atol=1e-5)

@@ -76,6 +76,7 @@ def build(
         backend = GuardedBackend(backend, clock=clock, budget_s=config.store_budget_s)
     cache = Cache(settings, clock=clock, backend=backend)
     tracker = ModelVersionTracker(cache, use_fingerprints=config.use_fingerprints)
+    engine_here = upstreams is None and not config.upstreams  # the built-in engine, in-process
     if upstreams is None:
         upstreams = _upstreams(settings, config, cache, engine_config)
     request_log = (
@@ -100,7 +101,12 @@ def build(
         from infercache.semantic.setup import enable_from_settings
 
         enable_from_settings(
-            cache, settings.semantic, judge_fetch=gateway.background_fetch("", None)
+            cache,
+            settings.semantic,
+            judge_fetch=gateway.background_fetch("", None),
+            # One torch thread for the embedder beside the engine: a second OpenMP team would
+            # throttle the engine's decode by a third (semantic/embedder.py MiniLMEmbedder).
+            torch_threads=1 if engine_here else None,
         )
     app = create_app(
         gateway,

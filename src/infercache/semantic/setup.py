@@ -44,8 +44,15 @@ if TYPE_CHECKING:
     from infercache.cache import Cache
 
 
-def build_embedder(s: SemanticSettings, environ: Mapping[str, str] | None = None) -> Embedder:
-    """The base embedder `s.embedder` names (no fitted adapter; see `build_matcher`)."""
+def build_embedder(
+    s: SemanticSettings,
+    environ: Mapping[str, str] | None = None,
+    *,
+    torch_threads: int | None = None,
+) -> Embedder:
+    """The base embedder `s.embedder` names (no fitted adapter; see `build_matcher`).
+    `torch_threads`: the in-process MiniLM's intra-op threads (1 beside the built-in engine:
+    see `MiniLMEmbedder`); None leaves torch's default."""
     env = os.environ if environ is None else environ
     embedder: Embedder
     if s.embedder == "static":
@@ -66,9 +73,7 @@ def build_embedder(s: SemanticSettings, environ: Mapping[str, str] | None = None
     else:
         from infercache.semantic.embedder import MiniLMEmbedder
 
-        # threads left alone: torch's thread count is process-wide and the in-process engine
-        # owns it (setting it here would slow every generation down).
-        embedder = MiniLMEmbedder()
+        embedder = MiniLMEmbedder(threads=torch_threads)
     if s.matcher is None:
         check_embedder_name(s, embedder)
     return embedder
@@ -141,12 +146,14 @@ def enable_from_settings(
     embedder: Embedder | None = None,
     rng: random.Random | None = None,
     executor: Executor | None = None,
+    torch_threads: int | None = None,
 ) -> SemanticLayer:
     """Build and enable the layer on `cache` (`s.enabled` is the caller's decision).
-    `embedder`: the base embedder to use instead of building the one `s` names."""
+    `embedder`: the base embedder to use instead of building the one `s` names;
+    `torch_threads` goes to `build_embedder`."""
     if s.threshold is None and not s.shadow:
         raise ConfigError("the calibrated semantic layer needs a threshold (infercache tune)")
-    base = embedder or build_embedder(s)
+    base = embedder or build_embedder(s, torch_threads=torch_threads)
     embedder, matcher = build_matcher(s, base)
     guards = default_guards() if s.guards is None else build_guards(s.guards)
     verifier = None
