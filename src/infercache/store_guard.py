@@ -269,20 +269,22 @@ class _Nonblocking:
 def inline_writes(backend: Backend) -> Callable[[], AbstractContextManager[None]] | None:
     """How to write `backend` on an event loop without waiting (its `nonblocking_writes`), or
     None when its writes may wait (Redis)."""
-    inner = backend.inner if isinstance(backend, GuardedBackend) else backend
-    if not isinstance(inner, InlineWrites):
-        return None
-    if isinstance(backend, GuardedBackend):
-        return backend.nonblocking_writes
-    return inner.nonblocking_writes
+    return _inline(backend, InlineWrites, "nonblocking_writes")
 
 
 def inline_reads(backend: Backend) -> Callable[[], AbstractContextManager[None]] | None:
     """How to read `backend` on an event loop without waiting (its `nonblocking`), or None when
     its reads may wait (Redis: every call crosses the network)."""
+    return _inline(backend, InlineReads, "nonblocking")
+
+
+def _inline(
+    backend: Backend, seam: type[Any], method: str
+) -> Callable[[], AbstractContextManager[None]] | None:
+    """`backend.<method>` when the store under the guard (if any) implements `seam`: the
+    guard's own method of that name wraps the inner store's with its breaker."""
     inner = backend.inner if isinstance(backend, GuardedBackend) else backend
-    if not isinstance(inner, InlineReads):
+    if not isinstance(inner, seam):
         return None
-    if isinstance(backend, GuardedBackend):
-        return backend.nonblocking
-    return inner.nonblocking
+    found: Callable[[], AbstractContextManager[None]] = getattr(backend, method)
+    return found
