@@ -189,11 +189,14 @@ class SQLiteStore:
             self._inline_commits = 0
             raise StoreWouldBlockError(f"sqlite store {self.path}: this write may checkpoint")
         with self.nonblocking():
+            # On entry, so the caller retries where it may wait. A busy lock leaves the
+            # connection as it was (dropping it, as `_conn` does on errors, would make the next
+            # inline read reconnect, and give way while another thread sets up its own).
             try:
-                with self._conn() as conn:
-                    conn.execute("BEGIN IMMEDIATE")
-            except StoreError as exc:  # on entry, so the caller retries where it may wait
-                raise StoreWouldBlockError(str(exc)) from exc
+                conn = self._connection("nonblocking_conn")
+                conn.execute("BEGIN IMMEDIATE")
+            except (sqlite3.Error, OSError) as exc:
+                raise StoreWouldBlockError(f"sqlite store {self.path}: {exc}") from exc
             self._local.txn = conn
             done = False
             try:
