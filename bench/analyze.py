@@ -356,8 +356,9 @@ def redacted_child(seed: str) -> dict[str, Any]:
 def request_log_child(seed: str) -> dict[str, Any]:
     from infercache.analyze.tokenizing.tokenizers import load_tokenizer
     from infercache.clock import SystemClock
-    from infercache.gateway.requestlog import RequestLog
+    from infercache.gateway.requestlog import LogEntry, RequestLog
     from infercache.gateway.tracing import NoTracer
+    from infercache.gateway.traffic import RequestMetrics
     from infercache.redaction import Redactor, load_or_create_secret, redact_request
     from infercache.settings import Settings
 
@@ -368,11 +369,10 @@ def request_log_child(seed: str) -> dict[str, Any]:
         settings = Settings(data_dir=Path(tmp))
         secret = load_or_create_secret(settings.data_dir)
         redactor = Redactor(secret, tokenizer, settings.policy())
+        clock, traffic = SystemClock(), RequestMetrics()
         logs = {
-            "plain": RequestLog(Path(tmp) / "plain.jsonl", clock=SystemClock()),
-            "redacted": RequestLog(
-                Path(tmp) / "redacted.jsonl", clock=SystemClock(), redactor=redactor
-            ),
+            "plain": RequestLog(Path(tmp) / "plain.jsonl"),
+            "redacted": RequestLog(Path(tmp) / "redacted.jsonl", redactor=redactor),
         }
 
         def close(name: str, record: dict[str, Any]) -> None:
@@ -382,7 +382,15 @@ def request_log_child(seed: str) -> dict[str, Any]:
                     tokenizer=tokenizer, policy=settings.policy(),
                 )  # fmt: skip
                 return
-            entry = logs[name].open("t", record["request"], NoTracer().start("chat", "m"))
+            entry = LogEntry(
+                logs[name],
+                traffic,
+                NoTracer().start("chat", "m"),
+                clock,
+                operation="chat",
+                tenant="t",
+                body=record["request"],
+            )
             entry.close(status=200, response=record["response"])
 
         for rnd in range(3):  # the first round warms the caches and is not counted

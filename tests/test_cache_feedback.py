@@ -127,6 +127,18 @@ def test_only_recent_answers_are_remembered_by_count_and_by_age(
     assert cache.complete(chat("question 2"), upstream).layer is Layer.EXACT  # it stays
 
 
+def test_expired_answers_leave_memory_as_new_ones_are_remembered(
+    make_cache: MakeCache, upstream: CountingUpstream, clock: ManualClock
+) -> None:
+    cache = make_cache(feedback_max_answers=100, feedback_ttl_s=100)
+    for i in range(3):
+        cache.complete(chat(f"old question {i}"), upstream)
+    clock.advance(101)
+    fresh = [cache.complete(chat(f"new question {i}"), upstream) for i in range(3)]
+    assert len(cache.served) == 3
+    assert all(cache.report_wrong(c.response["id"]) for c in fresh)
+
+
 def test_serving_an_answer_again_keeps_it_reportable(
     make_cache: MakeCache, upstream: CountingUpstream, clock: ManualClock
 ) -> None:

@@ -107,22 +107,26 @@ class ServedAnswers:
             return
         now_s = self._clock.monotonic_s()
         name = (tenant, response_id)
+        records = self._records
         with self._lock:
-            record = self._records.get(name)
+            record = records.get(name)
             if record is None or record.reported or record.expires_at_s <= now_s:
-                self._records.pop(name, None)
-                record = ServedAnswer(layer, set(keys), semantic)
-                self._records[name] = record
+                records.pop(name, None)
+                records[name] = record = ServedAnswer(
+                    layer, set(keys), semantic, expires_at_s=now_s + self.ttl_s
+                )
+                while len(records) > self.max_answers:
+                    records.popitem(last=False)
+                self._drop_expired(now_s)  # records only grow here: dropping here bounds them
             else:  # served again (a hot cached answer): refreshed, moved to the young end
-                record.keys.update(keys)
-                if _SUSPICION[layer] > _SUSPICION[record.layer]:
+                if not record.keys.issuperset(keys):
+                    record.keys.update(keys)
+                if layer is not record.layer and _SUSPICION[layer] > _SUSPICION[record.layer]:
                     record.layer = layer
-                record.semantic = semantic or record.semantic
-                self._records.move_to_end(name)
-            record.expires_at_s = now_s + self.ttl_s
-            while len(self._records) > self.max_answers:
-                self._records.popitem(last=False)
-            self._drop_expired(now_s)
+                if semantic is not None:
+                    record.semantic = semantic
+                records.move_to_end(name)
+                record.expires_at_s = now_s + self.ttl_s
 
     def take(self, tenant: str, response_id: str) -> tuple[ServedAnswer, bool] | None:
         """The live record of `response_id` served to `tenant` and whether this is its first

@@ -20,12 +20,14 @@ version ran each call on a pool of its own to enforce the budget; the extra thre
 cost more than half the gateway's hit throughput.) `StoreUnavailableError`
 is a `StoreError`, so every layer already turns it into a counted miss; the exact layer counts
 it as `store_unavailable`. `inline_reads(backend)` gives the gateway a way to read on its event
-loop when the inner store supports it (memory, SQLite: base.InlineReads): inside it, a call
-that would wait raises `StoreWouldBlockError`, and so does any call while the breaker is not
-closed (the retry off the loop takes the skip or the probe). `inline_writes(backend)` does the
-same for a miss's writes (base.InlineWrites): entry gives way unless the breaker is closed and
-the store can take its write lock at once. Bulk reads (`scan`, for
-rebuilding an index at start) and `close` are not budgeted. Thread-safe; the clock is injected.
+loop when the inner store supports it (memory, SQLite: base.InlineReads): entering it gives
+way (`StoreWouldBlockError`) while the breaker is not closed (the retry off the loop takes the
+skip or the probe), and inside it a call that would wait raises `StoreWouldBlockError` too (a
+breaker opened meanwhile by another thread's failure skips the call, as off the loop).
+`inline_writes(backend)` does the same for a miss's writes (base.InlineWrites): entry gives
+way unless the breaker is closed and the store can take its write lock at once. Bulk reads
+(`scan`, for rebuilding an index at start) and `close` are not budgeted. Thread-safe; the
+clock is injected.
 """
 
 from __future__ import annotations
@@ -35,7 +37,6 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
-from types import TracebackType
 from typing import Any, TypeVar
 
 from infercache.clock import Clock
@@ -146,16 +147,18 @@ class GuardedBackend:
         self._lock = threading.Lock()
         self.over_budget = 0
         self.skipped = 0
-        self._local = threading.local()
         # Checked once: isinstance against a runtime Protocol costs ~50 µs a call.
         self._inner_nonblocking = inner.nonblocking if isinstance(inner, InlineReads) else None
         self._inner_writes = inner.nonblocking_writes if isinstance(inner, InlineWrites) else None
 
     def nonblocking(self) -> AbstractContextManager[None]:
-        """The inner store's non-blocking mode (it must be `InlineReads`), breaker included."""
+        """The inner store's non-blocking mode (it must be `InlineReads`): it gives way
+        (`StoreWouldBlockError`) at once unless the breaker is closed."""
         if self._inner_nonblocking is None:
             raise TypeError(f"{type(self.inner).__name__} has no non-blocking reads")
-        return _Nonblocking(self._local, self._inner_nonblocking())
+        if not self.breaker.closed:
+            raise StoreWouldBlockError("the store's breaker is not closed")
+        return self._inner_nonblocking()
 
     @contextmanager
     def nonblocking_writes(self) -> Iterator[None]:
@@ -174,22 +177,22 @@ class GuardedBackend:
             raise
 
     def _call(self, fn: Callable[..., T], *args: Any) -> T:
-        if getattr(self._local, "nonblocking", False) and not self.breaker.closed:
-            raise StoreWouldBlockError("the store's breaker is not closed")
-        if not self.breaker.allow():
+        breaker = self.breaker
+        if not breaker.allow():
             with self._lock:
                 self.skipped += 1
             raise StoreUnavailableError("the cache store is skipped while it fails")
-        started = self._clock.monotonic_s()
+        clock = self._clock
+        started = clock.monotonic_s()
         try:
             result = fn(*args)
         except StoreError:
-            self.breaker.record(False)
+            breaker.record(False)
             raise
-        if self._clock.monotonic_s() - started > self.budget_s:
+        if clock.monotonic_s() - started > self.budget_s:
             with self._lock:
                 self.over_budget += 1
-        self.breaker.record(True)
+        breaker.record(True)
         return result
 
     # -- Store and MetaStore, each call budgeted --
@@ -243,27 +246,6 @@ class GuardedBackend:
             "skipped": skipped,
             "budget_ms": self.budget_s * 1000,
         }
-
-
-class _Nonblocking:
-    """The guard's flag and the inner store's non-blocking mode, for one block (a class: it
-    runs on every inline lookup)."""
-
-    __slots__ = ("_inner", "_local")
-
-    def __init__(self, local: threading.local, inner: AbstractContextManager[None]) -> None:
-        self._local = local
-        self._inner = inner
-
-    def __enter__(self) -> None:
-        self._inner.__enter__()
-        self._local.nonblocking = True
-
-    def __exit__(
-        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self._local.nonblocking = False
-        self._inner.__exit__(kind, exc, tb)
 
 
 def inline_writes(backend: Backend) -> Callable[[], AbstractContextManager[None]] | None:

@@ -86,3 +86,24 @@ def test_a_non_object_directive_in_open_mode_is_a_400_not_a_500(
     else:
         assert response.status_code == 400
         assert response.json()["error"]["param"] == "infercache"
+
+
+def test_a_repeated_header_counts_by_its_first_value(make_gateway: MakeGateway) -> None:
+    """As Starlette's `Headers.get` reads it: a second tenant header or API key sent after
+    the first changes nothing."""
+    running = make_gateway(api_keys={"sk-a": "acme"})
+    with httpx.Client(base_url=running.url) as client:
+        first = client.post(
+            "/v1/chat/completions",
+            json=body(),
+            headers=[
+                ("authorization", "Bearer sk-a"),
+                ("authorization", "Bearer sk-wrong"),
+                ("x-infercache-tenant", "eu"),
+                ("x-infercache-tenant", "us"),
+            ],
+        )
+    assert first.status_code == 200
+    eu = post(running, body(), key="sk-a", **{"x-infercache-tenant": "eu"})
+    us = post(running, body(), key="sk-a", **{"x-infercache-tenant": "us"})
+    assert [r.headers["x-infercache"] for r in (eu, us)] == ["exact-hit", "miss"]

@@ -7,7 +7,6 @@ import random
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from infercache.clock import ManualClock
 from infercache.gateway.traffic import OTHER, RequestMetrics, TopLabels
 from infercache.metrics import Metrics
 
@@ -45,16 +44,15 @@ def test_memory_stays_bounded_and_counts_never_under_count() -> None:
         value = "heavy" if i % 3 == 0 else f"user-{rng.randrange(40 if i % 2 else 10**9)}"
         true[value] = true.get(value, 0) + 1
         top.label(value)
-        assert len(top._counts) <= 24
-    assert sum(top._counts.values()) == 20_000
-    assert all(n >= true[v] for v, n in top._counts.items())
+        assert len(top.counts) <= 24
+    assert sum(top.counts.values()) == 20_000
+    assert all(n >= true[v] for v, n in top.counts.items())
     assert top.label("heavy")[0] == "heavy"
 
 
 def test_requests_are_counted_per_bounded_tenant_and_model_and_timed_by_layer() -> None:
-    clock = ManualClock()
     metrics = Metrics()
-    traffic = RequestMetrics(clock, top_tenants=1, top_models=5)
+    traffic = RequestMetrics(top_tenants=1, top_models=5)
     metrics.export(traffic)
     usage = {"usage": {"prompt_tokens": 10, "completion_tokens": 2}}
     for tenant, layer, seconds in (
@@ -62,10 +60,8 @@ def test_requests_are_counted_per_bounded_tenant_and_model_and_timed_by_layer() 
         ("a", "exact-hit", 0.002),
         ("b", "miss", 1.5),
     ):
-        span = traffic.track("chat", tenant, "m", _NoSpan())
-        clock.advance(seconds)
-        span.end(status=200, layer=layer, response=usage)
-    traffic.track("chat", "a", "m", _NoSpan()).end(status=502, layer="miss", response=None)
+        traffic.record("chat", tenant, "m", 200, layer, usage, seconds)
+    traffic.record("chat", "a", "m", 502, "miss", None, 0.01)
     got = samples(metrics)
 
     def req(layer: str, tenant: str) -> float:
@@ -94,13 +90,12 @@ def test_requests_are_counted_per_bounded_tenant_and_model_and_timed_by_layer() 
 
 
 def test_a_demoted_tenants_series_end_and_other_never_decreases() -> None:
-    clock = ManualClock()
     metrics = Metrics()
-    traffic = RequestMetrics(clock, top_tenants=1)
+    traffic = RequestMetrics(top_tenants=1)
     metrics.export(traffic)
     last_other = 0.0
     for tenant in ["small"] * 2 + ["big"] * 10:
-        traffic.track("chat", tenant, "m", _NoSpan()).end(status=200, layer="miss", response=None)
+        traffic.record("chat", tenant, "m", 200, "miss", None, 0.01)
         got = samples(metrics)
         tenants = {
             dict(k[1])["tenant"]: v for k, v in got.items() if k[0] == "infercache_requests_total"
@@ -110,8 +105,3 @@ def test_a_demoted_tenants_series_end_and_other_never_decreases() -> None:
     assert set(tenants) == {"big", OTHER}  # small was demoted: its series ended
     assert tenants[OTHER] == 4  # big's requests before its promotion (its 5th: 5 > 2 * 2)
     assert tenants["big"] == 6
-
-
-class _NoSpan:
-    def end(self, **_: object) -> None:
-        return None

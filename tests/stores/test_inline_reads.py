@@ -87,17 +87,32 @@ def test_the_guard_gives_way_while_its_breaker_is_not_closed(tmp_path: Path) -> 
     with exclusively_locked(tmp_path / "c.db"), pytest.raises(StoreError):
         guarded.get("k")  # a real failure opens the breaker
     assert guarded.breaker.state == "open"
-    with guarded.nonblocking(), pytest.raises(StoreWouldBlockError):
+    with pytest.raises(StoreWouldBlockError), guarded.nonblocking():
         guarded.get("k")
     assert guarded.skipped == 0  # giving way is not a skip: the retry off the loop counts it
     with pytest.raises(StoreUnavailableError):
         guarded.get("k")
     clock.advance(1.0)
-    with guarded.nonblocking(), pytest.raises(StoreWouldBlockError):
+    with pytest.raises(StoreWouldBlockError), guarded.nonblocking():
         guarded.get("k")  # a probe is not taken on the loop either...
     assert guarded.get("k") is not None  # ...but off it, and it closes the breaker
     with guarded.nonblocking():
         assert guarded.get("k") is not None
+    guarded.close()
+
+
+def test_a_breaker_opened_inside_a_nonblocking_block_skips_the_next_call(tmp_path: Path) -> None:
+    guarded = GuardedBackend(
+        sqlite(tmp_path / "c.db"),
+        clock=ManualClock(),
+        breaker=BreakerSettings(failures_to_open=1, backoff_s=1.0),
+    )
+    with guarded.nonblocking():
+        assert guarded.get("k") is not None
+        guarded.breaker.record(False)  # another thread's call failed meanwhile
+        with pytest.raises(StoreUnavailableError):
+            guarded.get("k")  # skipped and counted, as off the loop: nothing waits
+    assert guarded.skipped == 1
     guarded.close()
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections.abc import AsyncIterator
 from typing import Any
@@ -81,17 +82,12 @@ def create_app(
 ) -> Starlette:
     gateway.cache.metrics.export(StoreSize(gateway.cache.backend, gateway.cache.clock))
 
-    async def chat(request: Request) -> Response:
-        return await cached(request, Endpoint.CHAT)
-
-    async def completions(request: Request) -> Response:
-        return await cached(request, Endpoint.COMPLETIONS)
-
     async def cached(request: Request, endpoint: Endpoint) -> Response:
-        caller = auth.caller(request.headers.get("authorization"))
+        headers = header_map(request)
+        caller = auth.caller(headers.get("authorization"))
         body = json_object(await read_json(request, max_body_bytes))
-        tenant = resolve_tenant(caller, request.headers, body)
-        body = apply_header_controls(body, request.headers)
+        tenant = resolve_tenant(caller, headers, body)
+        body = apply_header_controls(body, headers)
         reply = await gateway.chat(body, tenant=tenant, bearer=caller.bearer, endpoint=endpoint)
         if isinstance(reply, JSONReply):
             return Response(
@@ -107,10 +103,11 @@ def create_app(
         )
 
     async def embeddings(request: Request) -> Response:
-        caller = auth.caller(request.headers.get("authorization"))
+        headers = header_map(request)
+        caller = auth.caller(headers.get("authorization"))
         body = json_object(await read_json(request, max_body_bytes))
-        tenant = resolve_tenant(caller, request.headers, body)
-        body = apply_header_controls(body, request.headers)
+        tenant = resolve_tenant(caller, headers, body)
+        body = apply_header_controls(body, headers)
         reply = await gateway.embeddings(body, tenant=tenant, bearer=caller.bearer)
         return Response(
             orjson.dumps(reply.body),
@@ -218,8 +215,16 @@ def create_app(
 
     return Starlette(
         routes=[
-            Route("/v1/chat/completions", chat, methods=["POST"]),
-            Route("/v1/completions", completions, methods=["POST"]),
+            Route(
+                "/v1/chat/completions",
+                functools.partial(cached, endpoint=Endpoint.CHAT),
+                methods=["POST"],
+            ),
+            Route(
+                "/v1/completions",
+                functools.partial(cached, endpoint=Endpoint.COMPLETIONS),
+                methods=["POST"],
+            ),
             Route("/v1/embeddings", embeddings, methods=["POST"]),
             Route(
                 "/v1/feedback",
@@ -239,6 +244,18 @@ def create_app(
         middleware=middleware(),
         lifespan=lifespan,
     )
+
+
+def header_map(request: Request) -> dict[str, str]:
+    """The request's headers as a dict, a repeated name's first value (as Starlette's
+    `Headers.get` reads it; ASGI servers send the names lower-cased): one pass over them,
+    where each `request.headers` lookup scans them all."""
+    found: dict[str, str] = {}
+    for name, value in request.scope["headers"]:
+        key = name.decode("latin-1")
+        if key not in found:
+            found[key] = value.decode("latin-1")
+    return found
 
 
 async def poll_versions(gateway: Gateway) -> None:

@@ -82,7 +82,6 @@ def build(
     request_log = (
         RequestLog(
             config.request_log,
-            clock=clock,
             redactor=Redactor.of(settings) if config.redact else None,  # redaction.py
         )
         if config.request_log

@@ -4,11 +4,11 @@
      "layer": "exact-hit", "status": 200, "stream": false, "prompt_tokens": 412,
      "completion_tokens": 38, "cached_tokens": 384, "latency_ms": 1.9, "response": {...}}
 
-`RequestLog.open(tenant, body, span)` starts a `LogEntry` when a request arrives; the request
-path closes it exactly once, with the status, the answer and the upstream call's seconds when
-it made one (`upstream_ms`), when the reply is complete (for a stream: when the stream ends).
-Closing it also ends the request's tracing span (tracing.py). `request` is the body as the
-client sent it.
+A `LogEntry` is the record of one request, started when it arrives; the request path closes it
+exactly once, with the status, the answer and the upstream call's seconds when it made one
+(`upstream_ms`), when the reply is complete (for a stream: when the stream ends). Closing it
+counts the request in the per-request metrics (traffic.py), ends its tracing span (tracing.py)
+and, with a request log, writes its line. `request` is the body as the client sent it.
 
 With a `redactor` (`serve --redact`, redaction.py) no text is written: no request, no response,
 but what the traffic analyzer needs from them: the exact key's HMAC (`key_digest`), the chained
@@ -30,22 +30,18 @@ from typing import Any, TextIO
 
 from infercache.clock import Clock
 from infercache.gateway.tracing import RequestSpan
+from infercache.gateway.traffic import RequestMetrics
 from infercache.policy import cached_tokens, usage_tokens
 from infercache.redaction import Redactor
 
 
 class RequestLog:
-    def __init__(self, path: Path, *, clock: Clock, redactor: Redactor | None = None) -> None:
+    def __init__(self, path: Path, *, redactor: Redactor | None = None) -> None:
         self.path = path
         self.redactor = redactor
-        self._clock = clock
         path.parent.mkdir(parents=True, exist_ok=True)
         self._file: TextIO = path.open("a", encoding="utf-8")
         self._lock = threading.Lock()
-
-    def open(self, tenant: str, body: dict[str, Any], span: RequestSpan) -> LogEntry:
-        now_s, mono_s = self._clock.now_s(), self._clock.monotonic_s()
-        return LogEntry(self, tenant, body, now_s, mono_s, span)
 
     def _record(
         self,
@@ -53,6 +49,7 @@ class RequestLog:
         status: int,
         response: dict[str, Any] | None,
         upstream_s: float | None,
+        latency_s: float,
     ) -> None:
         prompt_tokens, completion_tokens = usage_tokens(response) if response else (0, 0)
         record: dict[str, Any] = {
@@ -65,7 +62,7 @@ class RequestLog:
             "prompt_tokens": prompt_tokens,
             "completion_tokens": completion_tokens,
             "cached_tokens": cached_tokens(response) if response else 0,
-            "latency_ms": round((self._clock.monotonic_s() - entry.started_mono_s) * 1000, 3),
+            "latency_ms": round(latency_s * 1000, 3),
         }
         if upstream_s is not None:
             record["upstream_ms"] = round(upstream_s * 1000, 3)
@@ -87,27 +84,33 @@ class RequestLog:
 
 
 class LogEntry:
-    """One request's line, written once by `close`; a second close does nothing."""
+    """One request's record, closed once by `close`; a second close does nothing."""
 
     __slots__ = (
-        "_closed", "_log", "_span", "body", "layer", "started_mono_s", "started_s", "tenant",
+        "_clock", "_closed", "_log", "_span", "_traffic", "body", "layer", "operation",
+        "started_mono_s", "started_s", "tenant",
     )  # fmt: skip
 
     def __init__(
         self,
         log: RequestLog | None,
+        traffic: RequestMetrics,
+        span: RequestSpan,
+        clock: Clock,
+        *,
+        operation: str,
         tenant: str,
         body: dict[str, Any],
-        started_s: float,
-        started_mono_s: float,
-        span: RequestSpan,
     ) -> None:
         self._log = log
+        self._traffic = traffic
         self._span = span
+        self._clock = clock
+        self.operation = operation
         self.tenant = tenant
         self.body = body
-        self.started_s = started_s
-        self.started_mono_s = started_mono_s
+        self.started_s = clock.now_s() if log is not None else 0.0
+        self.started_mono_s = clock.monotonic_s()
         self.layer: str | None = None  # which layer answered, once known
         self._closed = False
 
@@ -122,11 +125,11 @@ class LogEntry:
         if self._closed:
             return
         self._closed = True
-        self._span.end(status=status, layer=self.layer, response=response)
+        latency_s = self._clock.monotonic_s() - self.started_mono_s
+        layer = self.layer
+        self._traffic.record(
+            self.operation, self.tenant, self.body.get("model"), status, layer, response, latency_s
+        )
+        self._span.end(status=status, layer=layer, response=response)
         if self._log is not None:
-            self._log._record(self, status, response, upstream_s)
-
-
-def unlogged(tenant: str, body: dict[str, Any], span: RequestSpan) -> LogEntry:
-    """An entry for a gateway without a request log: closing it only ends its span."""
-    return LogEntry(None, tenant, body, 0.0, 0.0, span)
+            self._log._record(self, status, response, upstream_s, latency_s)

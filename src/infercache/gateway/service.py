@@ -57,7 +57,7 @@ from infercache.flight import Flight
 from infercache.gateway.across_replicas import AcrossReplicas
 from infercache.gateway.prefix_usage import UpstreamPrefixUsage
 from infercache.gateway.replica_load import LoadPoller
-from infercache.gateway.requestlog import LogEntry, RequestLog, unlogged
+from infercache.gateway.requestlog import LogEntry, RequestLog
 from infercache.gateway.router import PrefixRouter, RouterConfig
 from infercache.gateway.tracing import NoTracer, RequestTracer
 from infercache.gateway.traffic import RequestMetrics
@@ -222,11 +222,16 @@ class Gateway:
 
     def _open(self, tenant: str, body: dict[str, Any], operation: str) -> LogEntry:
         """The request's record: its log line and its tracing span, closed once together."""
-        model = body.get("model")
-        span = self.traffic.track(operation, tenant, model, self.tracer.start(operation, model))
-        if self.request_log is None:
-            return unlogged(tenant, body, span)
-        return self.request_log.open(tenant, body, span)
+        span = self.tracer.start(operation, body.get("model"))
+        return LogEntry(
+            self.request_log,
+            self.traffic,
+            span,
+            self._clock,
+            operation=operation,
+            tenant=tenant,
+            body=body,
+        )
 
     async def _begin(
         self, body: dict[str, Any], tenant: str, bearer: str | None, endpoint: Endpoint

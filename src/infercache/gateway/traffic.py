@@ -25,7 +25,7 @@ literally called `other` shares the `other` series. Tenants are names (from auth
 and with every tenant new), within a gateway hit's ~180 µs.
 
 A request is recorded once, when its record closes (requestlog.py's `LogEntry.close`, which
-ends its span): `RequestMetrics.track` wraps the request's tracing span.
+also ends its tracing span and writes its log line).
 Thread-safety: one lock; spans end on the event loop, collection runs on the store pool.
 """
 
@@ -40,8 +40,6 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from infercache.clock import Clock
-from infercache.gateway.tracing import RequestSpan
 from infercache.policy import cached_tokens, usage_tokens
 from infercache.prometheus import cumulative_buckets
 
@@ -64,38 +62,38 @@ class TopLabels:
             raise ValueError(f"n must be >= 0, got {n}")
         self.n = n
         self._slots = max(8 * n, 16)
-        self._counts: dict[str, int] = {}  # Space-Saving: over-estimates, never under
-        self._top: set[str] = set()
+        self.counts: dict[str, int] = {}  # Space-Saving: over-estimates, never under
+        self.top: set[str] = set()  # promoted: counted under their own label
         self._floor = 0  # at most the least-requested promoted value's count
         self._heap: list[tuple[int, str]] = []  # (count, value), stale entries included
 
     def label(self, value: str) -> tuple[str, str | None]:
         """Count one request of `value`: (the label to count it under, a value demoted now)."""
-        if value in self._top:  # the common case: no heap entry (promoted values never evict)
-            self._counts[value] += 1
+        if value in self.top:  # the common case: no heap entry (promoted values never evict)
+            self.counts[value] += 1
             return value, None
         self._count(value)
         if value == OTHER or self.n == 0:
             return OTHER, None
-        if len(self._top) < self.n:
-            self._top.add(value)
+        if len(self.top) < self.n:
+            self.top.add(value)
             return value, None
         # Promoted counts only grow, so a floor read earlier is never above the weakest's
         # count now: under twice the floor needs no scan of the promoted values.
-        if self._counts[value] <= 2 * self._floor:
+        if self.counts[value] <= 2 * self._floor:
             return OTHER, None
-        weakest = min(self._top, key=self._counts.__getitem__)
-        self._floor = self._counts[weakest]
-        if self._counts[value] > 2 * self._floor:
-            self._top.discard(weakest)
-            heapq.heappush(self._heap, (self._counts[weakest], weakest))  # evictable again
-            self._top.add(value)
+        weakest = min(self.top, key=self.counts.__getitem__)
+        self._floor = self.counts[weakest]
+        if self.counts[value] > 2 * self._floor:
+            self.top.discard(weakest)
+            heapq.heappush(self._heap, (self.counts[weakest], weakest))  # evictable again
+            self.top.add(value)
             self._floor = 0  # the newcomer may be the weakest now: read it again next time
             return value, weakest
         return OTHER, None
 
     def _count(self, value: str) -> None:
-        counts = self._counts
+        counts = self.counts
         if value in counts:
             counts[value] += 1
             heapq.heappush(self._heap, (counts[value], value))
@@ -104,7 +102,7 @@ class TopLabels:
             counts[value] = floor + 1
             heapq.heappush(self._heap, (floor + 1, value))
         if len(self._heap) > 4 * self._slots:  # drop the stale entries
-            self._heap = [(n, v) for v, n in counts.items() if v not in self._top]
+            self._heap = [(n, v) for v, n in counts.items() if v not in self.top]
             heapq.heapify(self._heap)
 
     def _evict(self) -> int:
@@ -112,16 +110,15 @@ class TopLabels:
         The heap holds each value's latest count among stale ones: skip those."""
         while True:
             n, v = heapq.heappop(self._heap)
-            if self._counts.get(v) == n and v not in self._top:
-                del self._counts[v]
+            if self.counts.get(v) == n and v not in self.top:
+                del self.counts[v]
                 return n
 
 
 class RequestMetrics(Collector):
-    """Records each request when its span ends; exported through `Metrics.export`."""
+    """Records each request when its record closes; exported through `Metrics.export`."""
 
-    def __init__(self, clock: Clock, *, top_tenants: int = 20, top_models: int = 20) -> None:
-        self._clock = clock
+    def __init__(self, *, top_tenants: int = 20, top_models: int = 20) -> None:
         self._lock = threading.Lock()
         self._tenants = TopLabels(top_tenants)
         self._models = TopLabels(top_models)
@@ -135,45 +132,50 @@ class RequestMetrics(Collector):
         """Bounded as the cache's settings say, and exported with its metrics."""
         settings = cache.settings
         traffic = cls(
-            cache.clock,
             top_tenants=settings.metrics_top_tenants,
             top_models=settings.metrics_top_models,
         )
         cache.metrics.export(traffic)
         return traffic
 
-    def track(self, operation: str, tenant: str, model: object, span: RequestSpan) -> RequestSpan:
-        """The request's span, recorded here when it ends."""
-        return _Tracked(self, operation, tenant, model, self._clock.monotonic_s(), span)
-
     def record(
         self,
         operation: str,
         tenant: str,
         model: object,
-        *,
         status: int,
         layer: str | None,
         response: Mapping[str, Any] | None,
         duration_s: float,
     ) -> None:
+        """One request, answered with `status` by `layer` after `duration_s` (called when its
+        record closes: requestlog.py's `LogEntry.close`)."""
         layer = (layer or "none") if 200 <= status < 300 else "error"
+        model_name = model if isinstance(model, str) else "none"
         if response is not None:
             prompt, completion = usage_tokens(response)
             read = prompt if layer in HIT_LAYERS else cached_tokens(response)
+        tenants, models = self._tenants, self._models
         with self._lock:
-            t, dropped_tenant = self._tenants.label(tenant)
-            m, dropped_model = self._models.label(model if isinstance(model, str) else "none")
-            if dropped_tenant is not None or dropped_model is not None:
-                self._drop(dropped_tenant, dropped_model)
+            if tenant in tenants.top and model_name in models.top:  # the common case
+                tenants.counts[tenant] += 1
+                models.counts[model_name] += 1
+                t, m = tenant, model_name
+            else:
+                t, dropped_tenant = tenants.label(tenant)
+                m, dropped_model = models.label(model_name)
+                if dropped_tenant is not None or dropped_model is not None:
+                    self._drop(dropped_tenant, dropped_model)
             key = (operation, layer, m, t)
-            self._requests[key] = self._requests.get(key, 0) + 1
+            requests = self._requests
+            requests[key] = requests.get(key, 0) + 1
             series = (operation, layer, m)
             hist = self._durations.get(series)
             if hist is None:
                 hist = self._durations[series] = [0] * (len(DURATION_BOUNDS_S) + 1)
+                self._duration_sums[series] = 0.0
             hist[bisect.bisect_left(DURATION_BOUNDS_S, duration_s)] += 1
-            self._duration_sums[series] = self._duration_sums.get(series, 0.0) + duration_s
+            self._duration_sums[series] += duration_s
             if response is not None:
                 tokens = self._tokens.get((m, t))
                 if tokens is None:
@@ -230,36 +232,3 @@ class RequestMetrics(Collector):
             buckets = cumulative_buckets(list(DURATION_BOUNDS_S), counts)
             hfam.add_metric(list(labels), buckets, sums[labels])
         yield hfam
-
-
-class _Tracked:
-    __slots__ = ("_metrics", "_model", "_operation", "_span", "_started_s", "_tenant")
-
-    def __init__(
-        self,
-        metrics: RequestMetrics,
-        operation: str,
-        tenant: str,
-        model: object,
-        started_s: float,
-        span: RequestSpan,
-    ) -> None:
-        self._metrics = metrics
-        self._operation = operation
-        self._tenant = tenant
-        self._model = model
-        self._started_s = started_s
-        self._span = span
-
-    def end(self, *, status: int, layer: str | None, response: Mapping[str, Any] | None) -> None:
-        duration_s = self._metrics._clock.monotonic_s() - self._started_s
-        self._metrics.record(
-            self._operation,
-            self._tenant,
-            self._model,
-            status=status,
-            layer=layer,
-            response=response,
-            duration_s=duration_s,
-        )
-        self._span.end(status=status, layer=layer, response=response)

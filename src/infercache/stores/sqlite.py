@@ -40,6 +40,7 @@ block runs on a blocking connection, whose commit checkpoints once the log passe
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
@@ -226,6 +227,15 @@ class SQLiteStore:
         raised as `StoreError` (`StoreWouldBlockError` for a lock a non-blocking read met)."""
         return _Connection(self, "nonblocking_conn" if self._nonblocking() else "conn")
 
+    def _fetch_one(self, query: str, params: tuple[Any, ...]) -> Any:
+        """One row of a read, as `with self._conn()` would run it (the hot read path: no
+        context object)."""
+        attr = "nonblocking_conn" if getattr(self._local, "nonblocking", False) else "conn"
+        try:
+            return self._connection(attr).execute(query, params).fetchone()
+        except (sqlite3.Error, OSError) as exc:
+            raise self._failed(attr, exc) from exc
+
     def _connection(self, attr: str) -> sqlite3.Connection:
         conn: sqlite3.Connection | None = getattr(self._local, attr, None)
         if conn is None:
@@ -273,16 +283,7 @@ class SQLiteStore:
         return self.get_with_meta(key, ())[0]
 
     def get_with_meta(self, key: str, names: Sequence[str]) -> tuple[Entry | None, dict[str, str]]:
-        # One statement, one row always: the meta values as a JSON object beside the entry's
-        # columns (NULLs when the key is absent).
-        marks = ",".join("?" * len(names)) or "NULL"
-        query = (
-            "SELECT (SELECT json_group_object(name, value) FROM meta"
-            f" WHERE name IN ({marks})), {_COLUMNS} FROM (SELECT 1)"
-            " LEFT JOIN entries ON key = ?"
-        )
-        with self._conn() as conn:
-            row = conn.execute(query, (*names, key)).fetchone()
+        row = self._fetch_one(_get_with_meta_query(len(names)), (*names, key))
         meta: dict[str, str] = orjson.loads(row[0]) if row[0] else {}
         if row[1] is None:
             return None, meta
@@ -439,6 +440,18 @@ class SQLiteStore:
                 " ORDER BY last_access LIMIT ?)",
                 (keep, max(1, overflow_rows)),
             )
+
+
+@functools.lru_cache(maxsize=64)
+def _get_with_meta_query(n_names: int) -> str:
+    """One statement, one row always: the meta values as a JSON object beside the entry's
+    columns (NULLs when the key is absent)."""
+    marks = ",".join("?" * n_names) or "NULL"
+    return (
+        "SELECT (SELECT json_group_object(name, value) FROM meta"
+        f" WHERE name IN ({marks})), {_COLUMNS} FROM (SELECT 1)"
+        " LEFT JOIN entries ON key = ?"
+    )
 
 
 def _switch_to_wal(conn: sqlite3.Connection, timeout_s: float) -> None:
