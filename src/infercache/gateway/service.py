@@ -270,7 +270,7 @@ class Gateway:
         finds the answer stored when it asks again; waiters never wait for the store."""
         if fetch is not None:
             done = await flight.result()
-            await asyncio.wait({fetch})
+            await _finished(fetch)
             return done
         try:
             return _first_close(miss.close_shared(await flight.result()))
@@ -308,7 +308,7 @@ class Gateway:
                         yield sse_event(out)
                 done = flight.outcome()
                 if fetch is not None:
-                    await asyncio.wait({fetch})  # stored before [DONE], as for JSON replies
+                    await _finished(fetch)  # stored before [DONE], as for JSON replies
                 yield SSE_DONE
             except UpstreamError as exc:  # cut off upstream, or every other reader left
                 yield sse_event(exc.to_openai())
@@ -496,6 +496,14 @@ class Gateway:
         if self.across is not None:
             await self.across.aclose()
         self._store_pool.shutdown(wait=False, cancel_futures=True)
+
+
+async def _finished(task: asyncio.Task[None]) -> None:
+    """Wait for `task` to end, without cancelling it if this waiter is cancelled. A task that
+    has ended (a store on the loop ends with its fetch) costs no turn of the event loop:
+    `asyncio.wait` would take one even then."""
+    if not task.done():
+        await asyncio.wait({task})
 
 
 def _include_usage(body: Any) -> bool:
