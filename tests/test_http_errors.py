@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
@@ -11,7 +12,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.testclient import TestClient
 
-from infercache.errors import OverloadedError
+from infercache.errors import ClientDisconnectedError, OverloadedError, PayloadTooLargeError
 from infercache.http_errors import exception_handlers, middleware, read_json
 
 
@@ -101,3 +102,34 @@ def test_valid_json_passes_through() -> None:
     response = TestClient(_app()).post("/echo", content=json.dumps(body))
     assert response.status_code == 200
     assert response.json() == {"got": body}
+
+
+def _read(messages: list[dict[str, object]], max_body_bytes: int = 1024) -> object:
+    """read_json over these ASGI messages, as a server delivers a body in parts."""
+    queue = list(messages)
+
+    async def receive() -> dict[str, object]:
+        return queue.pop(0)
+
+    request = Request({"type": "http", "method": "POST", "headers": []}, receive)
+    return asyncio.run(read_json(request, max_body_bytes))
+
+
+def _part(body: bytes, more: bool) -> dict[str, object]:
+    return {"type": "http.request", "body": body, "more_body": more}
+
+
+def test_a_body_in_parts_is_read_whole() -> None:
+    assert _read([_part(b'{"a": [1,', True), _part(b"", True), _part(b" 2]}", False)]) == {
+        "a": [1, 2]
+    }
+
+
+def test_a_body_in_parts_without_a_length_is_cut_off_at_the_limit() -> None:
+    with pytest.raises(PayloadTooLargeError):
+        _read([_part(b"[" + b"1," * 300, True), _part(b"1," * 300 + b"1]", False)], 1024)
+
+
+def test_a_client_that_leaves_mid_body_is_a_499_not_a_hang() -> None:
+    with pytest.raises(ClientDisconnectedError):
+        _read([_part(b'{"a":', True), {"type": "http.disconnect"}])

@@ -25,7 +25,7 @@ from typing import Any
 import orjson
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
-from starlette.requests import ClientDisconnect, Request
+from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -138,17 +138,25 @@ async def read_json(request: Request, max_body_bytes: int) -> Any:
         and int(declared) > max_body_bytes
     ):
         raise PayloadTooLargeError(f"request body over the limit of {max_body_bytes} bytes")
+    # The ASGI messages read directly, as `request.stream()` reads them (its async generator
+    # cost a hit ~2 µs; nothing else reads these bodies).
+    receive = request.receive
     parts: list[bytes] = []
     size = 0
-    try:
-        async for part in request.stream():
+    while True:
+        message = await receive()
+        kind = message["type"]
+        if kind == "http.request":
+            part: bytes = message.get("body", b"")
             size += len(part)
             if size > max_body_bytes:
                 raise PayloadTooLargeError(f"request body over the limit of {max_body_bytes} bytes")
             parts.append(part)
-    except ClientDisconnect as exc:
-        raise ClientDisconnectedError("the client left before its request was read") from exc
-    return parse_json(b"".join(parts))
+            if not message.get("more_body", False):
+                break
+        elif kind == "http.disconnect":
+            raise ClientDisconnectedError("the client left before its request was read")
+    return parse_json(parts[0] if len(parts) == 1 else b"".join(parts))
 
 
 def parse_json(raw: bytes) -> Any:
