@@ -5,7 +5,7 @@ gateway (asyncio, streaming or not):
 
     flights = FlightTable()
     flight, leader = flights.lead_or_join(key)
-    leader:  fetch; flight.publish(chunk) for each chunk (optional); then flight.settle(result,
+    leader:  fetch; flight.publish(*chunks) as they come (optional); then flight.settle(result,
              error) exactly once — in a `finally`, so no path leaves waiters hanging
     waiters: flight.wait(timeout_s) (threads), await flight.result() (asyncio), or
              `async for chunk in flight.chunks()` (every chunk from the first, then the error if
@@ -71,11 +71,12 @@ class Flight(Generic[T]):
 
     # -- the leader's side --
 
-    def publish(self, chunk: StreamChunk) -> None:
+    def publish(self, *chunks: StreamChunk) -> None:
+        """Chunks of the answer, in order (an answer that came whole: all of them, one wake)."""
         with self._lock:
             if self._done:
                 raise RuntimeError("publish after the flight settled")
-            self._chunks.append(chunk)
+            self._chunks.extend(chunks)
             wakers = list(self._wakers)
         for waker in wakers:
             waker.wake()

@@ -403,8 +403,7 @@ class Gateway:
             error = body.get("error")
             message = str(error.get("message")) if isinstance(error, dict) else "upstream error"
             raise UpstreamError(message, status_code=shared.status, body=body)
-        for chunk in chunks_from_completion(body, include_usage=True):
-            flight.publish(chunk)
+        flight.publish(*chunks_from_completion(body, include_usage=True))
         return _first_close(miss.close_shared(miss.answer(body, upstream_s=0.0)))
 
     async def _call_replicas(
@@ -470,8 +469,7 @@ class Gateway:
                 response = await upstream.complete_text(body, tenant=tenant, api_key=bearer)
             else:
                 response = await upstream.complete(body, tenant=tenant, api_key=bearer)
-            for chunk in chunks_from_completion(response, include_usage=True):
-                flight.publish(chunk)
+            flight.publish(*chunks_from_completion(response, include_usage=True))
             return response
         body["stream_options"] = {"include_usage": True}
         assembler = CompletionAssembler()
