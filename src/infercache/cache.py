@@ -101,6 +101,7 @@ class Completion:
     coalesced: bool = False  # served the answer of an identical request in flight
     upstream_s: float | None = None  # how long the upstream took (answers fetched now)
     similarity: float | None = None  # cosine similarity in [-1, 1] of a semantic hit
+    raw: bytes | None = None  # `response` as JSON, as the store holds it (hits): replayed as is
 
 
 class Miss:
@@ -462,7 +463,9 @@ class Cache:
         )
         response: Response = orjson.loads(entry.response)
         self._remember(req, response, ServedBy.EXACT, (lookup.key,))
-        return Completion(response, Layer.EXACT, age_s=self.exact.age_s(entry), key=lookup.key)
+        return Completion(
+            response, Layer.EXACT, age_s=self.exact.age_s(entry), key=lookup.key, raw=entry.response
+        )
 
     def _remember(
         self,

@@ -50,6 +50,9 @@ def test_a_repeat_is_an_exact_hit_with_an_age(make_gateway: MakeGateway) -> None
     assert second.headers["x-infercache"] == "exact-hit"
     assert int(second.headers["age"]) >= 0
     assert second.json() == first.json()
+    # The hit replays the stored JSON as is: the very bytes the miss answered with.
+    assert second.content == first.content
+    assert second.headers["content-length"] == str(len(first.content))
     assert running.fake.calls == 1
 
 

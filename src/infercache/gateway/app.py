@@ -34,7 +34,8 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
-from starlette.routing import Route
+from starlette.routing import Route, Router
+from starlette.types import Receive, Scope, Send
 
 from infercache.errors import (
     InfercacheError,
@@ -91,7 +92,7 @@ def create_app(
         reply = await gateway.chat(body, tenant=tenant, bearer=caller.bearer, endpoint=endpoint)
         if isinstance(reply, JSONReply):
             return Response(
-                orjson.dumps(reply.body),
+                reply.raw if reply.raw is not None else orjson.dumps(reply.body),
                 status_code=reply.status,
                 headers=reply.headers,
                 media_type="application/json",
@@ -213,37 +214,64 @@ def create_app(
                 poller.cancel()
             await gateway.aclose()
 
-    return Starlette(
-        routes=[
-            Route(
-                "/v1/chat/completions",
-                functools.partial(cached, endpoint=Endpoint.CHAT),
-                methods=["POST"],
-            ),
-            Route(
-                "/v1/completions",
-                functools.partial(cached, endpoint=Endpoint.COMPLETIONS),
-                methods=["POST"],
-            ),
-            Route("/v1/embeddings", embeddings, methods=["POST"]),
-            Route(
-                "/v1/feedback",
-                feedback_endpoint(gateway, auth, max_body_bytes),
-                methods=["POST"],
-            ),
-            Route("/v1/models", models, methods=["GET"]),
-            Route("/v1/models/{model:path}", model, methods=["GET"]),
-            Route("/metrics", metrics, methods=["GET"]),
-            Route("/stats", stats, methods=["GET"]),
-            Route("/healthz", healthz, methods=["GET"]),
-            Route("/admin/invalidate", admin_invalidate, methods=["POST"]),
-            Route("/admin/model-version", admin_model_version, methods=["POST"]),
-            Route("/v1/{rest:path}", pass_through, methods=PASS_THROUGH_METHODS),
-        ],
-        exception_handlers=exception_handlers(),
-        middleware=middleware(),
-        lifespan=lifespan,
-    )
+    routes = [
+        Route(
+            "/v1/chat/completions",
+            functools.partial(cached, endpoint=Endpoint.CHAT),
+            methods=["POST"],
+        ),
+        Route(
+            "/v1/completions",
+            functools.partial(cached, endpoint=Endpoint.COMPLETIONS),
+            methods=["POST"],
+        ),
+        Route("/v1/embeddings", embeddings, methods=["POST"]),
+        Route(
+            "/v1/feedback",
+            feedback_endpoint(gateway, auth, max_body_bytes),
+            methods=["POST"],
+        ),
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/v1/models/{model:path}", model, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
+        Route("/stats", stats, methods=["GET"]),
+        Route("/healthz", healthz, methods=["GET"]),
+        Route("/admin/invalidate", admin_invalidate, methods=["POST"]),
+        Route("/admin/model-version", admin_model_version, methods=["POST"]),
+        Route("/v1/{rest:path}", pass_through, methods=PASS_THROUGH_METHODS),
+    ]
+    app = Starlette(exception_handlers=exception_handlers(), middleware=middleware())
+    app.router = StaticFirstRouter(routes, lifespan=lifespan)
+    return app
+
+
+class StaticFirstRouter(Router):
+    """Starlette's router, with one dict lookup of a request's static path and method before
+    its scan of every route's pattern (bench/README.md, "Gateway"). Only the static routes
+    before the first route with a parameter are in the dict, so the first route that
+    matches still wins, as in the scan; anything else (a wrong method, a trailing slash, a
+    path with parameters, a `root_path`) goes through Starlette's scan as before."""
+
+    def __init__(self, routes: list[Route], **kwargs: Any) -> None:
+        super().__init__(routes, **kwargs)
+        self._static: dict[tuple[str, str], Route] = {}
+        for route in routes:
+            if route.param_convertors:
+                break
+            for method in route.methods or ():
+                self._static.setdefault((route.path, method), route)
+
+    async def app(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and not scope.get("root_path"):
+            route = self._static.get((scope["path"], scope["method"]))
+            if route is not None:
+                scope.setdefault("router", self)
+                scope["route"] = route
+                scope["endpoint"] = route.endpoint
+                scope["path_params"] = dict(scope.get("path_params", {}))
+                await route.app(scope, receive, send)
+                return
+        await super().app(scope, receive, send)
 
 
 def header_map(request: Request) -> dict[str, str]:

@@ -86,6 +86,7 @@ class JSONReply:
     status: int
     body: dict[str, Any]
     headers: dict[str, str]
+    raw: bytes | None = None  # `body` as JSON already (a hit's stored bytes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -252,7 +253,7 @@ class Gateway:
     def _replay(self, done: Completion, body: dict[str, Any]) -> JSONReply | StreamReply:
         headers = _reply_headers(done)
         if body.get("stream") is not True:
-            return JSONReply(200, done.response, headers)
+            return JSONReply(200, done.response, headers, done.raw)
         include_usage = _include_usage(body)
 
         async def replay() -> AsyncIterator[bytes]:
