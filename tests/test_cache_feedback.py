@@ -150,6 +150,26 @@ def test_serving_an_answer_again_keeps_it_reportable(
     assert cache.report_wrong(hit.response["id"]) is True
 
 
+@pytest.mark.parametrize(("report_at_s", "reportable"), [(101.4, True), (101.7, False)])
+def test_a_hot_answer_is_refreshed_at_most_once_a_second(
+    make_cache: MakeCache,
+    upstream: CountingUpstream,
+    clock: ManualClock,
+    report_at_s: float,
+    reportable: bool,
+) -> None:
+    """Repeats within a second of a refresh change nothing (they take no lock): the record
+    lives `ttl_s` from its last refresh, here the hit at 1.5 s, not the one at 2.0 s."""
+    cache = make_cache(feedback_ttl_s=100)
+    answer_id = cache.complete(chat(), upstream).response["id"]
+    clock.advance(1.5)
+    cache.complete(chat(), upstream)  # refreshed: lives until 101.5
+    clock.advance(0.5)
+    cache.complete(chat(), upstream)  # 0.5 s after the refresh: unchanged
+    clock.advance(report_at_s - 2.0)
+    assert cache.report_wrong(answer_id) is reportable
+
+
 def test_no_answer_is_remembered_when_feedback_is_off(
     make_cache: MakeCache, upstream: CountingUpstream
 ) -> None:

@@ -452,7 +452,6 @@ class Cache:
     def _exact_hit(self, req: ChatRequest, lookup: Lookup) -> Completion:
         entry = lookup.entry
         assert entry is not None
-        self._exact_metrics.prompt_tokens(entry.prompt_tokens)
         self._exact_metrics.hit(
             prompt_tokens=entry.prompt_tokens,
             completion_tokens=entry.completion_tokens,
@@ -460,9 +459,12 @@ class Cache:
             money_usd=self.metrics.prices.cost_usd(
                 entry.model, entry.prompt_tokens, entry.completion_tokens
             ),
+            seen_prompt_tokens=entry.prompt_tokens,
         )
         response: Response = orjson.loads(entry.response)
-        self._remember(req, response, ServedBy.EXACT, (lookup.key,))
+        self.served.remember(
+            req.directives.tenant, response.get("id"), ServedBy.EXACT, (lookup.key,)
+        )
         return Completion(
             response, Layer.EXACT, age_s=self.exact.age_s(entry), key=lookup.key, raw=entry.response
         )

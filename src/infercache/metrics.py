@@ -123,11 +123,14 @@ class StrategyMetrics:
         completion_tokens: int,
         upstream_s: float,
         money_usd: float,
+        seen_prompt_tokens: int = 0,
     ) -> None:
-        """A lookup that served (part of) an answer and saved what the arguments say."""
+        """A lookup that served (part of) an answer and saved what the arguments say;
+        `seen_prompt_tokens` as `prompt_tokens(n)` counts them (one lock for both)."""
         with self._lock:
             self._lookups += 1
             self._hits += 1
+            self._prompt_tokens_seen += seen_prompt_tokens
             self._prompt_tokens_saved += prompt_tokens
             self._completion_tokens_saved += completion_tokens
             self._upstream_s_saved += upstream_s

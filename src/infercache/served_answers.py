@@ -6,7 +6,9 @@ A bounded LRU keyed by (tenant, response id), in this process's memory:
 - `remember` on every answer a cache entry holds: an exact hit, a semantic hit, an answer
   fetched upstream and stored, an identical request's answer shared in flight;
 - each record lives `ttl_s` after the answer was last served (injected clock) and at most
-  `max_answers` records are kept, the least recently served dropped first;
+  `max_answers` records are kept, the least recently served dropped first; a record served
+  again is refreshed at most once a second (`REFRESH_GRANULARITY_S`, a tenth of `ttl_s` if
+  that is less): a hot answer's repeats in between change nothing and take no lock;
 - `take(tenant, id)` returns the record only to the tenant it was served to: another tenant's
   report finds nothing, as an unknown id does (a caller cannot tell the two apart).
 
@@ -60,6 +62,7 @@ class ServedBy(StrEnum):
 
 
 _SUSPICION = {ServedBy.SEMANTIC: 2, ServedBy.EXACT: 1, ServedBy.FETCHED: 0}
+REFRESH_GRANULARITY_S = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +89,9 @@ class ServedAnswers:
             raise ValueError(f"need max_answers >= 0 and ttl_s > 0, got {max_answers}, {ttl_s}")
         self.max_answers = max_answers
         self.ttl_s = ttl_s
+        # A record served again is refreshed (expiry, LRU order) at most once per granularity.
+        refresh_granularity_s = min(REFRESH_GRANULARITY_S, ttl_s / 10)
+        self._refreshed_within_s = ttl_s - refresh_granularity_s
         self._clock = clock
         self._lock = threading.Lock()
         self._records: OrderedDict[tuple[str, str], ServedAnswer] = OrderedDict()
@@ -108,6 +114,16 @@ class ServedAnswers:
         now_s = self._clock.monotonic_s()
         name = (tenant, response_id)
         records = self._records
+        record = records.get(name)  # read without the lock: at worst a moment old
+        if (
+            record is not None
+            and record.layer is layer
+            and semantic is None
+            and not record.reported
+            and record.expires_at_s > now_s + self._refreshed_within_s
+            and record.keys.issuperset(keys)
+        ):
+            return  # the hot path: served again within the refresh granularity, as it was
         with self._lock:
             record = records.get(name)
             if record is None or record.reported or record.expires_at_s <= now_s:
