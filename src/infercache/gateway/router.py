@@ -54,13 +54,13 @@ Thread-safety: none; the gateway uses it from its event loop.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -229,18 +229,12 @@ class PrefixRouter(Generic[R]):
         now_s = self._now_s()
         return [self._load(i, now_s) for i in range(len(self._replicas))]
 
-    @contextlib.contextmanager
     def lease(
         self, tenant: str, body: Mapping[str, Any], exclude: Collection[int] = ()
-    ) -> Iterator[int]:
+    ) -> AbstractContextManager[int]:
         """Route the request and count it in flight on its replica for the `with` block."""
         index, _ = self.route(tenant, body, exclude)
-        replica = self._replicas[index]
-        replica.in_flight += 1
-        try:
-            yield index
-        finally:
-            replica.in_flight -= 1
+        return _Lease(self._replicas[index], index)
 
     def in_flight(self) -> list[int]:
         return [r.in_flight for r in self._replicas]
@@ -278,3 +272,20 @@ class PrefixRouter(Generic[R]):
             blocks.move_to_end(h)
         while len(blocks) > self.config.max_blocks_per_replica:
             blocks.popitem(last=False)
+
+
+class _Lease:
+    """`PrefixRouter.lease`'s context (a class: it runs on every upstream call)."""
+
+    __slots__ = ("_index", "_replica")
+
+    def __init__(self, replica: _Replica[Any], index: int) -> None:
+        self._replica = replica
+        self._index = index
+
+    def __enter__(self) -> int:
+        self._replica.in_flight += 1
+        return self._index
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._replica.in_flight -= 1

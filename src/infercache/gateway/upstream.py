@@ -25,10 +25,10 @@ else in the body is changed.
 from __future__ import annotations
 
 import base64
-import contextlib
 import hmac
 import logging
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -91,20 +91,35 @@ class EmbeddingsUpstream(Protocol):
         ...
 
 
-@contextlib.contextmanager
-def map_aiohttp_errors(name: str, *, answering: bool = False) -> Iterator[None]:
+def map_aiohttp_errors(name: str, *, answering: bool = False) -> AbstractContextManager[None]:
     """Translate aiohttp's exceptions into ours. `answering`: the upstream had begun to answer
     (a stream), so a failure is a broken answer rather than an unreachable upstream."""
-    try:
-        yield
-    except (aiohttp.ClientError, TimeoutError) as exc:
-        log.warning("upstream %s failed: %r", name, exc)
-        if answering:
-            raise UpstreamError("the upstream connection broke mid-answer") from exc
-        raise UpstreamUnavailableError("the upstream is unreachable") from exc
-    except (orjson.JSONDecodeError, UnicodeDecodeError) as exc:
-        log.warning("upstream %s sent an invalid answer: %s", name, exc)
-        raise UpstreamError("the upstream sent an invalid answer") from exc
+    return _AiohttpErrors(name, answering)
+
+
+class _AiohttpErrors:
+    """`map_aiohttp_errors`' context (a class: it runs twice on every upstream call)."""
+
+    __slots__ = ("_answering", "_name")
+
+    def __init__(self, name: str, answering: bool) -> None:
+        self._name = name
+        self._answering = answering
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: object
+    ) -> None:
+        if isinstance(exc, (aiohttp.ClientError, TimeoutError)):
+            log.warning("upstream %s failed: %r", self._name, exc)
+            if self._answering:
+                raise UpstreamError("the upstream connection broke mid-answer") from exc
+            raise UpstreamUnavailableError("the upstream is unreachable") from exc
+        if isinstance(exc, (orjson.JSONDecodeError, UnicodeDecodeError)):
+            log.warning("upstream %s sent an invalid answer: %s", self._name, exc)
+            raise UpstreamError("the upstream sent an invalid answer") from exc
 
 
 def _raise_for_status(status: int, content: bytes, retry_after: str | None = None) -> None:
