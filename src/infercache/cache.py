@@ -41,9 +41,8 @@ import asyncio
 import logging
 import threading
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import orjson
 
@@ -92,8 +91,7 @@ class Layer(StrEnum):
     UNCACHEABLE = "uncacheable"
 
 
-@dataclass(frozen=True, slots=True)
-class Completion:
+class Completion(NamedTuple):  # a NamedTuple, not a frozen dataclass: built on every hit
     response: Response
     layer: Layer
     age_s: float | None = None  # how old the served entry is (hits only)

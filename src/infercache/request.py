@@ -25,7 +25,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import Any, NamedTuple
 
 from infercache.errors import InvalidRequestError
 
@@ -43,7 +43,7 @@ class CacheControl:
     def parse(cls, value: object) -> CacheControl:
         items: list[object]
         if value is None:
-            return cls()
+            return NO_CACHE_CONTROL
         if isinstance(value, str):
             items = [v.strip() for v in value.split(",") if v.strip()]
         elif isinstance(value, list) and all(isinstance(v, str) for v in value):
@@ -67,14 +67,16 @@ class CacheControl:
         )
 
 
-@dataclass(frozen=True, slots=True)
-class Directives:
+NO_CACHE_CONTROL = CacheControl()  # immutable: the one instance for requests that set none
+
+
+class Directives(NamedTuple):  # a NamedTuple, not a frozen dataclass: built on every request
     tenant: str = ""
     tags: tuple[str, ...] = ()
     context_fingerprint: str | None = None
     ttl_s: float | None = None
     max_age_s: float | None = None
-    cache_control: CacheControl = CacheControl()
+    cache_control: CacheControl = NO_CACHE_CONTROL
 
 
 class Endpoint(StrEnum):
@@ -84,8 +86,7 @@ class Endpoint(StrEnum):
     COMPLETIONS = "completions"  # prompt → text_completion (the legacy API)
 
 
-@dataclass(frozen=True, slots=True)
-class ChatRequest:
+class ChatRequest(NamedTuple):  # a NamedTuple, not a frozen dataclass: built on every request
     """`body` is what the upstream receives (directives stripped); never mutate it."""
 
     body: Mapping[str, Any]
