@@ -44,9 +44,9 @@ def test_memory_stays_bounded_and_counts_never_under_count() -> None:
         value = "heavy" if i % 3 == 0 else f"user-{rng.randrange(40 if i % 2 else 10**9)}"
         true[value] = true.get(value, 0) + 1
         top.label(value)
-        assert len(top.counts) <= 24
-    assert sum(top.counts.values()) == 20_000
-    assert all(n >= true[v] for v, n in top.counts.items())
+        assert len(top._counts) <= 24
+    assert sum(top._counts.values()) == 20_000
+    assert all(n >= true[v] for v, n in top._counts.items())
     assert top.label("heavy")[0] == "heavy"
 
 

@@ -62,38 +62,38 @@ class TopLabels:
             raise ValueError(f"n must be >= 0, got {n}")
         self.n = n
         self._slots = max(8 * n, 16)
-        self.counts: dict[str, int] = {}  # Space-Saving: over-estimates, never under
-        self.top: set[str] = set()  # promoted: counted under their own label
+        self._counts: dict[str, int] = {}  # Space-Saving: over-estimates, never under
+        self._top: set[str] = set()  # promoted: counted under their own label
         self._floor = 0  # at most the least-requested promoted value's count
         self._heap: list[tuple[int, str]] = []  # (count, value), stale entries included
 
     def label(self, value: str) -> tuple[str, str | None]:
         """Count one request of `value`: (the label to count it under, a value demoted now)."""
-        if value in self.top:  # the common case: no heap entry (promoted values never evict)
-            self.counts[value] += 1
+        if value in self._top:  # the common case: no heap entry (promoted values never evict)
+            self._counts[value] += 1
             return value, None
         self._count(value)
         if value == OTHER or self.n == 0:
             return OTHER, None
-        if len(self.top) < self.n:
-            self.top.add(value)
+        if len(self._top) < self.n:
+            self._top.add(value)
             return value, None
         # Promoted counts only grow, so a floor read earlier is never above the weakest's
         # count now: under twice the floor needs no scan of the promoted values.
-        if self.counts[value] <= 2 * self._floor:
+        if self._counts[value] <= 2 * self._floor:
             return OTHER, None
-        weakest = min(self.top, key=self.counts.__getitem__)
-        self._floor = self.counts[weakest]
-        if self.counts[value] > 2 * self._floor:
-            self.top.discard(weakest)
-            heapq.heappush(self._heap, (self.counts[weakest], weakest))  # evictable again
-            self.top.add(value)
+        weakest = min(self._top, key=self._counts.__getitem__)
+        self._floor = self._counts[weakest]
+        if self._counts[value] > 2 * self._floor:
+            self._top.discard(weakest)
+            heapq.heappush(self._heap, (self._counts[weakest], weakest))  # evictable again
+            self._top.add(value)
             self._floor = 0  # the newcomer may be the weakest now: read it again next time
             return value, weakest
         return OTHER, None
 
     def _count(self, value: str) -> None:
-        counts = self.counts
+        counts = self._counts
         if value in counts:
             counts[value] += 1
             heapq.heappush(self._heap, (counts[value], value))
@@ -102,7 +102,7 @@ class TopLabels:
             counts[value] = floor + 1
             heapq.heappush(self._heap, (floor + 1, value))
         if len(self._heap) > 4 * self._slots:  # drop the stale entries
-            self._heap = [(n, v) for v, n in counts.items() if v not in self.top]
+            self._heap = [(n, v) for v, n in counts.items() if v not in self._top]
             heapq.heapify(self._heap)
 
     def _evict(self) -> int:
@@ -110,8 +110,8 @@ class TopLabels:
         The heap holds each value's latest count among stale ones: skip those."""
         while True:
             n, v = heapq.heappop(self._heap)
-            if self.counts.get(v) == n and v not in self.top:
-                del self.counts[v]
+            if self._counts.get(v) == n and v not in self._top:
+                del self._counts[v]
                 return n
 
 
@@ -155,17 +155,11 @@ class RequestMetrics(Collector):
         if response is not None:
             prompt, completion = usage_tokens(response)
             read = prompt if layer in HIT_LAYERS else cached_tokens(response)
-        tenants, models = self._tenants, self._models
         with self._lock:
-            if tenant in tenants.top and model_name in models.top:  # the common case
-                tenants.counts[tenant] += 1
-                models.counts[model_name] += 1
-                t, m = tenant, model_name
-            else:
-                t, dropped_tenant = tenants.label(tenant)
-                m, dropped_model = models.label(model_name)
-                if dropped_tenant is not None or dropped_model is not None:
-                    self._drop(dropped_tenant, dropped_model)
+            t, dropped_tenant = self._tenants.label(tenant)
+            m, dropped_model = self._models.label(model_name)
+            if dropped_tenant is not None or dropped_model is not None:
+                self._drop(dropped_tenant, dropped_model)
             key = (operation, layer, m, t)
             requests = self._requests
             requests[key] = requests.get(key, 0) + 1
