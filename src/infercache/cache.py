@@ -460,9 +460,7 @@ class Cache:
             seen_prompt_tokens=entry.prompt_tokens,
         )
         response: Response = orjson.loads(entry.response)
-        self.served.remember(
-            req.directives.tenant, response.get("id"), ServedBy.EXACT, (lookup.key,)
-        )
+        self._remember(req, response, ServedBy.EXACT, (lookup.key,))
         return Completion(
             response, Layer.EXACT, age_s=self.exact.age_s(entry), key=lookup.key, raw=entry.response
         )
