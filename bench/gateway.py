@@ -1,6 +1,7 @@
 """Gateway throughput and latency on loopback: exact hits, and what a miss adds.
 
     .venv/bin/python bench/gateway.py [--seconds 10] [--concurrency 32] [--store URL]
+                                      [--without metrics,feedback,guard,head-bound]
 
 Three processes share the machine: a trivial OpenAI-compatible upstream that answers at once
 (so a miss measures the gateway, not a model), the gateway (`infercache serve --upstream ...`,
@@ -13,6 +14,8 @@ since a Python client costs more per request than the gateway does; async httpx 
   upstream call, store), against the gateway and then directly against the upstream; the
   added latency is the difference of the medians.
 Client and servers share the same 2 cores, so throughput is a floor, not a ceiling.
+`--without` runs the gateway with those per-request features off (bench/without.py), to
+measure what they cost.
 """
 
 from __future__ import annotations
@@ -231,19 +234,26 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--misses", type=int, default=2000)
     parser.add_argument("--store", help="store URL (default: SQLite in a temp dir)")
+    parser.add_argument(
+        "--without",
+        default="",
+        help="run the gateway with these per-request features off (bench/without.py)",
+    )
     parser.add_argument("--serve-upstream", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_upstream:
         serve_upstream(args.serve_upstream)
         return 0
-    exe = Path(sys.executable).parent / "infercache"
+    cli = [str(Path(sys.executable).parent / "infercache")]
+    if args.without:
+        cli = [sys.executable, str(Path(__file__).with_name("without.py")), args.without]
     up_port, gw_port = free_port(), free_port()
     with tempfile.TemporaryDirectory() as tmp:
         store = args.store or f"sqlite:///{tmp}/bench.db"
         env = {**os.environ, "INFERCACHE_DATA_DIR": tmp}
         upstream = subprocess.Popen([sys.executable, __file__, "--serve-upstream", str(up_port)])
         gateway = subprocess.Popen(
-            [str(exe), "serve", "--port", str(gw_port), "--store", store,
+            [*cli, "serve", "--port", str(gw_port), "--store", store,
              "--upstream", f"http://127.0.0.1:{up_port}/v1"],
             env=env,
         )  # fmt: skip
@@ -252,6 +262,8 @@ def main() -> int:
             wait_for(f"http://127.0.0.1:{gw_port}/healthz")
             gw, up = f"http://127.0.0.1:{gw_port}/v1", f"http://127.0.0.1:{up_port}/v1"
             print(f"store: {store.split('?')[0]}; client, gateway and upstream on one machine")
+            if args.without:
+                print(f"gateway features off: {args.without}")
             if shutil.which("wrk"):
                 run_wrk(gw, up, args.concurrency, args.seconds)
                 return 0

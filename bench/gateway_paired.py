@@ -1,0 +1,122 @@
+"""Gateway variants side by side: paired rounds of miss and hit latency, one upstream behind all.
+
+    .venv/bin/python bench/gateway_paired.py [--rounds 20] [--seconds 4] VARIANT...
+
+A VARIANT is `shipped` (this tree, as `infercache serve` runs), `without:FEATURES` (this tree
+with per-request features off, bench/without.py), or `tree:DIR` (another checkout's `src`,
+for example the code before a change: `git archive REV src | tar -x -C DIR`, then
+`tree:DIR/src`). Every variant's gateway (SQLite store in a temp dir) runs at once behind one
+stand-in upstream (bench/gateway.py's), each idle while another is measured. Each round runs,
+for every variant in turn, `wrk` from one connection for `--seconds`: requests with prompts
+unique to that run (each a miss: lookup, upstream call, store) and then one cached request
+(each an exact hit, checked). Alternating within a round puts every variant under the same
+conditions, so the paired difference of each round against the first variant is the figure;
+its median and sign counts are printed beside each variant's median and range. `wrk` reports
+latencies above 1 ms to 10 µs.
+
+Needs `wrk` (Debian's package).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+from gateway import HIT_LUA, MISS_LUA, body, free_port, wait_for, wrk
+
+BENCH = Path(__file__).parent
+
+
+def command(variant: str, port: int, store: str, upstream: str) -> tuple[list[str], dict[str, str]]:
+    """The gateway process of `variant` and its environment."""
+    serve = ["serve", "--port", str(port), "--store", store, "--upstream", upstream]
+    env = dict(os.environ)
+    if variant == "shipped":
+        return [str(Path(sys.executable).parent / "infercache"), *serve], env
+    if variant.startswith("without:"):
+        features = variant.removeprefix("without:")
+        return [sys.executable, str(BENCH / "without.py"), features, *serve], env
+    if variant.startswith("tree:"):
+        env["PYTHONPATH"] = variant.removeprefix("tree:")
+        return [str(Path(sys.executable).parent / "infercache"), *serve], env
+    raise SystemExit(f"unknown variant {variant!r}: shipped, without:FEATURES or tree:DIR")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("variants", nargs="+", help="the first is the baseline")
+    parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--seconds", type=int, default=4, help="per wrk run")
+    args = parser.parse_args()
+    if not shutil.which("wrk"):
+        raise SystemExit("wrk not found (apt-get install wrk)")
+    up_port = free_port()
+    processes: list[subprocess.Popen[bytes]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            processes.append(
+                subprocess.Popen(
+                    [sys.executable, str(BENCH / "gateway.py"), "--serve-upstream", str(up_port)]
+                )
+            )
+            upstream = f"http://127.0.0.1:{up_port}/v1"
+            urls: list[str] = []
+            for i, variant in enumerate(args.variants):
+                port = free_port()
+                cmd, env = command(variant, port, f"sqlite:///{tmp}/{i}.db", upstream)
+                env["INFERCACHE_DATA_DIR"] = f"{tmp}/{i}"
+                processes.append(subprocess.Popen(cmd, env=env))
+                urls.append(f"http://127.0.0.1:{port}/v1/chat/completions")
+            wait_for(f"{upstream}/models")
+            for url in urls:
+                wait_for(url.replace("/v1/chat/completions", "/healthz"))
+                httpx.post(url, json=body(0), timeout=30)  # stores the hit
+            return measure(args.variants, urls, args.rounds, args.seconds)
+        finally:
+            for p in processes:
+                p.terminate()
+            for p in processes:
+                p.wait(30)
+
+
+def measure(variants: list[str], urls: list[str], rounds: int, seconds: int) -> int:
+    hit_script = HIT_LUA.replace("BODY", json.dumps(body(0)))
+    for url in urls:  # warm: connections, code paths
+        wrk(url, MISS_LUA.replace("RUN", f"warm{time.time_ns()}"), 1, 1)
+    miss: list[list[float]] = [[] for _ in variants]
+    hit: list[list[float]] = [[] for _ in variants]
+    for r in range(rounds):
+        for i, url in enumerate(urls):
+            miss[i].append(
+                wrk(url, MISS_LUA.replace("RUN", f"r{time.time_ns()}"), 1, seconds)["p50_ms"]
+            )
+            result = wrk(url, hit_script, 1, seconds)
+            if result["others"] != 0:
+                raise SystemExit(f"{variants[i]}: not every response was an exact hit: {result}")
+            hit[i].append(result["p50_ms"])
+        print(f"round {r + 1}/{rounds}: miss p50 "
+              + ", ".join(f"{m[-1]:.3f}" for m in miss) + " ms; hit p50 "
+              + ", ".join(f"{h[-1]:.3f}" for h in hit) + " ms", flush=True)  # fmt: skip
+    for label, series in (("miss p50", miss), ("exact hit p50", hit)):
+        print(f"\n{label}, 1 connection, {rounds} rounds (ms; paired difference against "
+              f"{variants[0]}: median, rounds slower / faster / equal)")  # fmt: skip
+        for variant, xs in zip(variants, series, strict=True):
+            diffs = [x - b for x, b in zip(xs, series[0], strict=True)]
+            print(f"  {variant:60s} {statistics.median(xs):.3f} ({min(xs):.3f}-{max(xs):.3f})  "
+                  f"{statistics.median(diffs) * 1000:+.0f} µs  "
+                  f"{sum(d > 0 for d in diffs)}/{sum(d < 0 for d in diffs)}/"
+                  f"{sum(d == 0 for d in diffs)}")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
