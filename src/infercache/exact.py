@@ -85,22 +85,29 @@ class ExactCache:
         reason = self._staleness(entry, view) if entry is not None else MissReason.ABSENT
         if entry is not None and reason is not None:
             self._delete(key)
-        elif entry is not None and self._too_old_for(entry, request.directives.max_age_s):
+        elif entry is not None and self.too_old_for(entry, request.directives.max_age_s):
             reason = MissReason.EXPIRED  # fresh for others (kept), too old for this caller
         self._metrics.overhead(self._clock.monotonic_s() - started)
         return Lookup(key, view, entry if reason is None else None, reason)
 
     def fresh_entry(self, key: str, view: VersionView, max_age_s: float | None) -> Entry | None:
-        """The entry under `key` if it would be a hit for a request that saw `view` (the
-        semantic layer's check of a candidate). Raises StoreError."""
+        """The entry under `key` if it would be a hit for a request that saw `view` and accepts
+        answers up to `max_age_s` old (the semantic layer's check of a candidate). Raises
+        StoreError."""
+        entry = self.live_entry(key, view)
+        return None if entry is None or self.too_old_for(entry, max_age_s) else entry
+
+    def live_entry(self, key: str, view: VersionView) -> Entry | None:
+        """The entry under `key` if it is valid for requests that saw `view` (unexpired, its
+        model version and tag generations current); None when it is gone for all of them,
+        whatever max-age one of them asks for. Raises StoreError."""
         entry = self.backend.get(key)
         if entry is None or self._staleness(entry, view) is not None:
             return None
-        if self._too_old_for(entry, max_age_s):
-            return None
         return entry
 
-    def _too_old_for(self, entry: Entry, max_age_s: float | None) -> bool:
+    def too_old_for(self, entry: Entry, max_age_s: float | None) -> bool:
+        """Older than one request's max-age: a miss for it, still fresh for the others."""
         return max_age_s is not None and self._clock.now_s() - entry.created_at_s > max_age_s
 
     def _staleness(self, entry: Entry, view: VersionView) -> MissReason | None:

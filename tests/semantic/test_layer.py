@@ -328,3 +328,21 @@ def test_an_embedder_outage_is_a_counted_embedder_error_miss_never_a_failed_requ
     assert s["misses"] == {"absent": 1, "embedder_error": 1}  # never `store_error`
     assert s["counters"]["embedder_errors"] == 2  # the lookup, then indexing the answer
     assert cache.complete(ask(ORIGINAL), upstream).layer == Layer.EXACT  # exact still serves
+
+
+def test_an_entry_too_old_for_one_request_stays_indexed_for_the_others(
+    tmp_path: Path, clock: ManualClock, upstream: CountingUpstream
+) -> None:
+    cache = make_cache(tmp_path, clock)
+    first = cache.complete(ask(ORIGINAL), upstream)
+    clock.advance(30)
+    picky = cache.complete(ask(REPHRASED, infercache={"max_age_s": 10}), upstream)
+    assert picky.layer == Layer.MISS  # its near-duplicate is 30 s old
+    # The original is fresh for everyone else: its vector stays beside the new answer's.
+    assert cache.stats()["strategies"]["semantic"]["gauges"]["vectors"] == 2
+    assert cache.stats()["strategies"]["semantic"]["misses"] == {"absent": 1, "expired": 1}
+    again = cache.complete(ask(REPHRASED), upstream)
+    assert again.layer in (Layer.SEMANTIC, Layer.EXACT)
+    assert cache.complete(ask("How could I reset my password?"), upstream).layer == Layer.SEMANTIC
+    assert upstream.calls == 2
+    assert again.response in (first.response, picky.response)

@@ -13,9 +13,10 @@ Lookup (after an exact miss), `lookup`:
      (shadow.LiveCalibration; none yet = shadow); each candidate's answer group may move it
      (answer_stats.py).
   5. Try the candidates in `decision.ranked` order: `decision.accept` (its threshold, then the
-     guards) must take it, and its exact entry must be fresh for this request
-     (`ExactCache.fresh_entry`: TTL, model version, tag generations, max-age). A candidate whose
-     entry is gone is dropped from the index on the spot. The first such is the hit.
+     guards) must take it, and its exact entry must be live (`ExactCache.live_entry`: TTL,
+     model version, tag generations) and no older than the request's max-age. A candidate
+     whose entry is gone is dropped from the index on the spot; one merely older than this
+     request's max-age stays for the others. The first such is the hit.
      In shadow (no operating point) nothing is served: the best candidate is only noted.
 Store (after the exact layer stored an answer), `store`: the `records.SemanticRecord` (scope,
 text, answer digest, vector) goes to the same backend under `sem:{exact key}` with the exact
@@ -244,17 +245,19 @@ class SemanticLayer:
             if base is None or not decision.accepted:
                 continue
             try:
-                entry = self.exact.fresh_entry(
-                    candidate.item.key, view, request.directives.max_age_s
-                )
+                entry = self.exact.live_entry(candidate.item.key, view)
             except StoreError as exc:
                 self.metrics.count("store_errors")
                 log.warning("semantic candidate unreadable, serving without it: %s", exc)
                 return _Choice(None, MissReason.STORE_ERROR, None)
-            if entry is None:
-                self.indexes.forget(candidate.vid)  # expired, evicted or invalidated
+            if entry is None:  # expired, evicted or invalidated: gone for every request
+                self.indexes.forget(candidate.vid)
                 best = None if best[0] is candidate else best
                 continue
+            if self.exact.too_old_for(entry, request.directives.max_age_s):
+                if reason is MissReason.ABSENT:  # as the exact layer counts it
+                    reason = MissReason.EXPIRED
+                continue  # too old for this request only: it stays indexed for the others
             hit = SemanticHit(entry, candidate.item.key, candidate.similarity, score, group)
             return _Choice(hit, reason, None)
         return _Choice(None, reason, self._note(best, view, request, base))

@@ -18,7 +18,7 @@ drives `FeedFollower` (the feed's consumer contract):
 5. A `StoreError` is counted (`feed_errors`), logged, and the step retried after a backoff
    (0.1 s doubling to 5 s); the replica serves from the index it has meanwhile.
 Correctness never rests on the feed: a lagging replica checks every candidate against the
-store on read (`ExactCache.fresh_entry`: TTL, model version, tag generations), so it may miss a
+store on read (`ExactCache.live_entry`: TTL, model version, tag generations), so it may miss a
 new entry but never serves an invalidated or removed one.
 
 `close()` stops the thread (it wakes within `block_ms`) and closes the feed's client; the layer

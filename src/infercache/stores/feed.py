@@ -27,7 +27,7 @@ Consumer contract (the semantic layer's replica sync; `FeedFollower` below drive
 3. `batch.gap`: events were lost; rebuild from the store as in 1, continuing from
    `batch.position` (the tail when the gap was seen).
 4. A lagging replica stays correct: every candidate is checked against the store on read
-   (`ExactCache.fresh_entry`, the entry's recorded version and tag generations against the
+   (`ExactCache.live_entry`, the entry's recorded version and tag generations against the
    current ones), so an invalidated or removed entry is never served, only looked at.
 5. Publishing is best effort after the store write succeeded: a `StoreError` from `publish`
    is counted and logged, and the entry still reaches other replicas at their next rebuild.
