@@ -1,7 +1,7 @@
 """Gateway throughput and latency on loopback: exact hits, and what a miss adds.
 
     .venv/bin/python bench/gateway.py [--seconds 10] [--concurrency 32] [--store URL]
-                                      [--without metrics,feedback,guard,head-bound]
+                                      [--without FEATURES]
 
 Three processes share the machine: a trivial OpenAI-compatible upstream that answers at once
 (so a miss measures the gateway, not a model), the gateway (`infercache serve --upstream ...`,
@@ -14,7 +14,7 @@ since a Python client costs more per request than the gateway does; async httpx 
   upstream call, store), against the gateway and then directly against the upstream; the
   added latency is the difference of the medians.
 Client and servers share the same 2 cores, so throughput is a floor, not a ceiling.
-`--without` runs the gateway with those per-request features off (bench/without.py), to
+`--without` runs the gateway with per-request features off (bench/without.py lists them), to
 measure what they cost.
 """
 
