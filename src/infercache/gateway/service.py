@@ -487,6 +487,9 @@ class Gateway:
         return assembler.result()
 
     async def aclose(self) -> None:
+        """Shut down after the server drained: the upstreams, the log, the replica flights,
+        then the cache, so what its store holds in memory (SQLite's batched recency of hits)
+        is written and the semantic layer's sync thread ends."""
         await self.load_poller.aclose()
         for upstream in self.upstreams:
             await upstream.aclose()
@@ -494,6 +497,10 @@ class Gateway:
             self.request_log.close()
         if self.across is not None:
             await self.across.aclose()
+        try:
+            await self.offload(self.cache.close)
+        except InfercacheError as exc:
+            log.warning("the cache did not close cleanly: %s", exc)
         self._store_pool.shutdown(wait=False, cancel_futures=True)
 
 
