@@ -32,10 +32,10 @@ import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
 import httpx
+import without
 
 ANSWER = {
     "id": "chatcmpl-bench",
@@ -244,9 +244,7 @@ def main() -> int:
     if args.serve_upstream:
         serve_upstream(args.serve_upstream)
         return 0
-    cli = [str(Path(sys.executable).parent / "infercache")]
-    if args.without:
-        cli = [sys.executable, str(Path(__file__).with_name("without.py")), args.without]
+    cli = without.command(args.without)
     up_port, gw_port = free_port(), free_port()
     with tempfile.TemporaryDirectory() as tmp:
         store = args.store or f"sqlite:///{tmp}/bench.db"

@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 
 import httpx
+import without
 from gateway import HIT_LUA, MISS_LUA, body, free_port, wait_for, wrk
 
 BENCH = Path(__file__).parent
@@ -41,13 +42,12 @@ def command(variant: str, port: int, store: str, upstream: str) -> tuple[list[st
     serve = ["serve", "--port", str(port), "--store", store, "--upstream", upstream]
     env = dict(os.environ)
     if variant == "shipped":
-        return [str(Path(sys.executable).parent / "infercache"), *serve], env
+        return [*without.command(""), *serve], env
     if variant.startswith("without:"):
-        features = variant.removeprefix("without:")
-        return [sys.executable, str(BENCH / "without.py"), features, *serve], env
+        return [*without.command(variant.removeprefix("without:")), *serve], env
     if variant.startswith("tree:"):
         env["PYTHONPATH"] = variant.removeprefix("tree:")
-        return [str(Path(sys.executable).parent / "infercache"), *serve], env
+        return [*without.command(""), *serve], env
     raise SystemExit(f"unknown variant {variant!r}: shipped, without:FEATURES or tree:DIR")
 
 

@@ -26,6 +26,7 @@ import contextlib
 import sys
 from collections.abc import Callable
 from contextlib import AbstractContextManager
+from pathlib import Path
 from typing import Any
 
 
@@ -88,6 +89,14 @@ FEATURES: dict[str, Callable[[], None]] = {
     "head-bound": _no_head_bound,
     "nonblocking": _no_nonblocking,
 }
+
+
+def command(features: str) -> list[str]:
+    """The command that runs `infercache` with `features` (a comma list) off; with none, the
+    installed `infercache` script itself."""
+    if not features:
+        return [str(Path(sys.executable).parent / "infercache")]
+    return [sys.executable, str(Path(__file__).resolve()), features]
 
 
 def main() -> int:

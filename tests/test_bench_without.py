@@ -85,3 +85,10 @@ def test_nonblocking_off_makes_plain_calls(without: ModuleType) -> None:
 def test_a_renamed_target_fails_loudly(without: ModuleType) -> None:
     with pytest.raises(AttributeError, match="out of date"):
         without._replace(RequestMetrics, "record_renamed", None)
+
+
+def test_the_command_runs_the_installed_script_or_this_module(without: ModuleType) -> None:
+    assert Path(without.command("")[0]).name == "infercache"
+    switched = without.command("metrics,guard")
+    assert Path(switched[1]) == WITHOUT
+    assert switched[2] == "metrics,guard"
