@@ -74,7 +74,8 @@ class FakeUpstream:
         self.cancelled_streams = 0
         self.other_requests: list[dict[str, Any]] = []
         self.embedded: list[str] = []
-        self.app = Starlette(
+        self.received: list[bytes] = []  # every HTTP request whole: line, headers, body
+        self.routes = Starlette(
             routes=[
                 Route("/v1/chat/completions", self.chat, methods=["POST"]),
                 Route("/v1/models", self.models, methods=["GET"]),
@@ -85,6 +86,35 @@ class FakeUpstream:
             lifespan=self._lifespan,
             exception_handlers=exception_handlers(),  # errors in the OpenAI shape, as a provider
         )
+
+        self.app = self._recording  # a plain function: uvicorn takes a bound method for ASGI2
+
+    @property
+    def _recording(self) -> Any:
+        async def app(scope: Any, receive: Any, send: Any) -> None:
+            await self._record(scope, receive, send)
+
+        return app
+
+    async def _record(self, scope: Any, receive: Any, send: Any) -> None:
+        """The stand-in as an ASGI app that records each request as it arrived (method, path,
+        query, every header, the body), so a test can search all of it for a planted secret."""
+        if scope["type"] != "http":
+            await self.routes(scope, receive, send)
+            return
+        raw = [scope["method"].encode(), scope["path"].encode(), scope["query_string"]]
+        raw += [name + b": " + value for name, value in scope["headers"]]
+        body: list[bytes] = []
+
+        async def recording_receive() -> Any:
+            message = await receive()
+            if message["type"] == "http.request":
+                body.append(message.get("body", b""))
+                if not message.get("more_body"):
+                    self.received.append(b"\n".join([*raw, b"".join(body)]))
+            return message
+
+        await self.routes(scope, recording_receive, send)
 
     @contextlib.asynccontextmanager
     async def _lifespan(self, app: Starlette) -> AsyncIterator[None]:

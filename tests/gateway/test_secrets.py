@@ -59,6 +59,92 @@ def test_gateway_keys_never_reach_the_upstream(make_gateway: MakeGateway) -> Non
     assert authorization_sent(running) == [None]
 
 
+# Where clients put keys: the standard ones, the Anthropic and Azure SDKs', a proxy's, cookies,
+# other vendors' and gateways', and two whose names are allowed (a value scan must catch them).
+PLANTED_HEADERS = (
+    "authorization", "x-api-key", "api-key", "proxy-authorization", "cookie", "x-goog-api-key",
+    "x-auth-token", "x-access-token", "apikey", "ocp-apim-subscription-key",
+    "openai-organization", "x-stainless-planted",
+)  # fmt: skip
+AUTH_HEADERS = ("authorization", "x-api-key", "api-key")  # what the gateway reads a key from
+
+
+def _planted(name: str, key: str) -> str:
+    if name in ("authorization", "proxy-authorization"):
+        return f"Bearer {key}"
+    return f"session={key}" if name == "cookie" else key
+
+
+@pytest.mark.parametrize("mode", ["key", "open"])
+def test_a_planted_gateway_key_never_reaches_the_upstream_in_any_header_or_query(
+    make_gateway: MakeGateway, fake: tuple[Any, str], mode: str
+) -> None:
+    """The key in each of 12 header names and in the query, to chat, embeddings and three
+    pass-through paths: nothing the upstream received holds it; its own key is always sent."""
+    _, upstream_url = fake
+    key = "sk-pl4nted-client-a"
+    running = make_gateway(
+        api_keys=CLIENT_KEYS if mode == "key" else {},
+        upstreams=(UpstreamSpec(f"{upstream_url}/v1", key_env="STANDIN_KEY"),),
+        environ={"STANDIN_KEY": UPSTREAM_KEY},
+    )
+    calls = (
+        ("POST", "/v1/chat/completions", body()),
+        ("POST", "/v1/embeddings", {"model": "e", "input": ["a", "b"]}),
+        ("GET", "/v1/files", None),
+        ("POST", "/v1/responses", {"model": "test-model", "input": "hi"}),
+        ("POST", "/v1/batches", {"input_file_id": "file-1"}),
+    )
+    with httpx.Client(base_url=running.url, timeout=30) as client:
+        for i, name in enumerate(PLANTED_HEADERS):
+            auth = AUTH_HEADERS[i % len(AUTH_HEADERS)]  # the key is presented in each of them
+            headers = {auth: _planted(auth, key), name: _planted(name, key)}
+            for method, path, payload in calls:
+                response = client.request(
+                    method,
+                    path,
+                    params={"api-key": key, "limit": "2", "q": key},
+                    headers=headers,
+                    json=payload,
+                )
+                assert response.status_code == 200, (name, path, response.text)
+    received = running.fake.received
+    assert len(received) == 2 + 3 * len(PLANTED_HEADERS)  # chat and embeddings hit after one
+    for request in received:
+        assert key.encode() not in request
+        assert f"authorization: Bearer {UPSTREAM_KEY}".encode() in request
+    passed = [r for r in received if r.startswith(b"GET\n/v1/files")]
+    assert len(passed) == len(PLANTED_HEADERS)
+    assert all(b"\nlimit=2\n" in r for r in passed)  # other parameters are kept
+
+
+def test_a_header_forwarded_on_purpose_passes_but_never_a_credential_header(
+    make_gateway: MakeGateway, fake: tuple[Any, str]
+) -> None:
+    _, upstream_url = fake
+    running = make_gateway(forward_headers=("X-Trace-Id",))
+    with httpx.Client(base_url=running.url, timeout=30) as client:
+        headers = {"x-trace-id": "t-1", "x-other": "o-1", "openai-beta": "assistants=v2"}
+        assert client.get("/v1/files", headers=headers).status_code == 200
+    sent = running.fake.other_requests[-1]["headers"]
+    assert (sent.get("x-trace-id"), sent.get("openai-beta")) == ("t-1", "assistants=v2")
+    assert "x-other" not in sent
+    with pytest.raises(ConfigError, match="credential header"):
+        GatewayConfig(upstreams=(f"{upstream_url}/v1",), forward_headers=("X-Api-Key",))
+
+
+def test_the_anthropic_and_azure_key_headers_authenticate(make_gateway: MakeGateway) -> None:
+    running = make_gateway(api_keys=CLIENT_KEYS)
+    with httpx.Client(base_url=running.url, timeout=30) as client:
+        for name in ("x-api-key", "api-key"):
+            headers = {name: "sk-pl4nted-client-b"}
+            answer = client.post("/v1/chat/completions", json=body(), headers=headers)
+            assert answer.status_code == 200
+            wrong = client.post("/v1/chat/completions", json=body(), headers={name: "sk-no"})
+            assert wrong.status_code == 401
+    assert running.fake.calls == 1  # one tenant: the second is a hit
+
+
 def test_an_upstream_gets_its_own_key_from_its_key_env(
     make_gateway: MakeGateway, fake: tuple[Any, str]
 ) -> None:

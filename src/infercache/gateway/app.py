@@ -47,6 +47,7 @@ from infercache.errors import (
 from infercache.gateway.auth import Auth, resolve_tenant
 from infercache.gateway.controls import apply_header_controls
 from infercache.gateway.feedback import feedback_endpoint
+from infercache.gateway.forwarding import presented_secrets
 from infercache.gateway.service import Gateway, JSONReply
 from infercache.gateway.stats import gateway_stats
 from infercache.gateway.store_size import StoreSize
@@ -85,7 +86,7 @@ def create_app(
 
     async def cached(request: Request, endpoint: Endpoint) -> Response:
         headers = header_map(request)
-        caller = auth.caller(headers.get("authorization"))
+        caller = auth.caller(headers)
         body = json_object(await read_json(request, max_body_bytes))
         tenant = resolve_tenant(caller, headers, body)
         body = apply_header_controls(body, headers)
@@ -105,7 +106,7 @@ def create_app(
 
     async def embeddings(request: Request) -> Response:
         headers = header_map(request)
-        caller = auth.caller(headers.get("authorization"))
+        caller = auth.caller(headers)
         body = json_object(await read_json(request, max_body_bytes))
         tenant = resolve_tenant(caller, headers, body)
         body = apply_header_controls(body, headers)
@@ -125,11 +126,11 @@ def create_app(
         return list(seen.values())
 
     async def models(request: Request) -> Response:
-        auth.caller(request.headers.get("authorization"))
+        auth.caller(request.headers)
         return JSONResponse({"object": "list", "data": await all_models()})
 
     async def model(request: Request) -> Response:
-        auth.caller(request.headers.get("authorization"))
+        auth.caller(request.headers)
         wanted = request.path_params["model"]
         for m in await all_models():
             if m.get("id") == wanted:
@@ -141,7 +142,7 @@ def create_app(
         if request.url.path in OWN_PATHS:  # ours, with another method
             allowed = OWN_PATHS[request.url.path]
             raise HTTPException(405, headers={"allow": ", ".join(allowed)})
-        caller = auth.caller(request.headers.get("authorization"))
+        caller = auth.caller(request.headers)
         targets = [u for u in gateway.upstreams if isinstance(u, PassThrough)]
         if not targets:
             raise NotFoundError(
@@ -152,13 +153,15 @@ def create_app(
         passthrough = gateway.cache.metrics.strategy("passthrough")
         passthrough.miss(MissReason.UNCACHEABLE)
         passthrough.count(resource if resource in RESOURCES else "other")
+        headers = header_map(request)
         forwarded = await targets[0].forward(
             request.method,
             path,
             query=request.url.query,
-            headers=request.headers,
+            headers=headers,
             body=request.stream(),
             bearer=caller.bearer,
+            secrets=[*presented_secrets(headers), *auth.secrets()],
         )
         return StreamingResponse(
             forwarded.body, status_code=forwarded.status, headers=dict(forwarded.headers)

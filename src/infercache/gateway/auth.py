@@ -3,6 +3,7 @@
 `resolve_tenant(caller, headers, body)` is the only place a tenant is read from a key, a header
 (`x-infercache-tenant`) or a directive (`infercache.tenant` in the body). It decides:
 
+    key    `Authorization: Bearer KEY`, else `x-api-key`, else `api-key` (client_credential)
     base   with API keys (`--api-key KEY=TENANT`): the key's tenant (an unknown key is a 401)
            open mode with a bearer token: `key:` + sha256(token)[:16], so two callers with
            different provider keys never share answers
@@ -27,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from infercache.errors import AuthenticationError, InvalidRequestError, PermissionDeniedError
+from infercache.gateway.forwarding import CREDENTIAL_HEADERS
 from infercache.request import DIRECTIVES_FIELD
 
 TENANT_HEADER = "x-infercache-tenant"
@@ -47,6 +49,19 @@ def bearer_token(authorization: str | None) -> str | None:
     if scheme.lower() != "bearer" or not token.strip():
         return None
     return token.strip()
+
+
+def client_credential(headers: Mapping[str, str]) -> str | None:
+    """The gateway key a client presented: `Authorization: Bearer KEY`, else `x-api-key` (the
+    Anthropic SDKs), else `api-key` (the Azure SDKs). `headers`: lower-cased names."""
+    for name in CREDENTIAL_HEADERS:
+        value = headers.get(name)
+        if not value:
+            continue
+        token = bearer_token(value) if name == "authorization" else value.strip()
+        if token:
+            return token
+    return None
 
 
 def tenant_of_token(token: str) -> str:
@@ -116,12 +131,20 @@ class Auth:
         if self._keys:
             self.require_admin(authorization)
 
-    def caller(self, authorization: str | None) -> Caller:
-        token = bearer_token(authorization)
+    def secrets(self) -> list[str]:
+        """Every key and token the gateway holds: none of them may go upstream."""
+        tokens = (self._admin_token, self._metrics_token)
+        return [*self._keys, *(t for t in tokens if t)]
+
+    def caller(self, headers: Mapping[str, str]) -> Caller:
+        """Who sent a request with these (lower-cased) headers; see `client_credential`."""
+        token = client_credential(headers)
         if not self._keys:
             return Caller(None, token)
         if token is None:
-            raise AuthenticationError("missing API key: send 'Authorization: Bearer KEY'")
+            raise AuthenticationError(
+                "missing API key: send 'Authorization: Bearer KEY' (or 'x-api-key: KEY')"
+            )
         for key, tenant in self._keys.items():
             if hmac.compare_digest(key.encode(), token.encode()):
                 return Caller(tenant, token)

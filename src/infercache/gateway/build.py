@@ -166,6 +166,7 @@ def _upstreams(
                 spec.url,
                 api_key=config.key_for(spec),
                 forward_client_key=config.forward_client_key,
+                forward_headers=frozenset(config.forward_headers),
                 kind=spec.kind,
                 salt_secret=secret,
                 timeout_s=config.upstream_timeout_s,

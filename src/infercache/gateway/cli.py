@@ -42,6 +42,8 @@ def _config(args: argparse.Namespace) -> GatewayConfig:
         raise ConfigError("--upstream-key-env needs --upstream")
     if args.forward_client_key:
         flags["forward_client_key"] = True
+    if args.forward_header:
+        flags["forward_headers"] = tuple(args.forward_header)
     if args.otel:
         flags["otel"] = True
     if args.api_key:
@@ -144,6 +146,13 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         "--forward-client-key",
         action="store_true",
         help="open mode only: send each caller's own bearer token to the upstream",
+    )
+    p.add_argument(
+        "--forward-header",
+        action="append",
+        metavar="NAME",
+        help="a client header that passed-through requests carry upstream, beyond the allowed "
+        "content, version and SDK headers (repeatable; never a credential header; default none)",
     )
     p.add_argument(
         "--api-key",

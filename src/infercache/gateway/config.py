@@ -10,6 +10,7 @@ secrets from the environment (`INFERCACHE_UPSTREAM_API_KEY`, `INFERCACHE_ADMIN_T
     # upstreams = [{ url = "https://api.openai.com/v1", key_env = "OPENAI_API_KEY" }]
     api_keys = { "sk-team-a" = "team-a" }       # key = tenant; none: open, see auth.py
     forward_client_key = false                  # open mode only: send the caller's bearer on
+    forward_headers = ["x-my-trace"]            # client headers passed through on purpose
     max_body_bytes = 4194304
     request_log = "requests.jsonl"
     redact = false
@@ -21,8 +22,10 @@ secrets from the environment (`INFERCACHE_UPSTREAM_API_KEY`, `INFERCACHE_ADMIN_T
     replica_lease_s = 10                        # a dead gateway's call is taken over after it
 
 Credentials: an upstream is called with its own key (its `key_env`, else
-`INFERCACHE_UPSTREAM_API_KEY`), or with none. A client's gateway key is never forwarded; the
-caller's own bearer goes upstream only with `forward_client_key`, which needs open mode. A URL's
+`INFERCACHE_UPSTREAM_API_KEY`), or with none. A client's gateway key is never forwarded, in any
+header; a passed-through request carries only the client headers gateway/forwarding.py allows
+(and `forward_headers`); the caller's own bearer goes upstream only with `forward_client_key`,
+which needs open mode. A URL's
 `user:password@` becomes HTTP Basic auth and is masked wherever the URL is shown (urls.py).
 """
 
@@ -35,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from infercache.errors import ConfigError
+from infercache.gateway.forwarding import CREDENTIAL_HEADERS
 from infercache.urls import has_credentials, mask_credentials
 
 UPSTREAM_KINDS = ("openai", "vllm", "sglang")
@@ -96,6 +100,7 @@ class GatewayConfig:
     upstream_api_key: str | None = None  # the default key of upstreams without key_env
     upstream_keys: Mapping[str, str] = field(default_factory=dict)  # url → key, from key_env
     forward_client_key: bool = False
+    forward_headers: tuple[str, ...] = ()  # client headers passed through beyond forwarding.py's
     api_keys: Mapping[str, str] = field(default_factory=dict)
     admin_token: str | None = None
     metrics_token: str | None = None
@@ -115,6 +120,14 @@ class GatewayConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "upstreams", tuple(UpstreamSpec.of(u) for u in self.upstreams))
+        object.__setattr__(self, "forward_headers", tuple(h.lower() for h in self.forward_headers))
+        never = {*CREDENTIAL_HEADERS, "proxy-authorization", "cookie"}
+        credential = set(self.forward_headers) & never
+        if credential:
+            raise ConfigError(
+                f"forward_headers cannot name a credential header {sorted(credential)}: a "
+                "client's key is never sent upstream (see forward_client_key)"
+            )
         if not 0 < self.port < 65536:
             raise ConfigError(f"port must be 1..65535, got {self.port}")
         if self.max_body_bytes < 1024:

@@ -36,7 +36,7 @@ def feedback_endpoint(
     gateway: Gateway, auth: Auth, max_body_bytes: int
 ) -> Callable[[Request], Awaitable[Response]]:
     async def feedback(request: Request) -> Response:
-        caller = auth.caller(request.headers.get("authorization"))
+        caller = auth.caller(request.headers)
         body = json_object(await read_json(request, max_body_bytes))
         tenant = resolve_tenant(caller, request.headers, body)
         response_id, wrong = body.get("id"), body.get("wrong")

@@ -11,7 +11,8 @@ so the client sees what the upstream said.
 
 Credentials: the upstream's own `api_key` (configured per upstream) as a bearer, or HTTP Basic
 auth from `user:password@` in its URL; a caller's bearer only when the gateway was started with
-`forward_client_key` (open mode). `name` is the URL with its credentials masked: it is what logs
+`forward_client_key` (open mode). A passed-through request keeps only the client headers
+forwarding.py allows. `name` is the URL with its credentials masked: it is what logs
 and `/stats` show.
 
 The tenant is forwarded as an `x-infercache-tenant` header, which the built-in engine uses to
@@ -27,7 +28,7 @@ from __future__ import annotations
 import base64
 import hmac
 import logging
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
@@ -37,6 +38,7 @@ import orjson
 
 from infercache.chat import StreamChunk
 from infercache.errors import UpstreamError, UpstreamUnavailableError
+from infercache.gateway.forwarding import forwarded_headers, forwarded_query
 from infercache.urls import mask_credentials, split_credentials
 
 log = logging.getLogger(__name__)
@@ -141,7 +143,6 @@ _HOP_BY_HOP = {
     "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
     "transfer-encoding", "upgrade",
 }  # fmt: skip
-_NOT_FORWARDED = _HOP_BY_HOP | {"host", "authorization", "content-length", "x-infercache-tenant"}
 _NOT_FORWARDED_BACK = _HOP_BY_HOP | {"content-length", "server", "date"}
 
 
@@ -169,7 +170,10 @@ class PassThrough(Protocol):
         headers: Mapping[str, str],
         body: AsyncIterator[bytes],
         bearer: str | None,
-    ) -> Forwarded: ...
+        secrets: Sequence[str],
+    ) -> Forwarded:
+        """`headers` and `query` as the client sent them: the upstream keeps only what
+        forwarding.py allows and no value holding one of `secrets`."""
 
 
 def cache_salt(secret: bytes, tenant: str) -> str:
@@ -186,6 +190,7 @@ class HTTPUpstream:
         *,
         api_key: str | None = None,
         forward_client_key: bool = False,
+        forward_headers: frozenset[str] = frozenset(),
         kind: str = "openai",
         salt_secret: bytes | None = None,
         timeout_s: float = 600.0,
@@ -202,6 +207,7 @@ class HTTPUpstream:
         )
         self._api_key = api_key
         self._forward_client_key = forward_client_key
+        self._forward_headers = frozenset(h.lower() for h in forward_headers)
         self.kind = kind
         if kind in SALTED_KINDS and salt_secret is None:
             raise ValueError(f"a {kind} upstream needs a salt secret")
@@ -328,11 +334,14 @@ class HTTPUpstream:
         headers: Mapping[str, str],
         body: AsyncIterator[bytes],
         bearer: str | None,
+        secrets: Sequence[str],
     ) -> Forwarded:
-        """Pass a request through unchanged but for its credentials (ours, never a gateway
-        key) and hop-by-hop headers; the answer streams back as it comes, still encoded."""
-        out = {k: v for k, v in headers.items() if k.lower() not in _NOT_FORWARDED}
+        """Pass a request through with the client headers forwarding.py allows and our own
+        credentials (never a gateway key); the answer streams back as it comes, still
+        encoded."""
+        out = forwarded_headers(headers, secrets, also_allowed=self._forward_headers)
         out.update({k: v for k, v in self._headers("", bearer).items() if k == "authorization"})
+        query = forwarded_query(query, secrets)
         url = f"{self._url}{path}" + (f"?{query}" if query else "")
         with map_aiohttp_errors(self.name):
             response = await self._client().request(
