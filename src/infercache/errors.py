@@ -19,7 +19,10 @@ and shape checks raise `ValueError`/`TypeError`, never a client-facing class.
     ├── ClientDisconnectedError        the client left before its request was read (499)
     ├── StoreError                     any cache-store failure; becomes a counted miss, never
     │   │                              a failed request
-    │   └── StoreUnavailableError      over its latency budget, or skipped while it fails
+    │   ├── StoreUnavailableError      over its latency budget, or skipped while it fails
+    │   └── KVTierError                a KV tier below RAM (disk, Redis) failed: a counted
+    │       │                          recompute (engine/kv_tiers.py), never a failed request
+    │       └── BlockRejected          a stored KV block failed verification (kv_blocks.py)
     ├── StoreWouldBlockError           a non-blocking store read would wait: retried off the
     │                                  event loop (internal, never reaches a client)
     ├── EmbedderError                  the semantic layer's embedder failed; a counted miss
@@ -155,6 +158,19 @@ class StoreError(InfercacheError):
 
 class StoreUnavailableError(StoreError):
     """The store took longer than its budget, or its circuit breaker is open: skipped."""
+
+
+class KVTierError(StoreError):
+    """A KV tier below RAM (the engine's disk or shared tier) could not read or write a block:
+    the prompt is recomputed and the failure counted."""
+
+
+class BlockRejected(KVTierError):
+    """A stored KV block that must not be used; `reason`: truncated, header, tokens, checksum."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(f"KV block rejected ({reason}){': ' + detail if detail else ''}")
+        self.reason = reason
 
 
 class StoreWouldBlockError(InfercacheError):

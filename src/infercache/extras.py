@@ -4,7 +4,7 @@
 no torch, no transformers. Each extra adds one part (pyproject.toml lists its packages):
 
     engine     the built-in engine                     torch, transformers, accelerate, gguf,
-                                                       safetensors
+                                                       safetensors, xxhash
     semantic   the semantic layer: embedders, index    torch, transformers, usearch, static_model
     report     plots (analyze --format html, --plot)   matplotlib
     otel       OpenTelemetry spans                     opentelemetry-sdk, its OTLP exporter
@@ -34,7 +34,7 @@ from infercache.errors import MissingExtraError
 
 # extra → the top-level modules it provides that the code imports
 EXTRAS: dict[str, tuple[str, ...]] = {
-    "engine": ("torch", "transformers", "accelerate", "gguf", "safetensors"),
+    "engine": ("torch", "transformers", "accelerate", "gguf", "safetensors", "xxhash"),
     "semantic": ("torch", "transformers", "usearch", "static_model"),
     "report": ("matplotlib",),
     "otel": ("opentelemetry.sdk", "opentelemetry.exporter.otlp.proto.http"),

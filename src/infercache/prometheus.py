@@ -24,6 +24,10 @@ seen, and a line here to get a better name. The prefix counters are named as vLL
 built-in engine counts them or the gateway reads them off an HTTP upstream's usage. A strategy
 gauge whose name ends in `_rate` is a ratio: it stays in the JSON and is not exported.
 
+An event named `<event>:<tier>` whose event is in `TIERED` (the engine's KV tiers: ram, disk,
+shared) is one series of a family with a `tier` label, whatever its kind:
+`infercache_prefix_cache_tier_hits_total{strategy="prefix",tier="disk"}`.
+
 The passthrough strategy counts its calls per API resource (a bounded set, gateway/app.py):
 `infercache_passthrough_requests_total{resource}`.
 
@@ -77,6 +81,15 @@ COUNTERS: dict[str, tuple[str, str]] = {
     "prefix_cache_hits": (
         "infercache_prefix_cache_hits",
         "Prompt tokens found in the prefix cache (as vLLM's prefix_cache_hits)",
+    ),
+    "external_prefix_cache_queries": (
+        "infercache_external_prefix_cache_queries",
+        "Prompt tokens the RAM prefix cache lacked, looked up in the KV tiers below it (as vLLM's "
+        "external_prefix_cache_queries)",
+    ),
+    "external_prefix_cache_hits": (
+        "infercache_external_prefix_cache_hits",
+        "Prompt tokens loaded from the KV tiers below RAM (as vLLM's external_prefix_cache_hits)",
     ),
     "prompt_tokens": ("infercache_engine_prompt_tokens", "Prompt tokens the engine processed"),
     "generation_tokens": ("infercache_engine_generation_tokens", "Tokens the engine generated"),
@@ -142,6 +155,43 @@ HISTOGRAMS: dict[str, tuple[str, str]] = {
     ),
 }
 
+# `<event>:<tier>` → (family name, help), labelled by `tier`; counters lose `_total` here too.
+TIERED: dict[str, tuple[str, str]] = {
+    "prefix_cache_hits": (
+        "infercache_prefix_cache_tier_hits",
+        "Prompt tokens reused, by the KV tier they came from",
+    ),
+    "saved_prefill_s": (
+        "infercache_prefix_cache_tier_saved_seconds",
+        "Estimated prefill seconds saved by reuse from each KV tier, net of loading",
+    ),
+    "kv_blocks_loaded": ("infercache_kv_tier_loaded_blocks", "KV blocks loaded and verified"),
+    "kv_blocks_written": ("infercache_kv_tier_written_blocks", "KV blocks written to a tier"),
+    "kv_blocks_corrupt": (
+        "infercache_kv_tier_corrupt_blocks",
+        "KV blocks that failed verification (length, header, tokens, checksum): recomputed",
+    ),
+    "kv_blocks_missing": (
+        "infercache_kv_tier_missing_blocks",
+        "KV blocks listed on disk but gone when read: recomputed",
+    ),
+    "kv_blocks_evicted": (
+        "infercache_kv_tier_evicted_blocks",
+        "KV blocks evicted from a tier to stay within its byte budget",
+    ),
+    "kv_tier_errors": (
+        "infercache_kv_tier_errors",
+        "KV tier calls that failed (I/O errors, Redis unreachable or slow): recomputed",
+    ),
+    "kv_load_bytes": ("infercache_kv_tier_load_bytes", "Bytes of KV blocks loaded from a tier"),
+    "kv_tier_bytes": ("infercache_kv_tier_bytes", "Bytes of KV held by each tier"),
+    "kv_tier_blocks": ("infercache_kv_tier_blocks", "KV blocks held by each tier"),
+    "kv_load_s": (
+        "infercache_kv_tier_load_seconds",
+        "Seconds a request spent loading KV blocks from a tier",
+    ),
+}
+
 # strategy → (family name without `_total`, label, help): every counter of the strategy is one
 # series of this family, labelled by the counter's name.
 LABELLED_COUNTERS: dict[str, tuple[str, str, str]] = {
@@ -190,12 +240,24 @@ def _counters(strategies: Mapping[str, Mapping[str, Any]]) -> Iterator[Metric]:
                     fam = out[name] = CounterMetricFamily(name, doc, labels=["strategy", label])
                 fam.add_metric([strategy, event], float(value))
                 continue
-            name, doc = COUNTERS.get(event) or (fallback_name(event), f"Events: {event}")
+            name, doc, labels = _family(event, COUNTERS, "Events")
             fam = out.get(name)
             if fam is None:
-                fam = out[name] = CounterMetricFamily(name, doc, labels=["strategy"])
-            fam.add_metric([strategy], float(value))
+                fam = out[name] = CounterMetricFamily(name, doc, labels=["strategy", *labels])
+            fam.add_metric([strategy, *labels.values()], float(value))
     yield from out.values()
+
+
+def _family(
+    event: str, table: Mapping[str, tuple[str, str]], kind: str
+) -> tuple[str, str, dict[str, str]]:
+    """(family name, help, extra labels) of a strategy event."""
+    stem, _, tier = event.partition(":")
+    if tier and stem in TIERED:
+        name, doc = TIERED[stem]
+        return name, doc, {"tier": tier}
+    name, doc = table.get(event) or (fallback_name(event), f"{kind}: {event}")
+    return name, doc, {}
 
 
 def _gauges(strategies: Mapping[str, Mapping[str, Any]]) -> Iterator[Metric]:
@@ -204,11 +266,11 @@ def _gauges(strategies: Mapping[str, Mapping[str, Any]]) -> Iterator[Metric]:
         for gauge, value in s["gauges"].items():
             if gauge.endswith("_rate"):  # a ratio: JSON only
                 continue
-            name, doc = GAUGES.get(gauge) or (fallback_name(gauge), f"Gauge: {gauge}")
+            name, doc, labels = _family(gauge, GAUGES, "Gauge")
             fam = out.get(name)
             if fam is None:
-                fam = out[name] = GaugeMetricFamily(name, doc, labels=["strategy"])
-            fam.add_metric([strategy], float(value))
+                fam = out[name] = GaugeMetricFamily(name, doc, labels=["strategy", *labels])
+            fam.add_metric([strategy, *labels.values()], float(value))
     yield from out.values()
 
 
@@ -216,15 +278,15 @@ def _histograms(strategies: Mapping[str, Mapping[str, Any]]) -> Iterator[Metric]
     out: dict[str, HistogramMetricFamily] = {}
     for strategy, s in strategies.items():
         for hist, h in s["histograms"].items():
-            name, doc = HISTOGRAMS.get(hist) or (fallback_name(hist), f"Histogram: {hist}")
+            name, doc, labels = _family(hist, HISTOGRAMS, "Histogram")
             fam = out.get(name)
             if fam is None:
-                fam = out[name] = HistogramMetricFamily(name, doc, labels=["strategy"])
+                fam = out[name] = HistogramMetricFamily(name, doc, labels=["strategy", *labels])
             buckets = cumulative_buckets(h["bounds"], h["counts"])
             # Buckets under 0 (similarities) fold into le="0": with a negative bucket the
             # client leaves out `_sum` and `_count`, which Prometheus' rules want.
             buckets = [(le, n) for le, n in buckets if float(le) >= 0]
-            fam.add_metric([strategy], buckets, h["sum"])
+            fam.add_metric([strategy, *labels.values()], buckets, h["sum"])
     yield from out.values()
 
 

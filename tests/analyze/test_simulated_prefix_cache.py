@@ -3,7 +3,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from infercache.analyze.simulated_prefix_cache import SimulatedPrefixCache, kv_namespace
+from infercache.analyze.simulated_prefix_cache import SimulatedPrefixCache
 
 prompts = st.lists(
     st.tuples(st.sampled_from(["a", "b"]), st.lists(st.integers(0, 3), min_size=1, max_size=12)),
@@ -72,18 +72,6 @@ def test_block_units_count_their_tokens_and_the_partial_last_block() -> None:
     assert (reuse.matched_tokens, reuse.reused_tokens, reuse.last_seen_s) == (1024, 1024, 0)
     again = cache.observe("", (10, 11, 12), unit_tokens=512, prompt_tokens=1100, now_s=9)
     assert (again.matched_tokens, again.reused_tokens) == (1100, 1099)
-
-
-def test_kv_namespaces_separate_tenants_unless_sharing_is_on() -> None:
-    assert kv_namespace("a", "m", share_across_tenants=False) != kv_namespace(
-        "b", "m", share_across_tenants=False
-    )
-    assert kv_namespace("a", "m", share_across_tenants=True) == kv_namespace(
-        "b", "m", share_across_tenants=True
-    )
-    assert kv_namespace("a", "m1", share_across_tenants=True) != kv_namespace(
-        "a", "m2", share_across_tenants=True
-    )
 
 
 def test_eviction_frees_exactly_what_the_insert_needs() -> None:

@@ -43,11 +43,8 @@ from infercache.analyze.near_duplicates import NearCheck
 from infercache.analyze.options import AnalyzeOptions
 from infercache.analyze.prefix_breakers import BreakerFinder
 from infercache.analyze.prepared_request import PreparedRequest
-from infercache.analyze.simulated_prefix_cache import (
-    PrefixStats,
-    SimulatedPrefixCache,
-    kv_namespace,
-)
+from infercache.analyze.simulated_prefix_cache import PrefixStats, SimulatedPrefixCache
+from infercache.engine.kv_namespace import logged_namespace
 
 OTHER = "(other)"
 # Reuse distances: 4 bins a decade, 0.1 s to ~37 days, then everything longer.
@@ -281,9 +278,10 @@ class Census:
         self._clock(now)
         if repeat is None:
             repeat = self.remember(event)
-        namespace = kv_namespace(
+        namespace = logged_namespace(
             event.tenant,
             event.model,
+            event.body,
             share_across_tenants=self._options.share_prefix_across_tenants,
         )
         reused, prefix_seen_s = self._prefix_reuse(event, namespace, now)

@@ -45,9 +45,10 @@ from typing import Any
 from infercache.analyze.census import DISTANCE_BOUNDS_S, Bins
 from infercache.analyze.cost_model import SecondsLedger
 from infercache.analyze.prepared_request import PreparedRequest
-from infercache.analyze.simulated_prefix_cache import SimulatedPrefixCache, kv_namespace
+from infercache.analyze.simulated_prefix_cache import SimulatedPrefixCache
 from infercache.cache import Cache, Completion, Layer
 from infercache.clock import Clock, ManualClock
+from infercache.engine.kv_namespace import logged_namespace
 from infercache.errors import InvalidRequestError, NotCachedError
 from infercache.metrics import Metrics, MissReason, PriceTable
 from infercache.semantic.embedder import Embedder
@@ -357,9 +358,10 @@ class Replay:
         assert self._tree is not None
         assert self._clock is not None
         assert event.units is not None
-        namespace = kv_namespace(event.tenant, event.model, share_across_tenants=self._share)
         return self._tree.observe(
-            namespace,
+            logged_namespace(
+                event.tenant, event.model, event.body, share_across_tenants=self._share
+            ),
             event.units,
             unit_tokens=event.unit_tokens,
             prompt_tokens=prompt,

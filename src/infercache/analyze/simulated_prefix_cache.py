@@ -32,12 +32,6 @@ UNBOUNDED_TOKENS = 1 << 62
 TokensPerUnit = int | tuple[int, ...]  # one size for every unit, or each unit's own
 
 
-def kv_namespace(tenant: str, model: str, *, share_across_tenants: bool) -> str:
-    """Where KV may be reused: one model's requests, of one tenant unless sharing is on (the
-    engine keeps tenants apart by default; KV is never shared across models)."""
-    return model if share_across_tenants else f"{tenant}\x00{model}"
-
-
 class Span:
     """A payload standing for the KV of some units: `nbytes` is their token count. `sizes`
     holds each unit's tokens when they differ (redacted logs), else None."""

@@ -14,6 +14,15 @@ Per step (`record_step`): histogram `batch_size` (sequences in the step), gauges
 `queue_length`, `running_sequences`, `running_kv_tokens` (positions reserved by running
 sequences), and the prefill rate.
 
+With KV tiers below RAM (kv_tiers.py), per tier (`:ram`, `:disk`, `:shared`): counters
+`prefix_cache_hits` (tokens reused from that tier) and `saved_prefill_s` (the prefill those
+tokens would have cost, less the time loading them took: a tier that loads slower than prefill
+shows a negative saving; nothing is counted before the prefill rate is known), histogram
+`kv_load_s` (per request that loaded from the tier), gauge `kv_tier_bytes:ram`; and vLLM's
+connector counters in tokens: `external_prefix_cache_queries` (prompt tokens RAM did not
+have) and `external_prefix_cache_hits` (of those, loaded from a tier). The tiers count their
+blocks themselves (loaded, written, corrupt, missing, evicted, bytes).
+
 Seconds saved are estimated: reused tokens divided by the measured prefill rate, a running
 tokens/s over every step that prefilled at least `min_tokens` (shorter prefills are dominated by
 fixed costs and would overstate the savings). Before such a step, 0 s.
@@ -28,12 +37,13 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from infercache.engine.radix import RadixStats
-from infercache.metrics import Metrics, MissReason
+from infercache.metrics import Metrics, MissReason, StrategyMetrics
 
 STRATEGY = "prefix"
 TTFT_BOUNDS_S = (0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 TPOT_BOUNDS_S = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0)
 BATCH_BOUNDS = (1, 2, 4, 8, 16, 32, 64)
+LOAD_BOUNDS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +64,14 @@ class RequestStats:
     store_s: float = 0.0
     evicted_nodes: int = 0
     evicted_tokens: int = 0
+    disk_tokens: int = 0  # of `cached_tokens`, loaded from the disk tier (the rest from RAM,
+    shared_tokens: int = 0  # or from the shared tier): kv_tiers.py
+    disk_load_s: float = 0.0
+    shared_load_s: float = 0.0
+
+    @property
+    def ram_tokens(self) -> int:
+        return self.cached_tokens - self.disk_tokens - self.shared_tokens
 
 
 class StepFigures(Protocol):
@@ -95,11 +113,19 @@ class PrefillRate:
 
 
 class EngineAccounting:
-    def __init__(self, metrics: Metrics, *, prefix_cache_enabled: bool) -> None:
+    def __init__(
+        self, metrics: Metrics, *, prefix_cache_enabled: bool, kv_tiers: bool = False
+    ) -> None:
         self._metrics = metrics
         self._strategy = metrics.strategy(STRATEGY)
         self._enabled = prefix_cache_enabled
+        self._tiers = prefix_cache_enabled and kv_tiers
         self.prefill_rate = PrefillRate()
+
+    @property
+    def tier_events(self) -> StrategyMetrics:
+        """Where the KV tiers count their blocks."""
+        return self._strategy
 
     def record(self, model_id: str, stats: RequestStats, cache: RadixStats | None) -> None:
         s = self._strategy
@@ -119,6 +145,8 @@ class EngineAccounting:
         if self._enabled:
             s.count("prefix_cache_queries", stats.prompt_tokens)
             s.count("prefix_cache_hits", stats.cached_tokens)
+        if self._tiers:
+            self._record_tiers(stats)
         s.count("prompt_tokens", stats.prompt_tokens)
         s.count("generation_tokens", stats.completion_tokens)
         if stats.evicted_nodes:
@@ -130,6 +158,23 @@ class EngineAccounting:
             tpot = stats.decode_s / (stats.completion_tokens - 1)
             s.observe("time_per_output_token_s", tpot, TPOT_BOUNDS_S)
         self.record_cache(cache)
+
+    def _record_tiers(self, stats: RequestStats) -> None:
+        s = self._strategy
+        tiers = (
+            ("ram", stats.ram_tokens, 0.0),
+            ("disk", stats.disk_tokens, stats.disk_load_s),
+            ("shared", stats.shared_tokens, stats.shared_load_s),
+        )
+        for tier, tokens, load_s in tiers:
+            if tokens:
+                s.count(f"prefix_cache_hits:{tier}", tokens)
+            if tokens and self.prefill_rate.tokens_per_s is not None:
+                s.count(f"saved_prefill_s:{tier}", self.prefill_rate.seconds_for(tokens) - load_s)
+            if load_s:
+                s.observe(f"kv_load_s:{tier}", load_s, LOAD_BOUNDS_S)
+        s.count("external_prefix_cache_queries", stats.prompt_tokens - stats.ram_tokens)
+        s.count("external_prefix_cache_hits", stats.disk_tokens + stats.shared_tokens)
 
     def record_step(self, step: StepFigures, waiting: int, running: Sequence[Reserving]) -> None:
         s = self._strategy
@@ -147,6 +192,8 @@ class EngineAccounting:
     def record_cache(self, cache: RadixStats | None) -> None:
         self._strategy.gauge("kv_bytes", cache.total_bytes if cache else 0)
         self._strategy.gauge("kv_tokens", cache.total_tokens if cache else 0)
+        if self._tiers:
+            self._strategy.gauge("kv_tier_bytes:ram", cache.total_bytes if cache else 0)
 
     def snapshot(self) -> dict[str, Any]:
         snap: dict[str, Any] = self._strategy.snapshot()

@@ -43,6 +43,7 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         help="let tenants reuse each other's KV (leaks prefixes through timing)",
     )
     _add_batching_options(serve)
+    add_tier_options(serve)
     serve.add_argument("--threads", type=int, default=None, help="torch threads (default: all)")
     serve.add_argument("--max-context-tokens", type=int, default=None)
     serve.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
@@ -79,6 +80,47 @@ def _add_batching_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_tier_options(parser: argparse.ArgumentParser) -> None:
+    """The KV tiers' flags, shared with the gateway's `serve` (its embedded engine)."""
+    parser.add_argument(
+        "--kv-disk-bytes",
+        type=int,
+        default=None,
+        help="KV tier on disk: its byte budget; a restarted engine finds its prefixes there "
+        "(default 0: none)",
+    )
+    parser.add_argument(
+        "--kv-disk-dir", type=Path, default=None, help="its directory (default: <data dir>/kv)"
+    )
+    parser.add_argument(
+        "--kv-shared-url",
+        default=None,
+        help="KV tier in Redis shared by replicas, e.g. redis://host:6379/0 (default: none)",
+    )
+    parser.add_argument(
+        "--kv-shared-bytes", type=int, default=None, help="its byte budget (default 1 GiB)"
+    )
+    parser.add_argument(
+        "--kv-shared-ttl-s",
+        type=float,
+        default=None,
+        help="seconds an unused block stays there (default 3600)",
+    )
+    parser.add_argument(
+        "--kv-block-tokens", type=int, default=None, help="tokens per tier block (default 64)"
+    )
+
+
+TIER_OPTIONS = (
+    "kv_disk_bytes",
+    "kv_disk_dir",
+    "kv_shared_url",
+    "kv_shared_bytes",
+    "kv_shared_ttl_s",
+    "kv_block_tokens",
+)
+
+
 def _help(parser: argparse.ArgumentParser) -> int:
     parser.print_help()
     return 2
@@ -109,7 +151,7 @@ def _serve(args: argparse.Namespace) -> int:
         "dtype": args.dtype,
     }
     optional = ("max_kv_bytes", "max_batch", "max_queue", "max_step_tokens", "max_running_kv_bytes")
-    for name in optional:
+    for name in (*optional, *TIER_OPTIONS):
         if getattr(args, name) is not None:
             overrides[name] = getattr(args, name)
     if args.data_dir is not None:

@@ -15,6 +15,12 @@ Parameters (units in the names):
 - `share_prefix_across_tenants`: `True` lets one tenant reuse another's KV. Off by default: it
   would leak, through time to first token, whether another tenant sent the same prefix.
 - `dtype`: weights, activations and KV (`float32` is the reference; `bfloat16` halves KV bytes).
+KV tiers below the radix tree (kv_tiers.py; `TierSettings`):
+- `kv_disk_bytes`: the disk tier's budget (0: no disk tier); `kv_disk_dir` its directory
+  (default `<data_dir>/kv`), one engine process at a time.
+- `kv_shared_url`: a Redis URL for the tier replicas share (None: none); `kv_shared_bytes` its
+  budget, `kv_shared_ttl_s` how long an unused block stays.
+- `kv_block_tokens`: tokens per block on those tiers (only whole blocks leave RAM).
 Continuous batching (scheduler.py):
 - `max_batch`: sequences that run together (one batched forward a step).
 - `max_queue`: requests that may wait for a place; one more is refused with HTTP 429.
@@ -38,6 +44,33 @@ from infercache.settings import default_data_dir
 
 DType = Literal["float32", "bfloat16"]
 DEFAULT_MAX_KV_BYTES = 512 * 2**20
+DEFAULT_KV_BLOCK_TOKENS = 64  # 2.8 MiB of the packaged model's fp32 KV: one file, one key
+
+
+@dataclass(frozen=True, slots=True)
+class TierSettings:
+    """The KV tiers' settings (see the module docstring); `enabled` when there is a tier."""
+
+    disk_bytes: int = 0
+    disk_dir: Path | None = None
+    shared_url: str | None = None
+    shared_bytes: int = 1 << 30
+    shared_ttl_s: float = 3600.0
+    block_tokens: int = DEFAULT_KV_BLOCK_TOKENS
+
+    def __post_init__(self) -> None:
+        if self.disk_bytes < 0 or self.shared_bytes < 0:
+            raise ConfigError(
+                f"KV tier budgets must be >= 0, got {self.disk_bytes} and {self.shared_bytes}"
+            )
+        if self.shared_ttl_s <= 0:
+            raise ConfigError(f"kv_shared_ttl_s must be > 0, got {self.shared_ttl_s}")
+        if self.block_tokens < 1:
+            raise ConfigError(f"kv_block_tokens must be >= 1, got {self.block_tokens}")
+
+    @property
+    def enabled(self) -> bool:
+        return self.disk_bytes > 0 or self.shared_url is not None
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +112,12 @@ class EngineConfig:
     max_queue: int = 64
     max_step_tokens: int = 256
     max_running_kv_bytes: int = DEFAULT_MAX_KV_BYTES
+    kv_disk_bytes: int = 0
+    kv_disk_dir: Path | None = None
+    kv_shared_url: str | None = None
+    kv_shared_bytes: int = 1 << 30
+    kv_shared_ttl_s: float = 3600.0
+    kv_block_tokens: int = DEFAULT_KV_BLOCK_TOKENS
 
     def __post_init__(self) -> None:
         if self.max_kv_bytes < 0:
@@ -94,6 +133,7 @@ class EngineConfig:
         if self.max_running_kv_bytes < 1:
             raise ConfigError(f"max_running_kv_bytes must be >= 1, got {self.max_running_kv_bytes}")
         self.batch_limits(bytes_per_token=1)  # checks the batch settings at start-up
+        self.tier_settings()  # and the tiers'
 
     def batch_limits(self, *, bytes_per_token: int) -> BatchLimits:
         """The scheduler's limits for a model whose KV takes `bytes_per_token`."""
@@ -102,6 +142,16 @@ class EngineConfig:
             max_queue=self.max_queue,
             max_step_tokens=self.max_step_tokens,
             max_running_tokens=max(1, self.max_running_kv_bytes // bytes_per_token),
+        )
+
+    def tier_settings(self) -> TierSettings:
+        return TierSettings(
+            disk_bytes=self.kv_disk_bytes,
+            disk_dir=self.kv_disk_dir or self.data_dir / "kv",
+            shared_url=self.kv_shared_url,
+            shared_bytes=self.kv_shared_bytes,
+            shared_ttl_s=self.kv_shared_ttl_s,
+            block_tokens=self.kv_block_tokens,
         )
 
     @classmethod

@@ -24,7 +24,11 @@ Path of a request:
 - Model swap: `swap_model` waits for the running batch to finish (or fails it, with
   `abort_running`), then replaces model, tokenizer and prefix cache (empty) at once: no KV
   survives a swap. A request prepared for the previous model is prepared again for the new one
-  (or fails if the model id changed).
+  (or fails if the model id changed). With KV tiers, the new model's blocks live under its
+  own version: the old model's are unreachable, and its disk directory is deleted.
+- KV tiers (kv_tiers.py, `kv_disk_bytes`, `kv_shared_url`): a disk directory and a shared
+  Redis below the radix tree, opened once per engine; a restarted engine finds its prefixes on
+  disk, and a replica loads a prefix another replica computed.
 - Backpressure: at most `max_batch` requests run together and `max_queue` wait; one more is
   refused with `OverloadedError` (HTTP 429 with Retry-After), raised by the call itself.
 - Threads: the worker thread sets `torch.set_num_threads(config.threads or the usable cores)`,
@@ -48,6 +52,7 @@ from infercache.clock import Clock, SystemClock
 from infercache.engine import openai_api, responses, streams
 from infercache.engine.accounting import EngineAccounting
 from infercache.engine.config import EngineConfig
+from infercache.engine.kv_tiers import TierBackends
 from infercache.engine.loader import LoadedModel, load_model
 from infercache.engine.openai_api import ChatBody, PreparedChat
 from infercache.engine.tokenizer import ChatTokenizer
@@ -86,9 +91,18 @@ class Engine:
         self.metrics = metrics if metrics is not None else Metrics()
         self._clock: Clock = clock if clock is not None else SystemClock()
         self._rng = rng if rng is not None else random.Random()
-        self._accounting = EngineAccounting(self.metrics, prefix_cache_enabled=config.prefix_cache)
+        tiers = config.tier_settings()
+        self._accounting = EngineAccounting(
+            self.metrics, prefix_cache_enabled=config.prefix_cache, kv_tiers=tiers.enabled
+        )
+        self._tiers: TierBackends | None = None
+        if tiers.enabled and config.prefix_cache:
+            events = self._accounting.tier_events
+            self._tiers = TierBackends(tiers, clock=self._clock, events=events)
         self._worker = Worker(
-            lambda: load_model(config, config.model_path, config.served_model_id, self._clock),
+            lambda: load_model(
+                config, config.model_path, config.served_model_id, self._clock, self._tiers
+            ),
             config=config,
             threads=config.threads or _usable_cores(),
             clock=self._clock,
@@ -219,7 +233,7 @@ class Engine:
         finished on the old one (`abort_running`: they fail at once with an error saying why).
         Waiting requests run on the new model; every cached KV is dropped."""
         self._worker.swap(
-            lambda: load_model(self.config, model_path, served_model_id, self._clock),
+            lambda: load_model(self.config, model_path, served_model_id, self._clock, self._tiers),
             abort_running=abort_running,
         )
 
@@ -248,8 +262,12 @@ class Engine:
                 "max_queue": self.config.max_queue,
                 "max_step_tokens": self.config.max_step_tokens,
                 "max_running_kv_bytes": self.config.max_running_kv_bytes,
+                "kv_disk_bytes": self.config.kv_disk_bytes,
+                "kv_shared_bytes": self.config.kv_shared_bytes if self.config.kv_shared_url else 0,
+                "kv_block_tokens": self.config.kv_block_tokens,
             },
             "prefix_cache": None if cache is None else dataclasses.asdict(cache),
+            "kv_tiers": loaded.tier_stats(),
             "queue_length": self._worker.queue_length,
             "running_sequences": self._worker.running,
             "requests_in_flight": self._worker.queue_length + self._worker.running,
@@ -260,6 +278,9 @@ class Engine:
     def close(self) -> None:
         """Fail running and queued requests and stop the worker. Idempotent."""
         self._worker.close()
+        if self._tiers is not None:
+            self._tiers.close()
+            self._tiers = None
 
     def __enter__(self) -> Engine:
         return self

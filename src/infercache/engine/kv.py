@@ -16,6 +16,10 @@ with PyTorch's attention kernels, reading scattered slots means gathering them a
 step and layer; a sequence's own contiguous workspace is copied into once (its cached prefix, at
 admission) and out of once (its new KV, when it finishes). A workspace is sized to the sequence
 (prompt + `max_tokens`) and dropped when it leaves the batch; the scheduler bounds their sum.
+The tiers below RAM (kv_tiers.py) see a workspace as bytes (`runs`, `put_block`): numpy views
+of the same memory, [layers, 2, tokens, row bytes], so a block is written from it without a copy
+and a verified block is copied in with one strided numpy copy (no torch op off the tensors'
+own path, and no warning for read-only source buffers).
 Not thread-safe: the engine's worker thread owns the pool and the workspaces.
 """
 
@@ -23,7 +27,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
+import numpy as np
 import torch
 
 
@@ -35,9 +41,12 @@ class KVShape:
     dtype: torch.dtype
 
     @property
+    def itemsize(self) -> int:
+        return torch.empty((), dtype=self.dtype).element_size()
+
+    @property
     def bytes_per_token(self) -> int:
-        itemsize = torch.empty((), dtype=self.dtype).element_size()
-        return self.layers * 2 * self.kv_heads * self.head_dim * itemsize
+        return self.layers * 2 * self.kv_heads * self.head_dim * self.itemsize
 
     def allocate(self, tokens: int) -> torch.Tensor:
         return torch.empty((self.layers, 2, tokens, self.kv_heads, self.head_dim), dtype=self.dtype)
@@ -86,6 +95,22 @@ class KVWorkspace:
         with torch.inference_mode():
             self.data = shape.allocate(max_tokens)
         self.length = 0
+        # The same memory as bytes: [layers, 2, max_tokens, kv_heads * head_dim * itemsize].
+        self._rows = self.data.view(torch.uint8).numpy().reshape(shape.layers, 2, max_tokens, -1)
+
+    def runs(self, start: int, end: int) -> list[np.ndarray[Any, Any]]:
+        """Positions [start, end) as 2 × layers contiguous byte arrays, K then V per layer:
+        views (writing them writes the workspace)."""
+        rows = self._rows
+        return [rows[layer, kv, start:end] for layer in range(rows.shape[0]) for kv in (0, 1)]
+
+    def put_block(self, position: int, kv: Any, block_tokens: int, skip: int = 0) -> None:
+        """Copy one block's KV (`kv`: bytes laid out [layers, 2, block_tokens, row bytes]) to
+        positions [position + skip, position + block_tokens); the first `skip` positions of the
+        block are left as they are."""
+        rows = self._rows
+        block = np.frombuffer(kv, dtype=np.uint8).reshape(rows.shape[0], 2, block_tokens, -1)
+        rows[:, :, position + skip : position + block_tokens] = block[:, :, skip:]
 
 
 class KVPool:

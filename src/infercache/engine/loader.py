@@ -1,5 +1,6 @@
 """From settings to a ready model: resolve the checkpoint (converting the packaged GGUF once),
-load the weights, build the forward pass, the tokenizer and an empty prefix cache.
+load the weights, build the forward pass, the tokenizer and an empty prefix cache (over the
+engine's KV tiers, when it has any: their blocks of this model, by its version).
 
 Everything a model swap replaces lives in one `LoadedModel`, so a swap is one reference
 assignment: no request can see the new model with the old tokenizer or the old KV.
@@ -17,6 +18,7 @@ import torch
 from infercache.clock import Clock
 from infercache.engine.accounting import EngineAccounting
 from infercache.engine.config import EngineConfig
+from infercache.engine.kv_tiers import TierBackends
 from infercache.engine.linear import can_pack
 from infercache.engine.model import LlamaModel
 from infercache.engine.prefix_cache import PrefixCache
@@ -41,6 +43,10 @@ class LoadedModel:
     def cache_stats(self) -> RadixStats | None:
         return self.prefix_cache.stats() if self.prefix_cache is not None else None
 
+    def tier_stats(self) -> dict[str, object] | None:
+        tiers = self.prefix_cache.tiers if self.prefix_cache is not None else None
+        return tiers.stats() if tiers is not None else None
+
     def runner(
         self,
         config: EngineConfig,
@@ -63,7 +69,11 @@ class LoadedModel:
 
 
 def load_model(
-    config: EngineConfig, model_path: Path | None, served_model_id: str | None, clock: Clock
+    config: EngineConfig,
+    model_path: Path | None,
+    served_model_id: str | None,
+    clock: Clock,
+    tiers: TierBackends | None = None,
 ) -> LoadedModel:
     resolved = resolve_model(model_path, config.data_dir)
     checkpoint = load_checkpoint(resolved.directory)
@@ -77,7 +87,9 @@ def load_model(
     model = LlamaModel(spec, checkpoint.tensors, dtype=dtype, max_positions=limit, packed=packed)
     cache = None
     if config.prefix_cache:
-        cache = PrefixCache(model.kv_shape, max_kv_bytes=config.max_kv_bytes)
+        # The tiers' blocks are named by the model version (weights, config, tokenizer).
+        model_tiers = tiers.for_model(resolved.version, model.kv_shape) if tiers else None
+        cache = PrefixCache(model.kv_shape, max_kv_bytes=config.max_kv_bytes, tiers=model_tiers)
     return LoadedModel(
         model_id=served_model_id or resolved.model_id,
         version=resolved.version,

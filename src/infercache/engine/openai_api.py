@@ -20,7 +20,7 @@ instead of `messages` (a string, or token ids; one prompt: a list of several is 
 `prepare_chat(chat, tenant, loaded, ...)` turns a parsed body into what the engine runs for one
 model: the model id checked, the chat template applied (or the raw prompt encoded with the
 tokenizer's own special tokens, as vLLM does), `max_tokens` defaulted and checked against the
-context window, a seed drawn for unseeded requests, the KV namespace chosen (`kv_namespace`),
+context window, a seed drawn for unseeded requests, the KV namespace chosen (kv_namespace.py),
 and the response's id and fingerprint. It raises `ModelNotFoundError`, `ContextTooLongError` or
 `InvalidRequestError` (an empty prompt, a token id outside the vocabulary) for bad input, so the
 caller can refuse it before anything is queued. The response shapes are in responses.py.
@@ -28,13 +28,13 @@ caller can refuse it before anything is queued. The response shapes are in respo
 
 from __future__ import annotations
 
-import json
 import random
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from infercache.clock import Clock
+from infercache.engine.kv_namespace import kv_namespace
 from infercache.engine.loader import LoadedModel
 from infercache.engine.responses import ResponseMeta
 from infercache.engine.sampling import SamplingParams
@@ -282,16 +282,6 @@ class PreparedChat:
     request: GenerationRequest
 
 
-def kv_namespace(
-    tenant: str | None, *, cache_salt: str | None = None, share_across_tenants: bool = False
-) -> str:
-    """The prefix-cache namespace: one per tenant, one for requests without a tenant, or one
-    for everybody when sharing across tenants is configured; each split again by `cache_salt`.
-    JSON, so no tenant name or salt can be chosen to spell another's namespace."""
-    scope = None if share_across_tenants else (tenant or "")
-    return json.dumps(["shared" if share_across_tenants else "tenant", scope, cache_salt])
-
-
 def prepare_chat(
     chat: ChatBody,
     tenant: str | None,
@@ -333,7 +323,10 @@ def prepare_chat(
         kind="text_completion" if chat.legacy else "chat.completion",
     )
     namespace = kv_namespace(
-        tenant, cache_salt=chat.cache_salt, share_across_tenants=share_across_tenants
+        tenant,
+        model=loaded.model_id,
+        cache_salt=chat.cache_salt,
+        share_across_tenants=share_across_tenants,
     )
     request = GenerationRequest(tuple(prompt), sampling, namespace)
     return PreparedChat(chat, tenant, loaded.version, meta, request)

@@ -213,8 +213,10 @@ class Runner:
             seq.workspace = self.model.new_workspace(size)
             if self.prefix_cache is not None:
                 prompt = seq.request.prompt_ids
-                seq.lease = self.prefix_cache.acquire(seq.request.namespace, prompt, seq.workspace)
-                seq.reused_tokens = seq.computed = seq.lease.reused_tokens
+                lease = self.prefix_cache.acquire(seq.request.namespace, prompt, seq.workspace)
+                seq.lease, seq.tier_load = lease, lease.tiers
+                seq.lease_evicted = (lease.evicted_nodes, lease.evicted_tokens)
+                seq.reused_tokens = seq.computed = lease.reused_tokens
         except Exception as e:
             logger.exception("admission failed")
             seq.workspace = None

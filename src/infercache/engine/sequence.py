@@ -27,6 +27,7 @@ from typing import Literal, Protocol
 
 from infercache.engine.accounting import RequestStats
 from infercache.engine.kv import KVWorkspace
+from infercache.engine.kv_tiers import TierLoad
 from infercache.engine.prefix_cache import Lease, Release
 from infercache.engine.sampling import Sampler, SamplingParams
 from infercache.engine.stop import StopMatcher
@@ -109,6 +110,8 @@ class Sequence:
         self.output: TextOutput | None = None
         self.sampler = Sampler(request.sampling)
         self.reused_tokens = 0
+        self.tier_load: TierLoad | None = None  # what the KV tiers added at admission
+        self.lease_evicted = (0, 0)  # (nodes, tokens) evicted to cache what the tiers loaded
         self.admitted_s: float | None = None
         self.lookup_s = 0.0
         self.prefilled_s: float | None = None
@@ -133,6 +136,8 @@ class Sequence:
         prefilled = self.prefilled_s if self.prefilled_s is not None else done_s
         first = self.first_token_s if self.first_token_s is not None else done_s
         release = self.release
+        tiers = self.tier_load if self.tier_load is not None else TierLoad(self.reused_tokens)
+        evicted = (self.lease_evicted[0], self.lease_evicted[1])
         return RequestStats(
             prompt_tokens=self.prompt_len,
             cached_tokens=self.reused_tokens,
@@ -143,8 +148,12 @@ class Sequence:
             decode_s=max(0.0, done_s - first - self.store_s),
             ttft_s=first - admitted,
             store_s=self.store_s,
-            evicted_nodes=release.evicted_nodes if release else 0,
-            evicted_tokens=release.evicted_tokens if release else 0,
+            evicted_nodes=(release.evicted_nodes if release else 0) + evicted[0],
+            evicted_tokens=(release.evicted_tokens if release else 0) + evicted[1],
+            disk_tokens=tiers.disk_tokens,
+            shared_tokens=tiers.shared_tokens,
+            disk_load_s=tiers.disk_s,
+            shared_load_s=tiers.shared_s,
         )
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from infercache.cli_cache import add_store_options, settings_from_args
+from infercache.engine.cli import TIER_OPTIONS, add_tier_options
 from infercache.errors import ConfigError, InfercacheError
 from infercache.gateway.config import GatewayConfig, UpstreamSpec, parse_api_keys
 from infercache.settings import Settings
@@ -91,7 +92,7 @@ def _serve(args: argparse.Namespace) -> int:
             prefix_cache=not args.no_prefix_cache,
             **{
                 name: getattr(args, name)
-                for name in ("max_kv_bytes", "max_batch", "max_queue")
+                for name in ("max_kv_bytes", "max_batch", "max_queue", *TIER_OPTIONS)
                 if getattr(args, name) is not None
             },
         )
@@ -200,6 +201,7 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     p.add_argument(
         "--no-prefix-cache", action="store_true", help="built-in engine: disable KV reuse"
     )
+    add_tier_options(p)
     p.add_argument(
         "--max-batch",
         type=int,
