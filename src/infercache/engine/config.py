@@ -57,6 +57,7 @@ class TierSettings:
     shared_bytes: int = 1 << 30
     shared_ttl_s: float = 3600.0
     block_tokens: int = DEFAULT_KV_BLOCK_TOKENS
+    shared_prefix: str = "infercache:kv:"  # Redis keys: one deployment's, below this
 
     def __post_init__(self) -> None:
         if self.disk_bytes < 0 or self.shared_bytes < 0:

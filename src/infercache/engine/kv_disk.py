@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from infercache.clock import Clock
-from infercache.errors import KVTierError
+from infercache.errors import BlockRejected, KVTierError
 
 log = logging.getLogger(__name__)
 
@@ -67,9 +67,13 @@ class DiskRoot:
 
     def open(self) -> None:
         """Create (0700) and lock the root; raises KVTierError if another process holds it."""
+        lock = self.path / LOCK_NAME
         try:
             self.path.mkdir(mode=0o700, parents=True, exist_ok=True)
-            fd = os.open(self.path / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            try:
+                fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            except OSError:  # a read-only directory: its blocks can still be read
+                fd = os.open(lock, os.O_RDONLY | os.O_CLOEXEC)
         except OSError as e:
             raise KVTierError(f"cannot open the KV directory {self.path}: {e}") from e
         try:
@@ -119,8 +123,9 @@ class DiskTier:
                 if entry.name.endswith(SUFFIX) and entry.is_file(follow_symlinks=False):
                     st = entry.stat(follow_symlinks=False)
                     found.append((st.st_mtime, entry.name[: -len(SUFFIX)], st.st_size))
-                elif ".tmp-" in entry.name:
-                    os.unlink(entry.path)  # a write cut short by a kill
+                elif ".tmp-" in entry.name:  # a write cut short by a kill
+                    with contextlib.suppress(OSError):
+                        os.unlink(entry.path)
         except OSError as e:
             log.warning("KV disk tier %s: %s", self.directory, e)
             return
@@ -141,7 +146,8 @@ class DiskTier:
 
     def read(self, name: str, buffers: Sequence[Any]) -> bool:
         """Fill `buffers` (in order) from block `name`; False when the file is gone. Raises
-        KVTierError when it cannot be read or its length is not exactly theirs."""
+        BlockRejected when its length is not exactly theirs, KVTierError when it cannot be
+        read."""
         expected = sum(memoryview(b).nbytes for b in buffers)
         try:
             fd = os.open(self._path(name), os.O_RDONLY | os.O_CLOEXEC)
@@ -158,8 +164,7 @@ class DiskTier:
         finally:
             os.close(fd)
         if got != expected or size != expected:
-            self.discard(name)
-            raise KVTierError(f"KV block {name} has {size} bytes, {expected} expected")
+            raise BlockRejected("truncated", f"{name} has {size} bytes, {expected} expected")
         self.touch(name)
         return True
 
@@ -182,7 +187,7 @@ class DiskTier:
                 raise OSError(f"short write: {written} of {size} bytes")
             os.replace(tmp, self._path(name))
         except OSError as e:
-            with contextlib.suppress(FileNotFoundError):
+            with contextlib.suppress(OSError):  # never created (ENOENT, EROFS, EACCES)
                 tmp.unlink()
             raise KVTierError(f"writing KV block {name}: {e}") from e
         self._files[name] = _File(size, self._clock.monotonic_s())

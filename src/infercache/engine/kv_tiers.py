@@ -313,6 +313,7 @@ class TierBackends:
                 max_bytes=settings.shared_bytes,
                 ttl_s=settings.shared_ttl_s,
                 clock=clock,
+                prefix=settings.shared_prefix,
             )
 
     def for_model(self, fingerprint: str, shape: KVShape) -> KVTiers | None:

@@ -1,0 +1,98 @@
+"""Warm restart of the real CLI (acceptance 2's behaviour): `infercache engine serve` with a disk
+tier, killed with SIGKILL after answering, started again on the same directory, serves the
+prefix from disk with the same answer. (A SIGTERM stop is the in-process close that
+test_kv_tiers_engine.py restarts from; blocks are written through as they are computed, so
+neither stop has anything left to save.)"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+SYSTEM = "You are a helpful assistant. Answer the question briefly and politely. " * 4
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@contextmanager
+def engine_serve(tiny_dir: Path, tmp_path: Path) -> Iterator[tuple[str, subprocess.Popen[str]]]:
+    port = free_port()
+    command = [
+        *(sys.executable, "-m", "infercache.cli", "engine", "serve"),
+        *("--model", str(tiny_dir), "--data-dir", str(tmp_path / "data"), "--port", str(port)),
+        *("--kv-disk-bytes", str(8 << 20), "--kv-block-tokens", "8"),
+    ]
+    process = subprocess.Popen(
+        command,
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
+    assert process.stderr is not None
+    log: list[str] = []
+    for line in process.stderr:
+        log.append(line)
+        if "Uvicorn running on" in line:
+            break
+    else:
+        raise AssertionError(f"the server exited with {process.wait()}:\n{''.join(log)}")
+    drain = threading.Thread(target=process.stderr.read, daemon=True)
+    drain.start()
+    try:
+        yield f"http://127.0.0.1:{port}", process
+    finally:
+        if process.poll() is None:
+            process.terminate()
+        process.wait(30)
+        drain.join(10)
+        process.stderr.close()
+
+
+def ask(base: str, model: str) -> dict[str, Any]:
+    body = {
+        "model": model,
+        "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "hi"}],
+        "temperature": 0,
+        "max_tokens": 5,
+    }
+    response = httpx.post(f"{base}/v1/chat/completions", json=body, timeout=60)
+    assert response.status_code == 200, response.text
+    out: dict[str, Any] = response.json()
+    return out
+
+
+def test_a_killed_engine_restarted_on_its_directory_serves_its_prefixes_from_disk(
+    tiny_dir: Path, tmp_path: Path
+) -> None:
+    with engine_serve(tiny_dir, tmp_path) as (base, process):
+        first = ask(base, tiny_dir.name)
+        process.send_signal(signal.SIGKILL)
+        assert process.wait(30) == -signal.SIGKILL
+    with engine_serve(tiny_dir, tmp_path) as (base, process):
+        second = ask(base, tiny_dir.name)
+        metrics = httpx.get(f"{base}/metrics", timeout=10).text
+        process.terminate()
+        assert process.wait(30) == 0
+    assert first["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    cached = second["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert cached >= len(SYSTEM) // 4  # the system prompt's whole blocks, at least
+    assert cached % 8 == 0
+    assert second["choices"] == first["choices"]
+    disk_hits = 'infercache_prefix_cache_tier_hits_total{strategy="prefix",tier="disk"}'
+    assert f"{disk_hits} {float(cached)}" in metrics
