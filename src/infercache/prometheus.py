@@ -186,6 +186,7 @@ TIERED: dict[str, tuple[str, str]] = {
     "kv_load_bytes": ("infercache_kv_tier_load_bytes", "Bytes of KV blocks loaded from a tier"),
     "kv_tier_bytes": ("infercache_kv_tier_bytes", "Bytes of KV held by each tier"),
     "kv_tier_blocks": ("infercache_kv_tier_blocks", "KV blocks held by each tier"),
+    "kv_tier_enabled": ("infercache_kv_tier_enabled", "1 for each KV tier below RAM in use"),
     "kv_load_s": (
         "infercache_kv_tier_load_seconds",
         "Seconds a request spent loading KV blocks from a tier",

@@ -2,21 +2,29 @@
 requests of the packaged model that share prefixes: one system prompt with different questions,
 and multi-turn conversations built turn by turn (each turn reusing the previous answer).
 Both sides run step by step on one model (a runner with the prefix cache, one without); every
-step's logits are compared."""
+step's logits are compared.
+
+The reusing side also has a disk KV tier (issue 27, acceptance 1), and is restarted in the
+middle of the set: a new prefix cache, empty, over a new tier opened on the same directory, so
+the second half reuses what the first half wrote to disk, verified, as well as RAM."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 import torch
 
 from infercache.clock import SystemClock
-from infercache.engine.config import BatchLimits
+from infercache.engine.config import BatchLimits, TierSettings
+from infercache.engine.kv_tiers import TierBackends
 from infercache.engine.model import LlamaModel
 from infercache.engine.prefix_cache import PrefixCache
 from infercache.engine.runner import Runner
 from infercache.engine.sampling import SamplingParams
 from infercache.engine.sequence import GenerationRequest
 from infercache.engine.tokenizer import ChatTokenizer
+from infercache.metrics import StrategyMetrics
 
 NEW_TOKENS = 8
 SYSTEM = (
@@ -87,21 +95,29 @@ def step_both(warm: Runner, cold: Runner, prompt: list[int]) -> tuple[list[int],
 
 @pytest.mark.slow
 def test_reuse_is_token_identical_to_recomputation_on_50_requests(
-    smol_model: LlamaModel, smol_tokenizer: ChatTokenizer
+    smol_model: LlamaModel, smol_tokenizer: ChatTokenizer, tmp_path: Path
 ) -> None:
-    cache = PrefixCache(smol_model.kv_shape, max_kv_bytes=256 * 2**20)
-    one_step_prefill = BatchLimits(max_step_tokens=2048)  # both sides sample at each step
-    warm, cold = (
-        Runner(
+    events = StrategyMetrics("prefix")
+    settings = TierSettings(disk_bytes=256 * 2**20, disk_dir=tmp_path / "kv", block_tokens=16)
+
+    def warm_runner() -> tuple[Runner, TierBackends]:
+        """A runner whose prefix cache starts empty over the disk tier (a process start)."""
+        backends = TierBackends(settings, clock=SystemClock(), events=events)
+        tiers = backends.for_model("fp_smol", smol_model.kv_shape)
+        cache = PrefixCache(smol_model.kv_shape, max_kv_bytes=256 * 2**20, tiers=tiers)
+        return runner(cache), backends
+
+    def runner(cache: PrefixCache | None) -> Runner:
+        return Runner(
             smol_model,
             smol_tokenizer,
-            prefix_cache=prefix,
+            prefix_cache=cache,
             clock=SystemClock(),
             max_context_tokens=2048,
-            limits=one_step_prefill,
+            limits=BatchLimits(max_step_tokens=2048),  # both sides sample at each step
         )
-        for prefix in (cache, None)
-    )
+
+    (warm, backends), cold = warm_runner(), runner(None)
     system = {"role": "system", "content": SYSTEM}
     worst, requests, reused, prompt_total = 0.0, 0, 0, 0
 
@@ -113,7 +129,11 @@ def test_reuse_is_token_identical_to_recomputation_on_50_requests(
         reused, prompt_total = reused + got, prompt_total + len(prompt)
         return tokens, got
 
-    for question in QUESTIONS:
+    for i, question in enumerate(QUESTIONS):
+        if i == len(QUESTIONS) // 2:  # the restart, in the middle of the set
+            backends.close()
+            warm, backends = warm_runner()
+            loaded_before = events.snapshot()["counters"].get("kv_blocks_loaded:disk", 0)
         run([system, {"role": "user", "content": question}])
     for turns in CONVERSATIONS:
         messages = [system]
@@ -125,12 +145,18 @@ def test_reuse_is_token_identical_to_recomputation_on_50_requests(
             assert got >= previous_prompt
             previous_prompt = len(smol_tokenizer.encode_chat(messages))
             messages.append({"role": "assistant", "content": smol_tokenizer.decode(tokens)})
+    backends.close()
 
+    counters = events.snapshot()["counters"]
     print(
         f"\n{requests} requests, {reused}/{prompt_total} prompt tokens reused, "
+        f"{counters['kv_blocks_loaded:disk']} blocks loaded from disk after the restart, "
         f"max |logit difference| reuse vs recompute: {worst:.2e}"
     )
     assert requests >= 50
     assert reused > prompt_total // 2
+    assert loaded_before == 0
+    assert counters["kv_blocks_loaded:disk"] > 0
+    assert "kv_blocks_corrupt:disk" not in counters
     assert worst < 1e-3
     assert torch.isfinite(torch.tensor(worst))

@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from infercache.gateway.router import PrefixRouter, RouterConfig, block_hashes
+from infercache.clock import ManualClock
+from infercache.gateway.router import PrefixRouter, ReplicaLoad, RouterConfig, block_hashes
 
 SYSTEM = "You are the support assistant of ACME. " * 40  # ~1.6k chars: several blocks
 
@@ -91,3 +92,52 @@ def test_a_single_replica_is_chosen_without_hashing() -> None:
     router = PrefixRouter(["only"])
     assert router.route("t", req(SYSTEM, "q")) == (0, 0)
     assert len(router._replicas[0].blocks) == 0
+
+
+def sharing_router(shared_kv: bool = True) -> tuple[PrefixRouter[str], ManualClock]:
+    clock = ManualClock()
+    router: PrefixRouter[str] = PrefixRouter(["r0", "r1", "r2"], monotonic_s=clock.monotonic_s)
+    for i in range(3):
+        router.report_load(i, ReplicaLoad(waiting=0, running=0, shared_kv=shared_kv))
+    return router, clock
+
+
+def test_a_prefix_in_the_shared_kv_tier_is_warm_on_every_sharing_replica() -> None:
+    router, _ = sharing_router()
+    first, _ = router.route("t", req(SYSTEM, "q0"))
+    with contextlib.ExitStack() as held:
+        for i in range(3):  # the RAM holder gets busier than the others by 3 > 2
+            held.enter_context(router.lease("t", req(SYSTEM, f"busy {i}")))
+        assert router.in_flight()[first] == 3
+        index, warmth = router.route("t", req(SYSTEM, "q1"))
+    assert index != first
+    assert warmth >= 4  # warm there through the shared tier
+
+
+def test_the_replica_holding_the_prefix_in_ram_stays_preferred_at_a_small_imbalance() -> None:
+    router, _ = sharing_router()
+    first, _ = router.route("t", req(SYSTEM, "q0"))
+    with router.lease("t", req(SYSTEM, "busy")) as busy:
+        assert busy == first
+        assert router.route("t", req(SYSTEM, "q1"))[0] == first  # 1 more in flight: stays
+
+
+def test_without_a_shared_tier_a_busy_warm_replica_keeps_its_prefixes() -> None:
+    router, _ = sharing_router(shared_kv=False)
+    first, _ = router.route("t", req(SYSTEM, "q0"))
+    with contextlib.ExitStack() as held:
+        for i in range(3):
+            held.enter_context(router.lease("t", req(SYSTEM, f"busy {i}")))
+        assert router.route("t", req(SYSTEM, "q1"))[0] == first  # 3 < imbalance_abs 8
+
+
+def test_shared_warmth_needs_a_fresh_report_from_the_replica() -> None:
+    router, clock = sharing_router()
+    first, _ = router.route("t", req(SYSTEM, "q0"))
+    clock.advance(router.config.load_stale_s + 1)  # every report is stale: unknown
+    others = [i for i in range(3) if i != first]
+    assert all(router._replicas[i].match(block_hashes(SYSTEM, 64)) == 0 for i in others)
+    with contextlib.ExitStack() as held:
+        for i in range(3):
+            held.enter_context(router.lease("t", req(SYSTEM, f"busy {i}")))
+        assert router.route("t", req(SYSTEM, "q1"))[0] == first

@@ -119,7 +119,13 @@ def test_the_built_in_engines_gauges_are_read_as_its_server_exports_them() -> No
     accounting.record_queue(7, [])
     load = parse_load(metrics.to_prometheus().decode())
     assert load is not None
-    assert (load.waiting, load.running) == (7, 0)
+    assert (load.waiting, load.running, load.shared_kv) == (7, 0, False)
+    accounting.tier_events.gauge("kv_tier_enabled:disk", 1)
+    assert parse_load(metrics.to_prometheus().decode()) == load  # a disk tier is not shared
+    accounting.tier_events.gauge("kv_tier_enabled:shared", 1)
+    shared = parse_load(metrics.to_prometheus().decode())
+    assert shared is not None
+    assert shared.shared_kv
 
 
 def test_with_equal_prefixes_the_less_loaded_replica_is_preferred(

@@ -247,6 +247,9 @@ class KVTiers:
     # -- figures --------------------------------------------------------------------------
 
     def _gauges(self) -> None:
+        for tier, present in (("disk", self.disk), ("shared", self.shared)):
+            if present is not None:
+                self._events.gauge(f"kv_tier_enabled:{tier}", 1)
         if self.disk is not None:
             self._events.gauge("kv_tier_bytes:disk", self.disk.used_bytes)
             self._events.gauge("kv_tier_blocks:disk", len(self.disk))

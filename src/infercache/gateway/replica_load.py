@@ -8,7 +8,9 @@ One asyncio task per replica that can report (`MetricsSource`: an HTTP upstream)
               (a fraction despite its name; vllm:gpu_cache_usage_perc before v0.10)
     SGLang    sglang:num_queue_reqs, sglang:num_running_reqs, sglang:token_usage
     built-in  the engine's queue and running gauges (`ENGINE_WAITING`, `ENGINE_RUNNING`: the
-              names its server exports, kept here only)
+              names its server exports, kept here only), and whether it has a shared KV tier
+              (`SHARED_KV`, the series with `tier="shared"`: the router counts a prefix in that
+              tier as warm on the replica)
 
 Several series of one name (one per model or data-parallel rank) are summed (requests) or
 maxed (KV usage). A page with no waiting series is no report. A read that fails (unreachable,
@@ -40,6 +42,8 @@ MAX_BACKOFF_S = 60.0
 ENGINE_WAITING = "infercache_engine_requests_waiting"
 ENGINE_RUNNING = "infercache_engine_requests_running"
 
+SHARED_KV = "infercache_kv_tier_enabled"
+
 WAITING = frozenset({"vllm:num_requests_waiting", "sglang:num_queue_reqs", ENGINE_WAITING})
 RUNNING = frozenset({"vllm:num_requests_running", "sglang:num_running_reqs", ENGINE_RUNNING})
 KV_USAGE = frozenset(
@@ -53,6 +57,7 @@ def parse_load(text: str) -> ReplicaLoad | None:
     waiting: float | None = None
     running: float | None = None
     kv_usage: float | None = None
+    shared_kv = False
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             value = float(sample.value)
@@ -64,9 +69,11 @@ def parse_load(text: str) -> ReplicaLoad | None:
                 running = (running or 0.0) + value
             elif sample.name in KV_USAGE:
                 kv_usage = value if kv_usage is None else max(kv_usage, value)
+            elif sample.name == SHARED_KV and sample.labels.get("tier") == "shared":
+                shared_kv = value > 0
     if waiting is None:
         return None
-    return ReplicaLoad(waiting=waiting, running=running, kv_usage=kv_usage)
+    return ReplicaLoad(waiting=waiting, running=running, kv_usage=kv_usage, shared_kv=shared_kv)
 
 
 @runtime_checkable

@@ -40,6 +40,16 @@ Thresholds, tuned on bench/routing.py (bench/README.md, "Routing"):
 In-flight accounting has one owner: `lease(tenant, body)` routes and counts the request on its
 replica until the `with` block ends, however it ends.
 
+A shared KV tier (the built-in engine's `--kv-shared-url`: every replica that reports one on
+its `/metrics` is assumed to share the same Redis) makes a prefix warm anywhere: a replica that
+has not seen it loads it instead of recomputing it. The router keeps one more LRU set of
+blocks, those routed to any sharing replica (each wrote them through), and a sharing replica's
+warmth is the larger of its own match and that shared match. The replica holding the prefix in
+RAM still wins among equals (a load costs more than a RAM hit), but when the least-loaded
+replica is as warm through the shared tier, a smaller imbalance sends the request there:
+`shared_imbalance_abs` (2 requests) instead of `imbalance_abs`, since moving now costs a load,
+not a recomputation.
+
 Health: `failed(i)` ejects replica i for a backoff (`eject_s`, doubling on each failure in a
 row up to `max_eject_s`); an ejected replica is not routed to (nor are replicas a lease
 `exclude`s) until its backoff ends, when the next request probes it: `succeeded(i)` restores
@@ -80,6 +90,7 @@ class RouterConfig:
     max_eject_s: float = 30.0
     load_poll_s: float = 1.0  # how often each replica's /metrics is read (replica_load.py)
     load_stale_s: float = 3.0  # a report older than this is unknown load
+    shared_imbalance_abs: float = 2.0  # requests, when the idler replica is warm via shared KV
 
     def __post_init__(self) -> None:
         if self.block_chars < 1 or self.min_match_blocks < 1:
@@ -97,6 +108,7 @@ class ReplicaLoad:
     waiting: float  # requests queued, not yet running
     running: float | None = None
     kv_usage: float | None = None  # fraction of its KV blocks in use, 0..1
+    shared_kv: bool = False  # it loads and writes through a shared KV tier
 
     @property
     def requests(self) -> float:
@@ -120,16 +132,11 @@ def block_hashes(text: str, block_chars: int) -> list[bytes]:
     return out
 
 
-class _Replica(Generic[R]):
-    def __init__(self, target: R) -> None:
-        self.target = target
+class _Blocks:
+    """A bounded LRU set of prefix-block hashes."""
+
+    def __init__(self) -> None:
         self.blocks: OrderedDict[bytes, None] = OrderedDict()
-        self.in_flight = 0
-        self.ejected_until_s: float | None = None
-        self.failures = 0  # in a row
-        self.reported: ReplicaLoad | None = None
-        self.reported_at_s = 0.0
-        self.routed = 0  # requests sent here, ever
 
     def match(self, hashes: Sequence[bytes]) -> int:
         n = 0
@@ -138,6 +145,26 @@ class _Replica(Generic[R]):
                 break
             n += 1
         return n
+
+    def record(self, hashes: Sequence[bytes], limit: int) -> None:
+        blocks = self.blocks
+        for h in hashes:
+            blocks[h] = None
+            blocks.move_to_end(h)
+        while len(blocks) > limit:
+            blocks.popitem(last=False)
+
+
+class _Replica(_Blocks, Generic[R]):
+    def __init__(self, target: R) -> None:
+        super().__init__()
+        self.target = target
+        self.in_flight = 0
+        self.ejected_until_s: float | None = None
+        self.failures = 0  # in a row
+        self.reported: ReplicaLoad | None = None
+        self.reported_at_s = 0.0
+        self.routed = 0  # requests sent here, ever
 
 
 class PrefixRouter(Generic[R]):
@@ -152,6 +179,7 @@ class PrefixRouter(Generic[R]):
             raise ValueError("a router needs at least one target")
         self.config = config or RouterConfig()
         self._replicas = [_Replica(t) for t in targets]
+        self._shared = _Blocks()  # routed to a replica that writes through a shared KV tier
         self._now_s = monotonic_s
 
     @property
@@ -185,19 +213,31 @@ class PrefixRouter(Generic[R]):
         hashes = block_hashes(prompt_text(tenant, body), cfg.block_chars)
         now_s = self._now_s()
         load = {i: self._load(i, now_s) for i in candidates}
-        matches = {i: self._replicas[i].match(hashes) for i in candidates}
+        own = {i: self._replicas[i].match(hashes) for i in candidates}
+        shared = self._shared.match(hashes) if self._shared.blocks else 0
+        warmth = {i: max(own[i], shared) if self._shares(i, now_s) else own[i] for i in candidates}
         least = min(candidates, key=lambda i: (load[i], self._kv_usage(i, now_s), self._routed(i)))
-        warm = min(candidates, key=lambda i: (-matches[i], load[i], self._routed(i)))
+        warm = min(candidates, key=lambda i: (-warmth[i], -own[i], load[i], self._routed(i)))
+        # A replica as warm through the shared tier is left for a smaller imbalance.
+        gap = cfg.shared_imbalance_abs if warmth[least] >= warmth[warm] else None
         chosen = warm
-        if matches[warm] < cfg.min_match_blocks or self._imbalanced(load[warm], load[least]):
+        if warmth[warm] < cfg.min_match_blocks or self._imbalanced(load[warm], load[least], gap):
             chosen = least
         self._record(self._replicas[chosen], hashes)
+        if self._shares(chosen, now_s):
+            self._shared.record(hashes, cfg.max_blocks_per_replica)
         self._replicas[chosen].routed += 1
-        return chosen, matches[chosen]
+        return chosen, warmth[chosen]
 
-    def _imbalanced(self, busy: float, idle: float) -> bool:
+    def _imbalanced(self, busy: float, idle: float, absolute: float | None = None) -> bool:
         cfg = self.config
-        return busy - idle > cfg.imbalance_abs and busy > cfg.imbalance_rel * idle
+        gap = cfg.imbalance_abs if absolute is None else absolute
+        return busy - idle > gap and busy > cfg.imbalance_rel * idle
+
+    def _shares(self, index: int, now_s: float) -> bool:
+        """Whether replica `index` said (lately) that it loads from a shared KV tier."""
+        reported = self._fresh(self._replicas[index], now_s)
+        return reported is not None and reported.shared_kv
 
     def _load(self, index: int, now_s: float) -> float:
         """Requests on the replica: ours in flight, or its own fresh report when that is more."""
@@ -266,12 +306,7 @@ class PrefixRouter(Generic[R]):
         ]  # fmt: skip
 
     def _record(self, replica: _Replica[R], hashes: Sequence[bytes]) -> None:
-        blocks = replica.blocks
-        for h in hashes:
-            blocks[h] = None
-            blocks.move_to_end(h)
-        while len(blocks) > self.config.max_blocks_per_replica:
-            blocks.popitem(last=False)
+        replica.record(hashes, self.config.max_blocks_per_replica)
 
 
 class _Lease:
