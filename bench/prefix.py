@@ -1,7 +1,7 @@
 """Prefix reuse in the built-in engine: time to first token, overhead, decode speed, memory.
 
     .venv/bin/python bench/prefix.py [--trials 5] [--threads N] [--dtype float32]
-        [--stat min|median] [--out bench/out/prefix]
+        [--stat min|median] [--sections ...] [--out bench/out/prefix]
 
 One process, one set of weights (the packaged SmolLM2-135M-Instruct), the same torch threads
 for every variant. Every variant is run once per trial, interleaved, and the best (minimum) of
@@ -26,6 +26,9 @@ ever adds time, so the minimum is the figure least disturbed by it.
 - Under load: TTFT of a 1024-token cached prefix + 16 new tokens against the same prompt with a
   prefix never seen (a full prefill, cut into the engine's 256-token chunks), while `--streams`
   other sequences keep decoding in the same batch (the engine's scheduler, one step at a time).
+- KV tiers below RAM (`restart`, `shared`, `tiers-memory`, not run by default): warm restart
+  from the disk tier in a new process, two replicas sharing one Redis, memory with a disk tier;
+  bench/prefix_tiers.py describes them.
 The single-request sections run the runner with a step budget above the longest prompt, so a
 prompt is prefilled in one forward as before continuous batching; the load section uses the
 engine's default budget.
@@ -49,6 +52,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import torch
+from prefix_tiers import restart_child, restart_section, shared_section, tiers_memory_section
 
 from infercache.clock import SystemClock
 from infercache.engine.config import BatchLimits, default_data_dir
@@ -78,6 +82,7 @@ class Bench:
         self.pick = STATS[stat]
         resolved = resolve_model(None, default_data_dir(os.environ))
         self.directory = resolved.directory
+        self.version = resolved.version
         ck = load_checkpoint(resolved.directory)
         self.model = LlamaModel(ck.spec, ck.tensors, dtype=dtype, max_positions=CONTEXT)
         self.tokenizer = ChatTokenizer(ck.tokenizer, ck.eos_token_ids)
@@ -405,7 +410,16 @@ def main() -> None:
     )
     parser.add_argument("--streams", type=int, default=7, help="decoding streams under load")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "out" / "prefix")
+    parser.add_argument("--child", help=argparse.SUPPRESS)  # a restarted engine (prefix_tiers)
+    parser.add_argument("--child-dir", help=argparse.SUPPRESS)
+    parser.add_argument("--child-suffix", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.child == "restart":
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        dtype = torch.bfloat16 if args.dtype == "bfloat16" else torch.float32
+        b = Bench(args.threads, dtype, args.trials, args.stat)
+        restart_child(b, b.version, args)
+        return
     tee = _Tee(sys.stdout)
     with contextlib.redirect_stdout(tee):
         run(args)
@@ -452,6 +466,23 @@ def run(args: argparse.Namespace) -> None:
             f"under load, 1024+16 full prefill / reuse = {loaded['full'] / loaded['reuse']:.1f}× "
             "(target ≥ 5×)"
         )
+    if "restart" in sections:
+        r = restart_section(b, b.version, args)
+        targets.append(
+            f"restart: 1024+16 from disk in a new process / in RAM = "
+            f"{r['restart'] / r['ram']:.2f}× (target ≤ 2×); full prefill / restart = "
+            f"{r['full'] / r['restart']:.1f}× (target ≥ 10×)"
+        )
+    if "shared" in sections:
+        r = shared_section(b, b.version)
+        targets.append(
+            f"shared: 1024+16 on replica B from Redis / in B's RAM = "
+            f"{r['shared'] / r['ram']:.2f}× (target ≤ 3×)"
+        )
+    if "tiers-memory" in sections:
+        peaks = tiers_memory_section(b, b.version, rss_mib, reset_peak_rss)
+        added = peaks["with a disk tier"] - peaks["without tiers"]
+        targets.append(f"disk tier: peak RSS {added:+.0f} MiB against none (target: one block)")
     print("\n## Targets")
     print("\n".join(targets))
     print(f"load average at the end {os.getloadavg()[0]:.1f}")

@@ -96,3 +96,17 @@ def redis_servers(*, cluster_masters: int = 3) -> Iterator[tuple[str, str]]:
                 process.terminate()
                 process.wait(10)
                 drain.join(10)
+
+
+@contextlib.contextmanager
+def redis_server() -> Iterator[str]:
+    """One redis-server's URL, live until exit."""
+    with tempfile.TemporaryDirectory(prefix="infercache-bench-") as tmp:
+        port = _port(pair=False)
+        process, drain = _launch(_args(port, Path(tmp)))
+        try:
+            yield f"redis://127.0.0.1:{port}/0"
+        finally:
+            process.terminate()
+            process.wait(10)
+            drain.join(10)

@@ -26,6 +26,14 @@ bounded replays. Cost: O(log n) per distinct last-use index on a request's path.
 `curve()` gives (budget, token share, hit share) from the first budget that reuses anything to
 the first where the share stops rising (within `flat`), and `knee()` the budget farthest above
 the chord of that curve on a log-budget axis (Kneedle): past it each doubling adds less.
+
+A disk tier below RAM (`with_disk`, the engine's kv_tiers.py). The engine writes every whole
+block through to disk and refreshes a block's disk recency whenever a request uses it, so disk
+is an LRU over the same accesses as RAM, holding everything RAM holds while it is the larger:
+RAM of R tokens over a disk of D together reuse what one LRU cache of max(R, D) would, the curve
+at max(R, D), of which the curve at R comes from RAM. Approximation: the disk holds and loads
+whole blocks only, so each request's share from disk is over-counted by less than one block
+(`block_tokens`, 64 by default in the engine); budgets between powers of two round down.
 """
 
 from __future__ import annotations
@@ -95,6 +103,14 @@ class SweepPoint:
     budget_tokens: int
     token_share: float  # reused prompt tokens / all prompt tokens, at this KV budget
     hit_share: float  # requests reusing at least one token / all requests
+
+
+@dataclass(frozen=True, slots=True)
+class TieredPoint:
+    ram_tokens: int
+    disk_tokens: int
+    token_share: float  # prompt tokens reused, from RAM or disk / all prompt tokens
+    disk_share: float  # of those, loaded from disk / all prompt tokens
 
 
 class BudgetSweep:
@@ -167,6 +183,21 @@ class BudgetSweep:
             if share >= plateau - flat:
                 break
         return points
+
+    def share_at(self, budget_tokens: int) -> float:
+        """The token share at a budget (rounded down to a power of two)."""
+        if not self.prompt_tokens or budget_tokens < 1:
+            return 0.0
+        top = min(MAX_BIN, budget_tokens.bit_length() - 1)
+        return sum(self._tokens[: top + 1]) / self.prompt_tokens
+
+    def with_disk(self, disk_tokens: int, points: Sequence[SweepPoint]) -> list[TieredPoint]:
+        """The reuse at each of `points`' RAM budgets over a disk tier of `disk_tokens`."""
+        out = []
+        for p in points:
+            total = max(p.token_share, self.share_at(max(p.budget_tokens, disk_tokens)))
+            out.append(TieredPoint(p.budget_tokens, disk_tokens, total, total - p.token_share))
+        return out
 
     def knee(self, points: Sequence[SweepPoint]) -> SweepPoint | None:
         """The Kneedle knee of `points` (budgets on a log axis), or None under 3 points."""
