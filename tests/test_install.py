@@ -319,6 +319,6 @@ def test_the_bare_install_names_the_engine_extra(bare_venv: Path, tmp_path: Path
     assert done.returncode == 2
     assert done.stderr.strip() == (
         "infercache serve: the built-in engine (serve without --upstream) needs the 'engine' "
-        "extra (torch, transformers, accelerate, gguf, safetensors not installed): "
+        "extra (torch, transformers, accelerate, gguf, safetensors, xxhash not installed): "
         "pip install 'infercache[engine]'"
     )
