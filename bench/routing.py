@@ -26,6 +26,10 @@ memory (3 x the per-replica token capacity), the trace replayed in order through
 radix tree without KV (analyze/simulated_prefix_cache.py) over the same token ids (the engine's
 chat template, encoded here): the most any router can reach.
 
+`--shared-kv`: each policy again with the engines sharing a KV tier (`--kv-shared-url`, one
+empty redis-server per run): a replica loads a prefix another computed, and the router counts
+it warm on every replica (router.py). Reported as `<policy> + shared KV`.
+
 `--kill`: acceptance 5 on real engines. The real gateway (`build`, memory store) in front of 3
 engines serves the trace's first `--kill-requests` requests non-streaming with `cache: no-store`
 semantics avoided by unique questions; a third of the way in, one engine is SIGKILLed. Counts
@@ -56,6 +60,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from stores_servers import redis_server
 
 from infercache.analyze.simulated_prefix_cache import SimulatedPrefixCache
 from infercache.engine.config import DEFAULT_MAX_KV_BYTES, default_data_dir
@@ -168,14 +173,16 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def engines(n: int, data_dir: Path) -> Iterator[tuple[list[str], list[subprocess.Popen[bytes]]]]:
+def engines(
+    n: int, data_dir: Path, extra: tuple[str, ...] = ()
+) -> Iterator[tuple[list[str], list[subprocess.Popen[bytes]]]]:
     exe = Path(sys.executable).parent / "infercache"
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     ports = [free_port() for _ in range(n)]
     procs = [
         subprocess.Popen(
             [str(exe), "engine", "serve", "--port", str(p), "--threads", "1",
-             "--log-level", "warning", "--data-dir", str(data_dir)],
+             "--log-level", "warning", "--data-dir", str(data_dir), *extra],
             env=env,
         )
         for p in ports
@@ -520,6 +527,11 @@ def main() -> int:
     parser.add_argument("--min-match-blocks", type=int, default=defaults.min_match_blocks)
     parser.add_argument("--imbalance-abs", type=float, default=defaults.imbalance_abs)
     parser.add_argument("--imbalance-rel", type=float, default=defaults.imbalance_rel)
+    parser.add_argument(
+        "--shared-kv",
+        action="store_true",
+        help="also run each policy with the engines sharing a KV tier in one redis-server",
+    )
     parser.add_argument("--kill", action="store_true", help="also run acceptance 5's kill run")
     parser.add_argument("--kill-requests", type=int, default=90)
     args = parser.parse_args()
@@ -548,12 +560,18 @@ def main() -> int:
         "policies": {},
         "load_average": [],
     }
-    for name in args.policies.split(","):
-        with engines(args.replicas, data_dir) as (urls, _):
-            results, wall_s = asyncio.run(run_policy(name, trace, urls, args))
-        report["policies"][name] = summarise(results, wall_s, args.replicas)
-        report["load_average"].append(os.getloadavg()[0])
-        print(name, json.dumps(report["policies"][name]), flush=True)
+    for shared in (False, True) if args.shared_kv else (False,):
+        for name in args.policies.split(","):
+            with contextlib.ExitStack() as stack:
+                extra: tuple[str, ...] = ()
+                if shared:  # a shared KV tier: one empty redis-server per run
+                    extra = ("--kv-shared-url", stack.enter_context(redis_server()))
+                urls, _ = stack.enter_context(engines(args.replicas, data_dir, extra))
+                results, wall_s = asyncio.run(run_policy(name, trace, urls, args))
+            label = f"{name} + shared KV" if shared else name
+            report["policies"][label] = summarise(results, wall_s, args.replicas)
+            report["load_average"].append(os.getloadavg()[0])
+            print(label, json.dumps(report["policies"][label]), flush=True)
     if args.kill:
         with engines(args.replicas, data_dir) as (urls, procs):
             report["kill"] = kill_run(trace, urls, procs, args)
