@@ -19,6 +19,7 @@ from infercache.engine.config import EngineConfig
 from infercache.engine.engine import Engine
 from infercache.engine.kv_disk import SUFFIX
 from tests.conftest import start_redis
+from tests.engine.conftest import TinyFactory
 
 SYSTEM = "You are a helpful assistant. Answer the question briefly and politely. " * 3
 QUESTIONS = ["hello world", "how are you today", "the capital of France", "radix trees share"]
@@ -196,3 +197,18 @@ def test_a_stopped_redis_costs_recomputation_not_answers(
     assert c["kv_tier_errors:shared"] >= 1
     assert "prefix_cache_hits:shared" not in c
     assert third.stats()["kv_tiers"]["shared"]["state"] != "ok"
+
+
+def test_a_model_swap_leaves_no_old_block_reachable_and_reclaims_them(
+    tiered: Callable[..., Engine], make_tiny_llama: TinyFactory, tmp_path: Path
+) -> None:
+    engine = tiered()
+    answers(engine)
+    old = {f.parent for f in block_files(tmp_path)}
+    assert old
+    other = make_tiny_llama(seed=1)
+    engine.swap_model(other, served_model_id=engine.model_id)  # same id, other weights
+    assert not any(d.exists() for d in old)
+    answers(engine)
+    assert "prefix_cache_hits:disk" not in counters(engine)
+    assert {f.parent for f in block_files(tmp_path)}.isdisjoint(old)

@@ -148,3 +148,7 @@ def test_serve_refuses_bad_batching_flags_before_loading_anything(
     assert "max_batch must be >= 1, got 0" in capsys.readouterr().err
     assert main(["serve", "--store", "memory://", "--max-queue", "-1"]) == 2
     assert "max_queue must be >= 0, got -1" in capsys.readouterr().err
+    assert main(["serve", "--store", "memory://", "--kv-disk-bytes", "-1"]) == 2
+    assert "KV tier budgets must be >= 0, got -1" in capsys.readouterr().err
+    assert main(["engine", "serve", "--kv-block-tokens", "0"]) == 2
+    assert "kv_block_tokens must be >= 1, got 0" in capsys.readouterr().err

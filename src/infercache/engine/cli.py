@@ -8,10 +8,12 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from infercache.errors import ConfigError
 from infercache.extras import require
 
 
@@ -156,7 +158,11 @@ def _serve(args: argparse.Namespace) -> int:
             overrides[name] = getattr(args, name)
     if args.data_dir is not None:
         overrides["data_dir"] = args.data_dir
-    config = replace(config, **overrides)
+    try:
+        config = replace(config, **overrides)
+    except ConfigError as exc:
+        print(f"infercache engine serve: {exc}", file=sys.stderr)
+        return 2
     # uvicorn shuts down gracefully on SIGTERM/SIGINT, then re-raises the signal to the handler
     # it found: make that an ordinary exit, so the engine below is closed and the status is 0.
     for signum in (signal.SIGTERM, signal.SIGINT):

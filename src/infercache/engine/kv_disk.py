@@ -177,8 +177,13 @@ class DiskTier:
         self.discard(name)
         self._make_room(size)
         tmp = self.directory / f"{name}.tmp-{os.getpid()}-{next(self._tmp)}"
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+            try:
+                fd = os.open(tmp, flags, 0o600)
+            except FileNotFoundError:  # the directory was removed under us: make it again
+                self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+                fd = os.open(tmp, flags, 0o600)
             try:
                 written = os.writev(fd, list(buffers))
             finally:

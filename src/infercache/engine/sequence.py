@@ -137,7 +137,7 @@ class Sequence:
         first = self.first_token_s if self.first_token_s is not None else done_s
         release = self.release
         tiers = self.tier_load if self.tier_load is not None else TierLoad(self.reused_tokens)
-        evicted = (self.lease_evicted[0], self.lease_evicted[1])
+        evicted = self.lease_evicted
         return RequestStats(
             prompt_tokens=self.prompt_len,
             cached_tokens=self.reused_tokens,
