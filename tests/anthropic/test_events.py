@@ -11,7 +11,7 @@ from anthropic.lib.streaming._messages import accumulate_event
 from anthropic.types import Message, RawMessageStreamEvent
 
 from infercache.anthropic.events import (
-    ChatStreamTranslator,
+    ChatToMessageEvents,
     MessageAssembler,
     message_events,
     sse,
@@ -92,7 +92,7 @@ def test_a_chat_stream_translates_into_the_message_a_completion_would(with_tool:
         "usage": {"prompt_tokens": 20, "completion_tokens": 9, "total_tokens": 29,
                   "prompt_tokens_details": {"cached_tokens": 16}},
     }  # fmt: skip
-    translator = ChatStreamTranslator("msg_x", "m")
+    translator = ChatToMessageEvents("msg_x", "m")
     events: list[dict[str, Any]] = []
     for chunk in chunks_from_completion(completion, include_usage=True, piece_chars=7):
         events.extend(translator.feed(chunk))

@@ -12,7 +12,7 @@ from openai.types.responses import Response, ResponseStreamEvent
 
 from infercache.chat import CompletionAssembler, chunks_from_completion
 from infercache.responses.events import (
-    ChatStreamTranslator,
+    ChatToResponseEvents,
     ResponseAssembler,
     response_events,
     sse,
@@ -94,7 +94,7 @@ def test_chat_chunks_translate_into_the_response_a_completion_would() -> None:
     for with_tool in (False, True):
         whole = completion(with_tool)
         response = chat_to_response(whole, BODY, response_id="resp_x", created_at=2.0)
-        translator = ChatStreamTranslator({**response, "output": []})
+        translator = ChatToResponseEvents({**response, "output": []})
         events: list[dict[str, Any]] = []
         assembler = CompletionAssembler()
         for chunk in chunks_from_completion(whole, include_usage=True, piece_chars=9):

@@ -11,7 +11,7 @@
 - `MessageAssembler`: fold the events an Anthropic upstream streams into the one message
   (so a stream can be stored and served later to a non-streaming request); `complete` says
   whether `message_stop` came after a stop reason (a cut-off stream is never stored).
-- `ChatStreamTranslator`: turn an OpenAI-compatible upstream's chat chunks into this
+- `ChatToMessageEvents`: turn an OpenAI-compatible upstream's chat chunks into this
   sequence as they come (the built-in engine answering `/v1/messages`).
 - `sse(event)`: the SSE framing Anthropic uses (`event: TYPE` then `data: JSON`).
 """
@@ -150,7 +150,7 @@ class MessageAssembler:
         return self._message
 
 
-class ChatStreamTranslator:
+class ChatToMessageEvents:
     """Chat-completion chunks in, Anthropic events out, as they come (one choice)."""
 
     def __init__(self, message_id: str, model: str) -> None:

@@ -13,7 +13,7 @@ Every event carries a `sequence_number` from 0.
 - `response_events(response)`: replay a stored response (a hit, streamed).
 - `ResponseAssembler`: what an upstream streamed, as the response its final event carries;
   `complete` only after `response.completed` (a cut-off or failed stream is never stored).
-- `ChatStreamTranslator`: an OpenAI-compatible upstream's chat chunks as these events, as
+- `ChatToResponseEvents`: an OpenAI-compatible upstream's chat chunks as these events, as
   they come (the built-in engine answering `/v1/responses`).
 - `sse(event)`: `event: TYPE` then `data: JSON`, as OpenAI frames them.
 """
@@ -121,7 +121,7 @@ class ResponseAssembler:
         return self._final
 
 
-class ChatStreamTranslator:
+class ChatToResponseEvents:
     """Chat-completion chunks in, Responses events out (one choice): text as it comes; tool
     calls, and the closing events, from `finish(response)` with the response the chunks
     assembled into (chat_to_response of the CompletionAssembler's result)."""
