@@ -11,14 +11,14 @@ request is admitted, `save` when it ends.
       else stop
       copy the verified block into the workspace
 
-Loading stages each block in one block-sized buffer, verifies it (kv_blocks.verify: exact
-length, header, the whole prefix token by token, checksum), and only then copies it into the
-request's workspace, from m on when the block starts before m (RAM covered that part): the
-workspace never holds a byte that failed verification, and the tiers add one block to the
-engine's memory. A block that fails is removed from its tier and counted `corrupt`; one the
-disk listed but that is gone, `missing`; a tier's error (an OSError, Redis down or slow) is
-counted and the next tier, or recomputation, takes over. A fault costs prefill, never an error
-or a different token.
+Loading stages each block in one block-sized buffer (a scratch buffer the disk is read into,
+or the value Redis returned), verifies it (kv_blocks.verify: exact length, header, the whole
+prefix token by token, checksum), and only then copies it into the request's workspace, from m
+on when the block starts before m (RAM covered that part): the workspace never holds a byte
+that failed verification, and the tiers add about one block to the engine's memory. A block
+that fails is removed from its tier and counted `corrupt`; one the disk listed but that is
+gone, `missing`; a tier's error (an OSError, Redis down or slow) is counted and the next tier,
+or recomputation, takes over. A fault costs prefill, never an error or a different token.
 
 Why write-through, not write-on-evict: a killed engine never evicts, so only blocks written as
 they are computed survive a kill; and a replica can load a prefix as soon as the request that
@@ -96,7 +96,7 @@ class KVTiers:
         self.shared = shared
         self._clock = clock
         self._events = events
-        self._scratch = np.empty(self.geometry.kv_bytes, dtype=np.uint8)  # the one staged block
+        self._scratch = np.empty(self.geometry.kv_bytes, dtype=np.uint8)  # a block read from disk
         self._confirmed: OrderedDict[str, float] = OrderedDict()
         self._disk_evicted = 0
         self._shared_evicted = 0
@@ -132,7 +132,8 @@ class KVTiers:
         that holds it intact; the tier's name, or None."""
         for tier, fetch in (("disk", self._fetch_disk), ("shared", self._fetch_shared)):
             try:
-                if not fetch(blocks, index):
+                kv = fetch(blocks, index)
+                if kv is None:
                     continue
             except BlockRejected as e:
                 log.warning("KV block %s from %s rejected: %s", blocks.name(index), tier, e)
@@ -144,37 +145,39 @@ class KVTiers:
                 self._events.count(f"kv_tier_errors:{tier}")
                 continue
             b = self.geometry.block_tokens
-            ws.put_block(index * b, self._scratch, b, skip)
+            ws.put_block(index * b, kv, b, skip)
             self._events.count(f"kv_blocks_loaded:{tier}")
             self._events.count(f"kv_load_bytes:{tier}", self.geometry.block_bytes(index))
             return tier
         return None
 
-    def _fetch_disk(self, blocks: PromptBlocks, index: int) -> bool:
-        """Block `index` from disk, verified, into the scratch buffer; False if not there."""
+    def _fetch_disk(self, blocks: PromptBlocks, index: int) -> kv_blocks.Buffer | None:
+        """Block `index`'s KV from disk, verified (read into the scratch buffer); None if the
+        disk does not have it."""
         disk, name = self.disk, blocks.name(index)
         if disk is None or name not in disk:
-            return False
+            return None
         header = bytearray(kv_blocks.HEADER_BYTES)
         tokens = bytearray(self.geometry.tokens_bytes(index))
         if not disk.read(name, [header, tokens, self._scratch]):
             self._events.count("kv_blocks_missing:disk")
-            return False
+            return None
         kv_blocks.verify(self.geometry, blocks, index, header, tokens, self._scratch)
-        return True
+        return self._scratch
 
-    def _fetch_shared(self, blocks: PromptBlocks, index: int) -> bool:
+    def _fetch_shared(self, blocks: PromptBlocks, index: int) -> kv_blocks.Buffer | None:
+        """Block `index`'s KV from Redis, verified (a view of the value read); None if not
+        there."""
         shared, name = self.shared, blocks.name(index)
         if shared is None or not shared.available:
-            return False
+            return None
         value = shared.get(name)
         if value is None:
-            return False
+            return None
         header, tokens, kv = kv_blocks.split(self.geometry, index, value)
         kv_blocks.verify(self.geometry, blocks, index, header, tokens, kv)
-        self._scratch[:] = np.frombuffer(kv, dtype=np.uint8)
         self._confirm(name)
-        return True
+        return kv
 
     def _discard(self, tier: str, name: str) -> None:
         try:
