@@ -99,9 +99,12 @@ def restart_section(b: Bench, version: str, args: argparse.Namespace) -> dict[st
         settings = TierSettings(disk_bytes=1 << 30, disk_dir=Path(tmp) / "kv")
         prefix = b.tokens(PREFIX_TOKENS, PREFIX_TOKENS)
         writer, backends, events = tiered_runner(b, settings, version)
-        first_token(writer, prefix + b.fresh(16))  # computed once, written through to disk
+        b.ttft_s(writer, b.fresh(PREFIX_TOKENS + 16))  # first touches of the pool and files
+        before = events.snapshot()["counters"]["kv_blocks_written:disk"]
+        # Computed once, written through to disk: what that costs the request's end.
+        store_s = first_token(writer, prefix + b.fresh(16)).store_s
         backends.close()
-        written = events.snapshot()["counters"]["kv_blocks_written:disk"]
+        written = events.snapshot()["counters"]["kv_blocks_written:disk"] - before
         warm, cold = b.runner(cache=True), b.runner(cache=False)
         b.ttft_s(warm, prefix + b.fresh(16))
         (Path(tmp) / "prefix.json").write_text(json.dumps(list(prefix)))
@@ -117,7 +120,11 @@ def restart_section(b: Bench, version: str, args: argparse.Namespace) -> dict[st
             }
         )
     print("\n## Warm restart from the disk tier (1,024-token prefix + 16 new tokens)")
-    print(f"{written} blocks of {settings.block_tokens} tokens written; TTFT, ms:")
+    print(
+        f"{written} blocks of {settings.block_tokens} tokens written through at the end of the "
+        f"request that computed them, in {store_s * 1e3:.0f} ms (its RAM insert included); "
+        "TTFT, ms:"
+    )
     print(
         "| restarted process, from disk | in RAM | full prefill | restart / RAM | full / restart |"
     )
@@ -126,6 +133,7 @@ def restart_section(b: Bench, version: str, args: argparse.Namespace) -> dict[st
         f"| {r['restart'] * 1e3:.1f} | {r['ram'] * 1e3:.1f} | {r['full'] * 1e3:.1f} | "
         f"{r['restart'] / r['ram']:.2f}× | {r['full'] / r['restart']:.1f}× |"
     )
+    r["store"] = store_s
     return r
 
 
