@@ -167,14 +167,15 @@ def verify(
     index: int,
     header: Buffer,
     tokens: Buffer,
-    kv: Buffer,
+    kv: Buffer | list[Buffer],
 ) -> None:
     """Raise `BlockRejected` unless (header, tokens, kv), as read, are block `index` of this
-    prompt, intact. `kv` is the block's KV bytes in one buffer."""
+    prompt, intact. `kv` is the block's KV bytes, in one buffer or as its runs (a list)."""
+    runs: list[Buffer] = kv if isinstance(kv, list) else [kv]
     if (
         memoryview(header).nbytes != HEADER_BYTES
         or memoryview(tokens).nbytes != g.tokens_bytes(index)
-        or memoryview(kv).nbytes != g.kv_bytes
+        or sum(memoryview(run).nbytes for run in runs) != g.kv_bytes
     ):
         raise BlockRejected("truncated")
     fields = _HEADER.unpack(header)
@@ -183,7 +184,7 @@ def verify(
         raise BlockRejected("header", f"block {index} is not this prompt's")
     if memoryview(tokens) != memoryview(blocks.token_bytes)[: g.tokens_bytes(index)]:
         raise BlockRejected("tokens", f"block {index} holds another prefix")
-    if _checksum(header, tokens, (kv,)) != fields[-1]:
+    if _checksum(header, tokens, runs) != fields[-1]:
         raise BlockRejected("checksum", f"block {index}")
 
 

@@ -11,11 +11,13 @@ request is admitted, `save` when it ends.
       else stop
       copy the verified block into the workspace
 
-Loading stages each block in one block-sized buffer (a scratch buffer the disk is read into,
-or the value Redis returned), verifies it (kv_blocks.verify: exact length, header, the whole
-prefix token by token, checksum), and only then copies it into the request's workspace, from m
-on when the block starts before m (RAM covered that part): the workspace never holds a byte
-that failed verification, and the tiers add about one block to the engine's memory. A block
+Loading verifies each block (kv_blocks.verify: exact length, header, the whole prefix token by
+token, checksum) before the request uses it. A block from disk is read straight into its
+workspace positions, which the request would otherwise compute itself (a block that fails ends
+the load there, and prefill overwrites them), except a block RAM partly covered, which is read
+into one block-sized scratch buffer and copied from m on; a block from Redis is copied from the
+value read. So no byte that failed verification is ever attended to, and the tiers add about
+one block to the engine's memory. A block
 that fails is removed from its tier and counted `corrupt`; one the disk listed but that is
 gone, `missing`; a tier's error (an OSError, Redis down or slow) is counted and the next tier,
 or recomputation, takes over. A fault costs prefill, never an error or a different token.
@@ -58,6 +60,7 @@ from infercache.errors import BlockRejected, KVTierError
 log = logging.getLogger(__name__)
 
 CONFIRMED_MAX = 100_000  # names remembered as present in Redis
+IN_PLACE = memoryview(b"")  # a fetched block already in the workspace
 
 
 class TierEvents(Protocol):
@@ -130,9 +133,14 @@ class KVTiers:
     ) -> str | None:
         """Block `index` into the workspace (from `skip` tokens into it) from the first tier
         that holds it intact; the tier's name, or None."""
-        for tier, fetch in (("disk", self._fetch_disk), ("shared", self._fetch_shared)):
+        b = self.geometry.block_tokens
+        for tier in ("disk", "shared"):
             try:
-                kv = fetch(blocks, index)
+                kv = (
+                    self._fetch_disk(blocks, index, ws, skip)
+                    if tier == "disk"
+                    else self._fetch_shared(blocks, index)
+                )
                 if kv is None:
                     continue
             except BlockRejected as e:
@@ -144,26 +152,32 @@ class KVTiers:
                 log.warning("KV %s tier: %s", tier, e)
                 self._events.count(f"kv_tier_errors:{tier}")
                 continue
-            b = self.geometry.block_tokens
-            ws.put_block(index * b, kv, b, skip)
+            if kv is not IN_PLACE:
+                ws.put_block(index * b, kv, b, skip)
             self._events.count(f"kv_blocks_loaded:{tier}")
             self._events.count(f"kv_load_bytes:{tier}", self.geometry.block_bytes(index))
             return tier
         return None
 
-    def _fetch_disk(self, blocks: PromptBlocks, index: int) -> kv_blocks.Buffer | None:
-        """Block `index`'s KV from disk, verified (read into the scratch buffer); None if the
-        disk does not have it."""
+    def _fetch_disk(
+        self, blocks: PromptBlocks, index: int, ws: KVWorkspace, skip: int
+    ) -> kv_blocks.Buffer | None:
+        """Block `index`'s KV from disk, verified; None if the disk does not have it. A block
+        RAM covered nothing of (`skip` 0) is read straight into its workspace positions, the
+        ones the request computes itself should the block fail (`IN_PLACE`); one RAM partly
+        covered is staged in the scratch buffer."""
         disk, name = self.disk, blocks.name(index)
         if disk is None or name not in disk:
             return None
         header = bytearray(kv_blocks.HEADER_BYTES)
         tokens = bytearray(self.geometry.tokens_bytes(index))
-        if not disk.read(name, [header, tokens, self._scratch]):
+        b = self.geometry.block_tokens
+        kv = [self._scratch] if skip else ws.runs(index * b, (index + 1) * b)
+        if not disk.read(name, [header, tokens, *kv]):
             self._events.count("kv_blocks_missing:disk")
             return None
-        kv_blocks.verify(self.geometry, blocks, index, header, tokens, self._scratch)
-        return self._scratch
+        kv_blocks.verify(self.geometry, blocks, index, header, tokens, kv)
+        return self._scratch if skip else IN_PLACE
 
     def _fetch_shared(self, blocks: PromptBlocks, index: int) -> kv_blocks.Buffer | None:
         """Block `index`'s KV from Redis, verified (a view of the value read); None if not
