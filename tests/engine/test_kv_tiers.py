@@ -126,10 +126,13 @@ def test_a_model_swap_makes_old_blocks_unreachable_and_reclaims_them(
     tmp_path: Path, warm: Replica
 ) -> None:
     old = {f.parent for f in block_files(tmp_path)}
+    stranger = tmp_path / "kv" / "notes"  # a folder the user keeps there: never touched
+    stranger.mkdir()
     swapped = warm.restart(fingerprint="fp_other_weights")
     assert swapped.ask(PROMPT).reused_tokens == 0
     assert not any(d.exists() for d in old)
     assert {f.parent for f in block_files(tmp_path)}.isdisjoint(old)
+    assert stranger.is_dir()
 
 
 def test_the_disk_tier_stays_within_its_budget_under_1000_distinct_prefixes(

@@ -7,8 +7,9 @@ directory per model. One process uses a root at a time: `DiskRoot` holds an excl
 on `<root>/.lock` while open, and a second process finds it held and runs without a disk tier
 (`DiskRoot.open` raises `KVTierError`, which the caller logs).
 
-Opening a model's directory (`DiskRoot.tier`): the other models' directories are unreachable
-(no name of this model can lead there) and are deleted at once; temporary files left by a
+Opening a model's directory (`DiskRoot.tier`): the other models' directories (named as model
+keys are: 24 hex digits; nothing else in the root is touched) are unreachable (no name of this
+model can lead there) and are deleted at once; temporary files left by a
 process killed mid-write too. The remaining files are indexed by name with their sizes, oldest
 modification time first, and the oldest deleted until they fit `max_bytes`.
 
@@ -35,6 +36,7 @@ import fcntl
 import itertools
 import logging
 import os
+import re
 import shutil
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -48,6 +50,7 @@ from infercache.errors import BlockRejected, KVTierError
 log = logging.getLogger(__name__)
 
 SUFFIX = ".kv"
+MODEL_DIR = re.compile(r"[0-9a-f]{24}")  # kv_blocks.BlockNames.directory_key
 LOCK_NAME = ".lock"
 MTIME_EVERY_S = 60.0
 
@@ -89,7 +92,8 @@ class DiskRoot:
             raise KVTierError("the KV directory is not open")
         try:
             for entry in os.scandir(self.path):
-                if entry.is_dir(follow_symlinks=False) and entry.name != key:
+                ours = MODEL_DIR.fullmatch(entry.name) is not None  # never a stranger's folder
+                if ours and entry.name != key and entry.is_dir(follow_symlinks=False):
                     shutil.rmtree(entry.path)
                     log.info("reclaimed KV blocks of another model: %s", entry.path)
         except OSError as e:

@@ -59,7 +59,7 @@ from infercache.errors import BlockRejected, KVTierError
 
 log = logging.getLogger(__name__)
 
-CONFIRMED_MAX = 100_000  # names remembered as present in Redis
+CONFIRMED_MAX = 10_000  # names remembered as present in Redis (~1.5 MB)
 IN_PLACE = memoryview(b"")  # a fetched block already in the workspace
 
 
