@@ -52,7 +52,13 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import torch
-from prefix_tiers import restart_child, restart_section, shared_section, tiers_memory_section
+from prefix_tiers import (
+    memory_child,
+    restart_child,
+    restart_section,
+    shared_section,
+    tiers_memory_section,
+)
 
 from infercache.clock import SystemClock
 from infercache.engine.config import BatchLimits, default_data_dir
@@ -414,11 +420,14 @@ def main() -> None:
     parser.add_argument("--child-dir", help=argparse.SUPPRESS)
     parser.add_argument("--child-suffix", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.child == "restart":
+    if args.child is not None:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         dtype = torch.bfloat16 if args.dtype == "bfloat16" else torch.float32
         b = Bench(args.threads, dtype, args.trials, args.stat)
-        restart_child(b, b.version, args)
+        if args.child == "restart":
+            restart_child(b, b.version, args)
+        else:
+            memory_child(b, b.version, args, rss_mib)
         return
     tee = _Tee(sys.stdout)
     with contextlib.redirect_stdout(tee):
@@ -480,7 +489,7 @@ def run(args: argparse.Namespace) -> None:
             f"{r['shared'] / r['ram']:.2f}× (target ≤ 3×)"
         )
     if "tiers-memory" in sections:
-        peaks = tiers_memory_section(b, b.version, rss_mib, reset_peak_rss)
+        peaks = tiers_memory_section(b, args)
         added = peaks["with a disk tier"] - peaks["without tiers"]
         targets.append(f"disk tier: peak RSS {added:+.0f} MiB against none (target: one block)")
     print("\n## Targets")

@@ -207,30 +207,42 @@ def shared_section(b: Bench, version: str) -> dict[str, float]:
 # -- memory -------------------------------------------------------------------------------
 
 
-def tiers_memory_section(
-    b: Bench, version: str, rss_mib: Callable[[str], float], reset: Callable[[], None]
-) -> dict[str, float]:
-    budget = 32 * 2**20
-    prompts = [b.fresh(PREFIX_TOKENS) for _ in range(12)]
+def tiers_memory_section(b: Bench, args: argparse.Namespace) -> dict[str, float]:
+    """Each variant in a process of its own (`--child memory`), so neither inherits the other's
+    allocations; the peak RSS of each."""
     peaks: dict[str, float] = {}
-    with tempfile.TemporaryDirectory(prefix="infercache-kv-") as tmp:
-        for name in ("without tiers", "with a disk tier"):
-            backends: TierBackends | None = None
-            if name == "without tiers":
-                runner = b.runner(cache=True, max_kv_bytes=budget)
-            else:
-                settings = TierSettings(disk_bytes=1 << 30, disk_dir=Path(tmp) / "kv")
-                runner, backends, _ = tiered_runner(b, settings, version, max_kv_bytes=budget)
-            reset()
-            for prompt in prompts * 2:  # the second pass loads back what RAM evicted
-                first_token(runner, prompt)
-            peaks[name] = rss_mib("VmHWM")
-            if backends is not None:
-                backends.close()
+    for variant in ("without tiers", "with a disk tier"):
+        with tempfile.TemporaryDirectory(prefix="infercache-kv-") as tmp:
+            suffix = () if variant == "without tiers" else (1,)  # the child's switch
+            peaks[variant] = child(args, "memory", tmp, suffix)["peak_mib"]
     block = 64 * b.model.kv_shape.bytes_per_token / 2**20
     print("\n## Memory with a disk tier (12 unique 1,024-token prompts, twice, 32 MiB RAM budget)")
     print(
         f"peak RSS without tiers {peaks['without tiers']:.0f} MiB, with a disk tier "
-        f"{peaks['with a disk tier']:.0f} MiB (one block: {block:.1f} MiB)"
+        f"{peaks['with a disk tier']:.0f} MiB (one block: {block:.1f} MiB); each in its own "
+        "process, after one warm-up prompt"
     )
     return peaks
+
+
+def memory_child(
+    b: Bench, version: str, args: argparse.Namespace, rss_mib: Callable[[str], float]
+) -> None:
+    """One variant: 12 unique prompts through a 32 MiB RAM budget, then again (the second pass
+    loads back from disk what RAM evicted, with a tier); the peak RSS after a warm-up."""
+    budget = 32 * 2**20
+    tiers = bool(json.loads(args.child_suffix))
+    backends: TierBackends | None = None
+    if tiers:
+        settings = TierSettings(disk_bytes=1 << 30, disk_dir=Path(args.child_dir) / "kv")
+        runner, backends, _ = tiered_runner(b, settings, version, max_kv_bytes=budget)
+    else:
+        runner = b.runner(cache=True, max_kv_bytes=budget)
+    prompts = [b.fresh(PREFIX_TOKENS) for _ in range(12)]
+    first_token(runner, b.fresh(PREFIX_TOKENS))  # the workspace and pool pages, once
+    Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS
+    for prompt in prompts * 2:
+        first_token(runner, prompt)
+    if backends is not None:
+        backends.close()
+    print(json.dumps({"peak_mib": rss_mib("VmHWM")}))
