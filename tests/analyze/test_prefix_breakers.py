@@ -16,7 +16,7 @@ from infercache.analyze.prefix_breakers import (
     common_prefix_len,
     common_suffix_len,
 )
-from infercache.analyze.tokenizing.tokenizers import Chars4Tokenizer
+from infercache.tokenizing.tokenizers import Chars4Tokenizer
 from tests.analyze.conftest import RunAnalysis
 from tests.analyze.generators import SUPPORT_SYSTEM, timestamped_support
 

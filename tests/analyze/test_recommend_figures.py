@@ -24,10 +24,10 @@ from infercache.analyze.reports.document import build_report
 from infercache.analyze.reports.replay_numbers import layered, strategy
 from infercache.analyze.reports.text import render_text
 from infercache.analyze.rules import at
-from infercache.analyze.tokenizing.tokenizers import Chars4Tokenizer
 from infercache.metrics import Price, PriceTable
 from infercache.semantic.embedder import HashingEmbedder
 from infercache.settings import Settings
+from infercache.tokenizing.tokenizers import Chars4Tokenizer
 from tests.analyze.conftest import MOONCAKE
 from tests.analyze.generators import (
     document_qa,

@@ -16,9 +16,9 @@ import pytest
 from infercache.analyze.cli import register
 from infercache.analyze.options import SemanticOptions
 from infercache.analyze.reports.document import build_report
-from infercache.analyze.tokenizing.tokenizers import Chars4Tokenizer, PromptTokenizer
 from infercache.semantic.embedder import HashingEmbedder
 from infercache.settings import Settings
+from infercache.tokenizing.tokenizers import Chars4Tokenizer, PromptTokenizer
 from tests.analyze.conftest import RunAnalysis
 from tests.analyze.generators import (
     Generated,

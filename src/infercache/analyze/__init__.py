@@ -6,7 +6,8 @@ One streaming pass over a day of requests (analysis.py wires it):
                          gateway's request log, redacted lines, Mooncake block traces; gzip),
                          bad lines counted
     prepared_request.py  record → PreparedRequest: parsed as the cache parses it, exact key,
-                         prompt token ids (tokenizing/), semantic scope, cacheability;
+                         prompt token ids (infercache.tokenizing), semantic scope,
+                         cacheability (policy.not_cacheable_reason);
                          reader_process.py runs reading and preparing in a child process
     census.py            each request in one class: exact repeat, near-duplicate
                          (near_duplicates.py), shared prefix (simulated_prefix_cache.py over
@@ -20,7 +21,7 @@ One streaming pass over a day of requests (analysis.py wires it):
                          text.py, html_page.py and plots.py render it
     cli.py               `infercache analyze`, registered with `register(subparsers)`
 
-    tokenizing/          tokenizers.py (prompt → token ids, the `PromptTokenizer`s),
-                         chat_frames.py (chat templates as literal frames around contents),
-                         cached_runs.py (text → ids through caches split at special tokens)
+Prompt → token ids lives beside the analyzer, not in it (`infercache.tokenizing`): the serving
+gateway's redacted request log (redaction.py) tokenises too, and the gateway never stands on
+the offline analyzer.
 """

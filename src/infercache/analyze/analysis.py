@@ -51,7 +51,6 @@ from infercache.analyze.prepared_request import PreparedRequest
 from infercache.analyze.reader_process import ChildEvents, SourceSpec, produce
 from infercache.analyze.replay import CENSUS, TREE, Replay, ReplayResult, ReplaySetup, SemanticParts
 from infercache.analyze.scoped_texts import small_flat_index
-from infercache.analyze.tokenizing.tokenizers import PromptTokenizer
 from infercache.clock import Clock, SystemClock
 from infercache.errors import ConfigError
 from infercache.metrics import PriceTable
@@ -60,6 +59,7 @@ from infercache.semantic.guards import Guard, build_guards, default_guards
 from infercache.semantic.index import IndexFactory
 from infercache.semantic.layer import SemanticConfig
 from infercache.settings import Settings
+from infercache.tokenizing.tokenizers import PromptTokenizer
 
 SAMPLED_PER_WINDOW = 64  # sampled requests per matcher batch
 MAX_WINDOW = 16_384

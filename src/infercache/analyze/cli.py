@@ -47,10 +47,10 @@ from infercache.analyze.flags import (
     rules_from,
 )
 from infercache.analyze.options import AnalyzeOptions
-from infercache.analyze.tokenizing.tokenizers import TOKENIZER_HELP
 from infercache.errors import ConfigError, InfercacheError
 from infercache.extras import available, require
 from infercache.settings import Settings
+from infercache.tokenizing.tokenizers import TOKENIZER_HELP
 
 if TYPE_CHECKING:
     from infercache.analyze.analysis import Analysis
@@ -221,7 +221,7 @@ def _analyse(
     logs: list[Path], args: argparse.Namespace, settings: Settings, options: AnalyzeOptions
 ) -> Analysis:
     from infercache.analyze.analysis import Analyzer
-    from infercache.analyze.tokenizing.tokenizers import load_tokenizer
+    from infercache.tokenizing.tokenizers import load_tokenizer
 
     embedder, candidates = embedders(options, settings)
     size = sum(p.stat().st_size for p in logs if p.is_file())
