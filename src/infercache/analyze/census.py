@@ -37,7 +37,6 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, NamedTuple
 
-from infercache.analyze.intervals import wilson_interval
 from infercache.analyze.kv_sweep import BudgetSweep
 from infercache.analyze.near_duplicates import NearCheck
 from infercache.analyze.options import AnalyzeOptions
@@ -48,6 +47,7 @@ from infercache.analyze.simulated_prefix_cache import (
     SimulatedPrefixCache,
     kv_namespace,
 )
+from infercache.intervals import wilson_interval
 
 OTHER = "(other)"
 # Reuse distances: 4 bins a decade, 0.1 s to ~37 days, then everything longer.
