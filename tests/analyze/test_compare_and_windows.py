@@ -45,7 +45,7 @@ def test_by_hour_gives_the_census_and_hit_rates_per_window(
     tmp_path: Path, run_analysis: RunAnalysis
 ) -> None:
     gen = changed_day()
-    report = build_report(run_analysis([gen.write(tmp_path / "log.jsonl")], by="hour"))
+    report = build_report(run_analysis([gen.write(tmp_path / "log.jsonl")], by="hour")).to_dict()
     rows = report["windows"]["rows"]
     assert [r["start_s"] for r in rows] == [START + i * HOUR for i in range(6)]
     assert sum(r["requests"] for r in rows) == report["requests"] == len(gen.records)

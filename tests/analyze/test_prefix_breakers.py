@@ -80,7 +80,7 @@ def test_breaker_findings_reach_the_report_and_the_advice(
     from infercache.analyze.reports.document import build_report
 
     analysis = run_analysis([timestamped_support(seed=2, n=120).write(tmp_path / "l.jsonl")])
-    report = build_report(analysis)
+    report = build_report(analysis).to_dict()
     assert report["prefix_breakers"][0]["kind"] == "timestamp"
     assert "⟦" in report["prefix_breakers"][0]["context"]
     assert any("timestamp" in line for line in report["recommendation"]["advice"])

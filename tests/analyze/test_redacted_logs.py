@@ -61,8 +61,8 @@ def test_a_redacted_day_gives_the_plain_days_figures_and_advice(
         Chars4Tokenizer() if tokenizer_name == "chars4" else request.getfixturevalue("smollm2")
     )
     plain_log, redacted_log = twins(DAYS[day](), tmp_path, settings, tokenizer)
-    plain = build_report(run_analysis([plain_log], tokenizer=tokenizer))
-    redacted = build_report(run_analysis([redacted_log], tokenizer=tokenizer))
+    plain = build_report(run_analysis([plain_log], tokenizer=tokenizer)).to_dict()
+    redacted = build_report(run_analysis([redacted_log], tokenizer=tokenizer)).to_dict()
     assert redacted["requests"] == plain["requests"]
     assert redacted["census"]["exact_repeat"] == plain["census"]["exact_repeat"]
     assert redacted["prefix_token_share"] == pytest.approx(plain["prefix_token_share"], abs=0.01)
@@ -72,8 +72,12 @@ def test_a_redacted_day_gives_the_plain_days_figures_and_advice(
     assert exact_redacted["hits"] == exact_plain["hits"]  # the cache serves the same repeats
     # asked to measure near-duplicates, the plain log can and the redacted one cannot
     kw: dict[str, Any] = {"tokenizer": tokenizer, "embedder": HashingEmbedder(dim=128)}
-    measured = build_report(run_analysis([plain_log], semantic=SEMANTIC, replay=False, **kw))
-    blind = build_report(run_analysis([redacted_log], semantic=SEMANTIC, replay=False, **kw))
+    measured = build_report(
+        run_analysis([plain_log], semantic=SEMANTIC, replay=False, **kw)
+    ).to_dict()
+    blind = build_report(
+        run_analysis([redacted_log], semantic=SEMANTIC, replay=False, **kw)
+    ).to_dict()
     assert measured["near_duplicates"]["measured"] is True
     near = blind["near_duplicates"]
     assert near["measured"] is False

@@ -35,7 +35,7 @@ import bisect
 from collections import Counter
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from infercache.analyze.kv_sweep import BudgetSweep
 from infercache.analyze.near_duplicates import NearCheck
@@ -114,9 +114,6 @@ class Bins:
     def add(self, value: float) -> None:
         self.counts[bisect.bisect_left(self.bounds, value)] += 1
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"bounds": list(self.bounds), "counts": list(self.counts)}
-
 
 @dataclass
 class Tally:
@@ -191,18 +188,6 @@ class Tally:
         low, high = wilson_interval(self.near, self.checked, confidence)
         scale = self.non_exact / self.requests
         return low * scale, high * scale
-
-    def to_dict(self) -> dict[str, Any]:
-        n = self.requests or 1
-        shared = self.classes[Class.SHARED_PREFIX]
-        return {
-            "requests": self.requests,
-            "census": self.shares(),
-            "prompt_tokens": self.prompt_tokens,
-            "prefix_token_share": self.prefix_token_share,
-            "shared_prefix_mean_tokens": self.shared_tokens / shared if shared else None,
-            "not_cacheable_share": self.not_cacheable / n,
-        }
 
 
 @dataclass
