@@ -287,7 +287,7 @@ def mooncake_child(trace: str, budgets: str) -> dict[str, Any]:
     analysis = Analyzer(AnalyzeOptions(), settings=settings, tokenizer=Chars4Tokenizer).run(
         [Path(trace)]
     )
-    report = build_report(analysis)
+    report = build_report(analysis).to_dict()
     wall = time.perf_counter() - started
     curve = {p["budget_tokens"]: p["token_share"] for p in report["kv_sweep"]["curve"]}
     checks = []
@@ -336,7 +336,7 @@ def redacted_child(seed: str) -> dict[str, Any]:
                     Analyzer(AnalyzeOptions(), settings=settings, tokenizer=lambda: tokenizer).run(
                         [path]
                     )
-                )
+                ).to_dict()
                 for path in (plain_log, redacted_log)
             ]
             out[name] = {
