@@ -45,8 +45,17 @@ def _legend_below(fig: Any, ax: Any, ncols: int = 4) -> None:
         fig.legend(handles, labels, loc="outside lower center", ncols=ncols, fontsize="small")
 
 
-def _rate_axis(ax: Any, top: float = 100.0) -> None:
-    ax.set_ylim(0, top)
+def _rates(
+    fig: Any, ax: Any, title: str, xlabel: str | None, ylabel: str, *, ncols: int = 4
+) -> Any:
+    """A plot of rates finished: labels, the rate axis from 0 to 100%, the legend below."""
+    if xlabel is not None:
+        ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_ylim(0, 100.0)
+    ax.set_title(title)
+    _legend_below(fig, ax, ncols)
+    return fig
 
 
 def census_bar(report: Figures) -> Any:
@@ -85,12 +94,7 @@ def hit_rate_vs_ttl(report: Figures) -> Any:
         ax.plot(ttl, [100 * (r.semantic_hit_rate or 0) for r in rows], "s-", label="semantic")
     ax.axvline(report.settings.ttl_s, color="#868e96", linestyle="--", label="TTL given")
     ax.set_xscale("log")
-    ax.set_xlabel("TTL (s)")
-    ax.set_ylabel("requests answered (%)")
-    _rate_axis(ax)
-    ax.set_title("Hit rate vs TTL (replay)")
-    _legend_below(fig, ax)
-    return fig
+    return _rates(fig, ax, "Hit rate vs TTL (replay)", "TTL (s)", "requests answered (%)")
 
 
 def exact_hit_rate_vs_capacity(report: Figures) -> Any:
@@ -105,12 +109,8 @@ def exact_hit_rate_vs_capacity(report: Figures) -> Any:
         label="exact cache",
     )
     ax.set_xscale("log")
-    ax.set_xlabel("exact store (MiB)")
-    ax.set_ylabel("requests answered (%)")
-    _rate_axis(ax)
-    ax.set_title("Exact hit rate vs store size (replay)")
-    _legend_below(fig, ax)
-    return fig
+    title = "Exact hit rate vs store size (replay)"
+    return _rates(fig, ax, title, "exact store (MiB)", "requests answered (%)")
 
 
 def kv_reuse_vs_budget(report: Figures) -> Any:
@@ -131,12 +131,8 @@ def kv_reuse_vs_budget(report: Figures) -> Any:
     if budget is not None:
         ax.axvline(budget, color="#868e96", linestyle="--", label="budget given")
     ax.set_xscale("log", base=2)
-    ax.set_xlabel("KV budget (tokens)")
-    ax.set_ylabel("share (%)")
-    _rate_axis(ax)
-    ax.set_title("KV prefix reuse vs budget (LRU, one pass)")
-    _legend_below(fig, ax, ncols=2)
-    return fig
+    title = "KV prefix reuse vs budget (LRU, one pass)"
+    return _rates(fig, ax, title, "KV budget (tokens)", "share (%)", ncols=2)
 
 
 def prefix_share_distribution(report: Figures) -> Any:
@@ -179,12 +175,8 @@ def reuse_distance_cdf(report: Figures) -> Any:
         ax.step(bounds, ys, where="post", color=color, label=cls.replace("_", " "))
     ax.axvline(distances.ttl_s, color="#868e96", linestyle="--", label="TTL")
     ax.set_xscale("log")
-    _rate_axis(ax)
-    ax.set_xlabel("time since the request it reuses (s)")
-    ax.set_ylabel("cumulative share (%)")
-    ax.set_title("Reuse distance CDF")
-    _legend_below(fig, ax)
-    return fig
+    xlabel = "time since the request it reuses (s)"
+    return _rates(fig, ax, "Reuse distance CDF", xlabel, "cumulative share (%)")
 
 
 def per_window(report: Figures) -> Any:
@@ -207,11 +199,7 @@ def per_window(report: Figures) -> Any:
     daily = by == "day"
     labels = [_utc(r.start_s, "%Y-%m-%d" if daily else "%m-%d %H:%M") for r in rows]
     ax.set_xticks(x[::step], labels[::step], rotation=20, fontsize="small")
-    _rate_axis(ax)
-    ax.set_ylabel("share (%)")
-    ax.set_title(f"Per {by} (UTC)")
-    _legend_below(fig, ax, ncols=2)
-    return fig
+    return _rates(fig, ax, f"Per {by} (UTC)", None, "share (%)", ncols=2)
 
 
 def _utc(seconds: float, fmt: str) -> str:
