@@ -15,7 +15,7 @@ from infercache.policy import (
     unstorable_reason,
 )
 from infercache.request import parse_request
-from tests.conftest import chat
+from tests.harness.vocabulary import chat
 
 POLICY = CachePolicy(default_ttl_s=60, max_ttl_s=600)
 

@@ -4,7 +4,6 @@ header names the tokenizer and the calibration; tenants show by their configured
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
 import shutil
@@ -13,7 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from infercache.analyze.cli import register
 from infercache.analyze.report_json import from_json, to_json
 from infercache.analyze.report_tree import Figures
 from infercache.analyze.reports.document import build_report
@@ -21,6 +19,7 @@ from infercache.analyze.reports.plots import plots_for
 from infercache.analyze.reports.text import header_lines
 from tests.analyze.conftest import MOONCAKE, RunAnalysis
 from tests.analyze.generators import support_bot, write_lines
+from tests.harness.cli import run_analyze
 
 CHROMIUM_FLAGS = [
     "--headless",
@@ -42,14 +41,6 @@ def chromium() -> str:
     return binary
 
 
-def run_cli(*argv: str) -> int:
-    parser = argparse.ArgumentParser(prog="infercache")
-    register(parser.add_subparsers())
-    args = parser.parse_args(list(argv))
-    code: int = args.handler(args, environ={})
-    return code
-
-
 @pytest.fixture(scope="module")
 def page(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Figures]:
     tmp = tmp_path_factory.mktemp("html")
@@ -57,9 +48,9 @@ def page(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Figures]:
     common = ["--tokenizer", "chars4", "--price", "*=0.15,0.6,0.075", "--by", "hour",
               "--semantic-threshold", "0.93", "--embedder", "static"]  # fmt: skip
     out = tmp / "report.html"
-    assert run_cli("analyze", str(log), "--format", "html", "--out", str(out), *common) == 0
+    assert run_analyze(str(log), "--format", "html", "--out", str(out), *common) == 0
     as_json = tmp / "report.json"
-    assert run_cli("analyze", str(log), "--format", "json", "--sweep", "--out", str(as_json),
+    assert run_analyze(str(log), "--format", "json", "--sweep", "--out", str(as_json),
                    *common) == 0  # fmt: skip
     return out, from_json(Figures, json.loads(as_json.read_text()))
 

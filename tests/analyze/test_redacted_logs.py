@@ -6,14 +6,12 @@ without text. Each day is written twice from the same generated records (generat
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from infercache.analyze.cli import register
 from infercache.analyze.options import SemanticOptions
 from infercache.analyze.reports.document import build_report
 from infercache.semantic.embedder import HashingEmbedder
@@ -29,6 +27,7 @@ from tests.analyze.generators import (
     write_lines,
     write_twins,
 )
+from tests.harness.cli import run_analyze
 
 DAYS = {
     "support": lambda: short_support_bot(seed=31, n=1200),
@@ -90,20 +89,12 @@ def test_a_redacted_day_gives_the_plain_days_figures_and_advice(
     assert any("redacted line(s)" in note for note in redacted["notes"])
 
 
-def run_cli(*argv: str) -> int:
-    parser = argparse.ArgumentParser(prog="infercache")
-    register(parser.add_subparsers())
-    args = parser.parse_args(["analyze", *argv])
-    code: int = args.handler(args, environ={})
-    return code
-
-
 def test_the_command_on_a_redacted_log_loads_no_embedder_and_says_why(
     tmp_path: Path, settings: Settings, capsys: pytest.CaptureFixture[str]
 ) -> None:
     _, redacted_log = twins(short_support_bot(seed=2, n=200), tmp_path, settings, Chars4Tokenizer())
     # the packaged calibration by default: with no text nothing is embedded, MiniLM never loads
-    assert run_cli(str(redacted_log), "--format", "json", "--tokenizer", "chars4") == 0
+    assert run_analyze(str(redacted_log), "--format", "json", "--tokenizer", "chars4") == 0
     captured = capsys.readouterr()
     report = json.loads(captured.out)
     assert report["near_duplicates"]["measured"] is False
