@@ -28,6 +28,8 @@ class AgeFigures:
 
 @dataclass(frozen=True, slots=True)
 class Unavailable:
+    """A strategy the replay could not look up, and why when known."""
+
     available: bool = field(default=False, init=False)
     reason: str | None = field(default=None, metadata=OMIT_NONE)
 
@@ -63,6 +65,8 @@ Strategy = StrategyFigures | Unavailable
 
 @dataclass(frozen=True, slots=True)
 class TotalsWithoutCache:
+    """What the replayed traffic would cost with no cache at all."""
+
     prompt_tokens: int
     completion_tokens: int
     upstream_s: float
@@ -73,6 +77,8 @@ class TotalsWithoutCache:
 
 @dataclass(frozen=True, slots=True)
 class LayeredFigures:
+    """The layered replay summed: exact → semantic → prefix."""
+
     requests: int
     answered_by: Mapping[str, int]
     hit_rate: float
@@ -91,6 +97,8 @@ class LayeredFigures:
 
 @dataclass(frozen=True, slots=True)
 class SimulationFigures:
+    """The replay, per strategy and layered."""
+
     exact: Strategy
     semantic: Strategy
     prefix: Strategy
@@ -103,6 +111,8 @@ class SimulationFigures:
 
 @dataclass(frozen=True, slots=True)
 class KvPoint:
+    """One budget of the KV sweep and what it reuses."""
+
     budget_tokens: int
     token_share: float
     hit_share: float
@@ -110,12 +120,16 @@ class KvPoint:
 
 @dataclass(frozen=True, slots=True)
 class KvKnee:
+    """Where the KV sweep's gains flatten."""
+
     budget_tokens: int
     token_share: float
 
 
 @dataclass(frozen=True, slots=True)
 class KvSweepFigures:
+    """Prefix reuse against the KV budget (an LRU pass over the census's tree)."""
+
     curve: tuple[KvPoint, ...]
     knee: KvKnee | None
     unbounded_token_share: float
@@ -125,6 +139,8 @@ class KvSweepFigures:
 
 @dataclass(frozen=True, slots=True)
 class TtlRow:
+    """Hit rates replayed at one TTL."""
+
     ttl_s: float
     exact_hit_rate: float | None
     semantic_hit_rate: float | None
@@ -132,6 +148,8 @@ class TtlRow:
 
 @dataclass(frozen=True, slots=True)
 class CapacityRow:
+    """The exact hit rate replayed at one store size (a factor of the one given)."""
+
     factor: float
     capacity_bytes: int | None
     exact_hit_rate: float | None
@@ -139,5 +157,7 @@ class CapacityRow:
 
 @dataclass(frozen=True, slots=True)
 class SweepFigures:
+    """The replays at other TTLs and exact store sizes (`--sweep`)."""
+
     ttl: tuple[TtlRow, ...]
     exact_capacity: tuple[CapacityRow, ...]

@@ -76,12 +76,16 @@ class ClassShares:
 
 @dataclass(frozen=True, slots=True)
 class Histogram:
+    """Counts per upper bucket bound; the last bucket is unbounded."""
+
     bounds: tuple[float, ...]
     counts: tuple[int, ...]  # one more than bounds: the last bucket is unbounded
 
 
 @dataclass(frozen=True, slots=True)
 class SharedPrefixFigures:
+    """The `shared_prefix` class: how many, and how long their shared parts are."""
+
     min_share: float
     requests: int
     mean_tokens: float | None
@@ -90,12 +94,16 @@ class SharedPrefixFigures:
 
 @dataclass(frozen=True, slots=True)
 class CandidateStageFigures:
+    """The fast embedder in front of the matcher, when sampling."""
+
     embedder: str
     min_word_jaccard: float | None
 
 
 @dataclass(frozen=True, slots=True)
 class NearDuplicateFigures:
+    """Near-duplicates as measured: the share, its interval, and how it was measured."""
+
     measured: bool = field(default=True, init=False)
     label: str | None
     share: float
@@ -120,12 +128,16 @@ class NearDuplicateFigures:
 
 @dataclass(frozen=True, slots=True)
 class NearDuplicatesUnmeasured:
+    """Why near-duplicates were not measured."""
+
     measured: bool = field(default=False, init=False)
     reason: str
 
 
 @dataclass(frozen=True, slots=True)
 class NotCacheableFigures:
+    """Requests the exact cache would not serve, by the phrase policy.py gives."""
+
     share: float
     count: int
     reasons: Mapping[str, int]  # the phrase (policy.not_cacheable_reason) → requests
@@ -146,6 +158,8 @@ class GroupFigures:
 
 @dataclass(frozen=True, slots=True)
 class Breakdown:
+    """Figures per tenant and per model."""
+
     tenant: Mapping[str, GroupFigures]
     model: Mapping[str, GroupFigures]
 
@@ -168,6 +182,8 @@ class ReuseDistances:
 
 @dataclass(frozen=True, slots=True)
 class BreakerRow:
+    """One prompt layout that defeats prefix reuse (prefix_breakers.py)."""
+
     tenant: str
     model: str
     role: str
@@ -184,12 +200,16 @@ class BreakerRow:
 
 @dataclass(frozen=True, slots=True)
 class BreakersSummary:
+    """What fixing every breaker's layout would give."""
+
     token_share_lost: float
     share_if_fixed: float
 
 
 @dataclass(frozen=True, slots=True)
 class WindowRow:
+    """One window of time (`--by`): its census and, when replayed, its hit rates."""
+
     start_s: float
     start: str  # ISO 8601, UTC, to the minute
     requests: int
@@ -202,6 +222,8 @@ class WindowRow:
 
 @dataclass(frozen=True, slots=True)
 class WindowFigures:
+    """The log cut into windows of `window_s`."""
+
     by: str | None
     window_s: float
     rows: tuple[WindowRow, ...]
@@ -209,6 +231,8 @@ class WindowFigures:
 
 @dataclass(frozen=True, slots=True)
 class ModelRatesFigures:
+    """One model's upstream rates, and where they come from (cost_model.py)."""
+
     source: str
     fitted: bool
     timed_records: int
@@ -220,12 +244,16 @@ class ModelRatesFigures:
 
 @dataclass(frozen=True, slots=True)
 class CostModelFigures:
+    """How upstream seconds are priced: the profile and each model's rates."""
+
     profile: str
     models: Mapping[str, ModelRatesFigures]
 
 
 @dataclass(frozen=True, slots=True)
 class MalformedLineFigures:
+    """A line the reader skipped, and why."""
+
     file: str
     line: int
     error: str
@@ -233,12 +261,16 @@ class MalformedLineFigures:
 
 @dataclass(frozen=True, slots=True)
 class MalformedFigures:
+    """Lines the reader skipped: how many, and the first ones."""
+
     count: int
     lines: tuple[MalformedLineFigures, ...]
 
 
 @dataclass(frozen=True, slots=True)
 class InputFigures:
+    """What was read: files, lines, formats, time span."""
+
     files: tuple[str, ...]
     lines: int
     formats: Mapping[str, int]
@@ -251,6 +283,8 @@ class InputFigures:
 
 @dataclass(frozen=True, slots=True)
 class Capacity:
+    """The capacities the replay assumed (None: unbounded)."""
+
     exact_bytes: int
     prefix_tokens: int | None
     semantic_vectors: int | None
@@ -258,6 +292,8 @@ class Capacity:
 
 @dataclass(frozen=True, slots=True)
 class ReportSettings:
+    """The settings the figures were measured with."""
+
     ttl_s: float
     capacity: Capacity
     min_prefix_share: float
@@ -270,6 +306,8 @@ class ReportSettings:
 
 @dataclass(frozen=True, slots=True)
 class TimingFigures:
+    """How long the analysis took."""
+
     wall_s: float
 
 
