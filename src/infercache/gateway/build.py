@@ -25,6 +25,7 @@ from infercache.gateway.across_replicas import AcrossReplicas
 from infercache.gateway.app import create_app
 from infercache.gateway.auth import Auth
 from infercache.gateway.config import GatewayConfig
+from infercache.gateway.fingerprints import SwapWindow
 from infercache.gateway.local_embeddings import MODEL_ID as MINILM_ID
 from infercache.gateway.local_embeddings import LocalEmbeddings
 from infercache.gateway.requestlog import RequestLog
@@ -75,7 +76,11 @@ def build(
     if not isinstance(backend, MemoryStore):  # in-process memory never stalls
         backend = GuardedBackend(backend, clock=clock, budget_s=config.store_budget_s)
     cache = Cache(settings, clock=clock, backend=backend)
-    tracker = ModelVersionTracker(cache, use_fingerprints=config.use_fingerprints)
+    tracker = ModelVersionTracker(
+        cache,
+        use_fingerprints=config.use_fingerprints,
+        window=SwapWindow(config.fingerprint_swap_s, config.fingerprint_swap_answers),
+    )
     engine_here = upstreams is None and not config.upstreams  # the built-in engine, in-process
     if upstreams is None:
         upstreams = _upstreams(settings, config, cache, engine_config)

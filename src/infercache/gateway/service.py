@@ -451,8 +451,8 @@ class Gateway:
     def _record(self, miss: Miss, response: dict[str, Any], upstream_s: float) -> None:
         """Store I/O after an answer: swap detection, then the Miss closed (stored if allowed)."""
         seen = miss.lookup.view if miss.lookup is not None else None
-        produced_by = self.tracker.observe_response(miss.request.model, response, seen)
-        miss.close(response, upstream_s=upstream_s, produced_by=produced_by)
+        self.tracker.observe_response(miss.request.model, response, seen)
+        miss.close(response, upstream_s=upstream_s)
 
     async def _call(
         self, upstream: Upstream, miss: Miss, flight: Flight[Completion], bearer: str | None
