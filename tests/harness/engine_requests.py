@@ -10,7 +10,7 @@ from infercache.engine.accounting import RequestStats
 SYSTEM = "You are a helpful assistant. Answer the question briefly and politely. " * 4
 
 
-def engine_chat(model: str, question: str, *, max_tokens: int, **fields: Any) -> dict[str, Any]:
+def engine_chat(model: str, question: str, /, *, max_tokens: int, **fields: Any) -> dict[str, Any]:
     """A greedy chat body for `model` behind a shared system prompt (its KV is reusable)."""
     return {
         "model": model,
