@@ -1,0 +1,35 @@
+"""The listening socket of a server, bound before anything slow loads.
+
+`serve` and `engine serve` load a model first and only then started listening, so a port
+already in use was reported after the model had loaded (seconds to minutes). They bind first
+(`bind_listener`), then load, then hand the bound socket to uvicorn (`Server.run(sockets=...)`).
+A port that cannot be bound is a `ConfigError` naming the address and what to change; the
+socket is bound as uvicorn binds its own (SO_REUSEADDR, IPv6 for an address with a colon).
+"""
+
+from __future__ import annotations
+
+import errno
+import socket
+
+from infercache.errors import ConfigError
+
+
+def bind_listener(host: str, port: int, *, flag: str = "--port") -> socket.socket:
+    """A socket bound to (host, port), ready for uvicorn; `ConfigError` if it cannot be."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host.strip("[]"), port))
+    except OSError as exc:
+        sock.close()
+        shown = f"[{host}]:{port}" if family == socket.AF_INET6 else f"{host}:{port}"
+        if exc.errno == errno.EADDRINUSE:
+            raise ConfigError(
+                f"cannot listen on {shown}: the port is already in use (another server on "
+                f"it?); choose another with {flag}"
+            ) from exc
+        raise ConfigError(f"cannot listen on {shown}: {exc.strerror or exc}") from exc
+    sock.set_inheritable(True)
+    return sock
