@@ -164,6 +164,8 @@ def parse_json(raw: bytes) -> Any:
     try:
         return orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
+        if not raw.strip():  # the parser would say "zero-length, empty document"
+            raise InvalidRequestError("the request body is empty: send a JSON object") from None
         reason = str(exc)
         if "depth" in reason:
             reason = _MAX_DEPTH_NOTE

@@ -8,11 +8,14 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from infercache.errors import ConfigError
 from infercache.extras import require
+from infercache.listen import bind_listener
 
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:
@@ -92,6 +95,11 @@ def _serve(args: argparse.Namespace) -> int:
     # Never reach for a model hub, whatever transformers would otherwise try.
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     require("engine", "infercache engine serve")
+    try:  # a port in use is said before torch and the model load
+        listener = bind_listener(args.host, args.port)
+    except ConfigError as exc:
+        print(f"infercache engine serve: {exc}", file=sys.stderr)
+        return 2
     import uvicorn
 
     from infercache.engine.config import EngineConfig
@@ -119,6 +127,9 @@ def _serve(args: argparse.Namespace) -> int:
     # it found: make that an ordinary exit, so the engine below is closed and the status is 0.
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, _exit)
-    with Engine(config) as engine:
-        uvicorn.run(create_app(engine), host=args.host, port=args.port, log_level=args.log_level)
+    with listener, Engine(config) as engine:
+        server_config = uvicorn.Config(
+            create_app(engine), host=args.host, port=args.port, log_level=args.log_level
+        )
+        uvicorn.Server(server_config).run(sockets=[listener])
     return 0
