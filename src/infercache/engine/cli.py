@@ -33,9 +33,17 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         default=None,
         help="an HF safetensors folder or a .gguf file (default: packaged SmolLM2-135M-Instruct)",
     )
-    serve.add_argument("--model-id", default=None, help="the id clients send as `model`")
     serve.add_argument(
-        "--max-kv-bytes", type=int, default=None, help="prefix-cache KV budget in bytes"
+        "--model-id",
+        default=None,
+        help="the id clients send as `model` (default: the model's own name, "
+        "SmolLM2-135M-Instruct for the packaged one)",
+    )
+    serve.add_argument(
+        "--max-kv-bytes",
+        type=int,
+        default=None,
+        help="prefix-cache KV budget in bytes (default 536870912, 512 MiB)",
     )
     serve.add_argument(
         "--no-prefix-cache", action="store_true", help="recompute every prompt (no KV reuse)"
@@ -47,10 +55,30 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     )
     _add_batching_options(serve)
     serve.add_argument("--threads", type=int, default=None, help="torch threads (default: all)")
-    serve.add_argument("--max-context-tokens", type=int, default=None)
-    serve.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
-    serve.add_argument("--data-dir", type=Path, default=None, help="converted-model cache root")
-    serve.add_argument("--log-level", default="info", help="uvicorn log level")
+    serve.add_argument(
+        "--max-context-tokens",
+        type=int,
+        default=None,
+        help="prompt + completion limit in tokens (default: the model's own, 8192 for SmolLM2)",
+    )
+    serve.add_argument(
+        "--dtype",
+        choices=["float32", "bfloat16"],
+        default="float32",
+        help="weights and KV precision (default float32)",
+    )
+    serve.add_argument(
+        "--data-dir",
+        type=Path,
+        default=None,
+        help="where converted models are kept (default: INFERCACHE_DATA_DIR, else "
+        "~/.cache/infercache)",
+    )
+    serve.add_argument(
+        "--log-level",
+        default="info",
+        help="uvicorn log level: critical, error, warning, info, debug (default info)",
+    )
     serve.set_defaults(handler=_serve)
 
 

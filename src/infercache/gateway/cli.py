@@ -146,7 +146,7 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         "does (the ready line and /healthz say so); default: refuse to start, naming the cause",
     )
     p.add_argument("--host", help="interface to listen on (default 127.0.0.1)")
-    p.add_argument("--port", type=int, help="port (default 8080)")
+    p.add_argument("--port", type=int, help="TCP port to listen on (default 8080)")
     p.add_argument(
         "--upstream",
         action="append",
@@ -176,11 +176,13 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         "--api-key",
         action="append",
         metavar="KEY=TENANT",
-        help="a client API key and its tenant (repeatable); with any, keys are required",
+        help="a client API key and its tenant (repeatable); with any, keys are required "
+        "(default: none: open mode, each caller's bearer token hashed into its tenant)",
     )
     p.add_argument(
         "--admin-token",
-        help="bearer token for /admin/* and, with --api-key, /stats (or INFERCACHE_ADMIN_TOKEN)",
+        help="bearer token for /admin/* and, with --api-key, /stats (or INFERCACHE_ADMIN_TOKEN; "
+        "default: none, /admin/* refused)",
     )
     p.add_argument(
         "--metrics-token",
@@ -188,7 +190,10 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         "--api-key, the admin token with it)",
     )
     p.add_argument(
-        "--request-log", type=Path, metavar="PATH", help="append one JSON line per request"
+        "--request-log",
+        type=Path,
+        metavar="PATH",
+        help="append one JSON line per request, for `infercache analyze` (default: no log)",
     )
     p.add_argument(
         "--redact",
@@ -201,7 +206,9 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         help="a span per request, exported over OTLP/HTTP (the OTEL_* variables configure it; "
         "on by itself when OTEL_EXPORTER_OTLP_ENDPOINT is set; needs infercache[otel])",
     )
-    p.add_argument("--max-body-bytes", type=int, help="reject larger bodies with 413")
+    p.add_argument(
+        "--max-body-bytes", type=int, help="reject larger bodies with 413 (default 4194304)"
+    )
     p.add_argument(
         "--semantic",
         nargs="?",
@@ -213,8 +220,17 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         "shadow without one), shadow (serve nothing until judged live traffic meets the "
         "false-hit bound) or calibrated",
     )
-    p.add_argument("--model", type=Path, help="built-in engine: a Llama-family checkpoint")
-    p.add_argument("--max-kv-bytes", type=int, help="built-in engine: KV prefix cache budget")
+    p.add_argument(
+        "--model",
+        type=Path,
+        help="built-in engine: a Llama-family checkpoint, an HF safetensors folder or a .gguf "
+        "file (default: the packaged SmolLM2-135M-Instruct)",
+    )
+    p.add_argument(
+        "--max-kv-bytes",
+        type=int,
+        help="built-in engine: KV prefix cache budget in bytes (default 536870912, 512 MiB)",
+    )
     p.add_argument(
         "--no-prefix-cache", action="store_true", help="built-in engine: disable KV reuse"
     )

@@ -4,7 +4,8 @@ A store URL with a typo (a wrong port, host or path) otherwise starts a gateway 
 and caches nothing: every lookup is a `store_unavailable` miss, with only WARNING lines to say
 so. So `serve` asks the store once at start (`check_at_start`), before the engine loads:
 
-    each check in `checks` runs on the store as opened (its own client timeout bounds a call):
+    each check in `checks` runs on the store as opened, in a thread of its own given
+    `timeout_s` (its own client timeout bounds a call too):
       `reachable`  reads one meta value (`EPOCH_META`): the server answers, the file opens;
                    a `StoreError` is retried `attempts` times (a store that is only starting
                    may refuse the first connection), then is the reason
@@ -24,6 +25,7 @@ A check is any `Callable[[Backend], None]`; `DEFAULT_CHECKS` is what `serve` run
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -67,6 +69,7 @@ def check_at_start(
     optional: bool = False,
     checks: Sequence[StartCheck] = DEFAULT_CHECKS,
     attempts: int = 3,
+    timeout_s: float = 1.0,
 ) -> StoreAtStart:
     """Run `checks` on `backend` (see the module docstring); `optional` starts degraded
     instead of refusing a store that does not answer."""
@@ -74,8 +77,7 @@ def check_at_start(
     failure: StoreError | None = None
     for _ in range(max(1, attempts)):
         try:
-            for check in checks:
-                check(backend)
+            _in_own_thread(backend, checks, timeout_s)
         except StoreError as exc:
             failure = exc
             continue
@@ -93,6 +95,31 @@ def check_at_start(
         reason,
     )
     return StoreAtStart(url, reachable=False, reason=reason)
+
+
+def _in_own_thread(backend: Backend, checks: Sequence[StartCheck], timeout_s: float) -> None:
+    """Run the checks in a thread of their own, given `timeout_s`: a store that neither
+    answers nor fails (a host that drops packets) is a `StoreError` then. The thread ends with
+    the checks, and what it opened for itself ends with it (SQLite's per-thread connection),
+    so the store is found as the checks found it: a test may still lock the file alone."""
+    outcome: list[BaseException | None] = []
+
+    def run() -> None:
+        try:
+            for check in checks:
+                check(backend)
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller below
+            outcome.append(exc)
+        else:
+            outcome.append(None)
+
+    thread = threading.Thread(target=run, name="infercache-store-check", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if not outcome:
+        raise StoreError(f"no answer within {timeout_s:g} s")
+    if outcome[0] is not None:
+        raise outcome[0]
 
 
 def _one_line(text: str) -> str:
