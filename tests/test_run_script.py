@@ -32,7 +32,7 @@ SERVE = ["--store", "sqlite:///cache.db", "--request-log", "requests.jsonl"]
 ANALYZE = ["analyze", "requests.jsonl", "--format", "html", "--out", "report.html"]
 ANALYZE += ["--price", "gpt-4o-mini=0.15,0.6,0.075"]
 TUNE = "tune pairs.tsv --target-false-hit 0.01 --write-config semantic.toml --plot curves.png"
-TUNE_ARGS = TUNE.split()
+TUNE_ARGS = [*TUNE.split(), "--embedder", "static"]  # the paths are the point: a fast embedder
 
 
 def scratch_checkout(root: Path, infercache: str) -> Path:
@@ -106,7 +106,7 @@ def _pairs(path: Path) -> Path:
     return path
 
 
-@pytest.mark.slow  # the real commands: the analyzer and tune load the packaged MiniLM
+@pytest.mark.slow  # the real commands: the analyzer loads the packaged MiniLM
 def test_the_readmes_commands_from_another_directory_use_the_callers_files(
     tmp_path: Path,
 ) -> None:
@@ -151,6 +151,7 @@ def test_the_readmes_commands_from_another_directory_use_the_callers_files(
     )
     assert done.returncode == 0, done.stderr
     assert "<html" in (caller / "report.html").read_text(encoding="utf-8").lower()
+    assert "\r" not in done.stderr  # no progress bar off a terminal (progress_bars.py)
 
     # ./run tune pairs.tsv --target-false-hit 0.01 --write-config semantic.toml --plot curves.png
     _pairs(caller / "pairs.tsv")
@@ -164,6 +165,7 @@ def test_the_readmes_commands_from_another_directory_use_the_callers_files(
     )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["pairs"] == 460
+    assert "\r" not in done.stderr
     assert "threshold" in (caller / "semantic.toml").read_text(encoding="utf-8")
     assert (caller / "curves.png").read_bytes()[:4] == b"\x89PNG"
     leftovers = {"requests.jsonl", "report.html", "semantic.toml", "curves.png", "cache.db"}
