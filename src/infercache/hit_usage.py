@@ -78,12 +78,12 @@ def served_hit(response: dict[str, Any], mode: HitUsage, raw: bytes | None = Non
 
 def _zeroed(usage: dict[str, Any]) -> dict[str, Any]:
     """`usage` with every count 0, nested details included (their keys kept)."""
-    out: dict[str, Any] = {}
-    for name, value in usage.items():
-        if isinstance(value, dict):
-            out[name] = _zeroed(value)
-        elif isinstance(value, int | float) and not isinstance(value, bool):
-            out[name] = 0
-        else:
-            out[name] = value
-    return out
+    return {
+        name: _zeroed(value)
+        if type(value) is dict
+        else (0 if type(value) in _COUNTS else value)
+        for name, value in usage.items()
+    }
+
+
+_COUNTS = (int, float)  # exact types: a bool is not a count
