@@ -79,9 +79,7 @@ def served_hit(response: dict[str, Any], mode: HitUsage, raw: bytes | None = Non
 def _zeroed(usage: dict[str, Any]) -> dict[str, Any]:
     """`usage` with every count 0, nested details included (their keys kept)."""
     return {
-        name: _zeroed(value)
-        if type(value) is dict
-        else (0 if type(value) in _COUNTS else value)
+        name: _zeroed(value) if type(value) is dict else (0 if type(value) in _COUNTS else value)
         for name, value in usage.items()
     }
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from infercache.errors import ConfigError
 from infercache.extras import require
-from infercache.listen import bind_listener
+from infercache.listen import BoundServer, bind_listener
 
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:
@@ -159,5 +159,5 @@ def _serve(args: argparse.Namespace) -> int:
         server_config = uvicorn.Config(
             create_app(engine), host=args.host, port=args.port, log_level=args.log_level
         )
-        uvicorn.Server(server_config).run(sockets=[listener])
+        BoundServer(server_config).run(sockets=[listener])
     return 0
