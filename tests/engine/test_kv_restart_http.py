@@ -6,12 +6,8 @@ neither stop has anything left to save.)"""
 
 from __future__ import annotations
 
-import os
 import signal
-import socket
 import subprocess
-import sys
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -19,49 +15,25 @@ from typing import Any
 
 import httpx
 
+from tests.harness.processes import UVICORN_STARTED, start, stop
+from tests.harness.servers import free_port
+
 SYSTEM = "You are a helpful assistant. Answer the question briefly and politely. " * 4
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 @contextmanager
 def engine_serve(tiny_dir: Path, tmp_path: Path) -> Iterator[tuple[str, subprocess.Popen[str]]]:
+    """`infercache engine serve` with a disk tier in tmp_path; (its URL, the process)."""
     port = free_port()
-    command = [
-        *(sys.executable, "-m", "infercache.cli", "engine", "serve"),
-        *("--model", str(tiny_dir), "--data-dir", str(tmp_path / "data"), "--port", str(port)),
-        *("--kv-disk-bytes", str(8 << 20), "--kv-block-tokens", "8"),
+    args = [
+        *("engine", "serve", "--model", str(tiny_dir), "--data-dir", str(tmp_path / "data")),
+        *("--port", str(port), "--kv-disk-bytes", str(8 << 20), "--kv-block-tokens", "8"),
     ]
-    process = subprocess.Popen(
-        command,
-        stderr=subprocess.PIPE,
-        stdout=subprocess.DEVNULL,
-        text=True,
-        env={**os.environ, "HF_HUB_OFFLINE": "1"},
-    )
-    assert process.stderr is not None
-    log: list[str] = []
-    for line in process.stderr:
-        log.append(line)
-        if "Uvicorn running on" in line:
-            break
-    else:
-        raise AssertionError(f"the server exited with {process.wait()}:\n{''.join(log)}")
-    drain = threading.Thread(target=process.stderr.read, daemon=True)
-    drain.start()
+    process, _ = start(args, UVICORN_STARTED, on_stderr=True)
     try:
         yield f"http://127.0.0.1:{port}", process
     finally:
-        if process.poll() is None:
-            process.terminate()
-        process.wait(30)
-        drain.join(10)
-        process.stderr.close()
+        stop(process)
 
 
 def ask(base: str, model: str) -> dict[str, Any]:

@@ -165,16 +165,7 @@ def _serve(args: argparse.Namespace) -> int:
     # Never reach for a model hub, whatever transformers would otherwise try.
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     require("engine", "infercache engine serve")
-    try:  # a port in use is said before torch and the model load
-        listener = bind_listener(args.host, args.port)
-    except ConfigError as exc:
-        print(f"infercache engine serve: {exc}", file=sys.stderr)
-        return 2
-    import uvicorn
-
     from infercache.engine.config import EngineConfig
-    from infercache.engine.engine import Engine
-    from infercache.engine.server import create_app
 
     config = EngineConfig.from_env(os.environ)
     overrides: dict[str, Any] = {
@@ -194,9 +185,16 @@ def _serve(args: argparse.Namespace) -> int:
         overrides["data_dir"] = args.data_dir
     try:
         config = replace(config, **overrides)
+        # A port in use is said before torch and the model load.
+        listener = bind_listener(args.host, args.port)
     except ConfigError as exc:
         print(f"infercache engine serve: {exc}", file=sys.stderr)
         return 2
+    import uvicorn
+
+    from infercache.engine.engine import Engine
+    from infercache.engine.server import create_app
+
     # uvicorn shuts down gracefully on SIGTERM/SIGINT, then re-raises the signal to the handler
     # it found: make that an ordinary exit, so the engine below is closed and the status is 0.
     for signum in (signal.SIGTERM, signal.SIGINT):
