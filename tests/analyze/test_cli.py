@@ -155,7 +155,8 @@ def test_sizes_and_capacities_parse_with_units() -> None:
         "semantic": 50,
     }
     assert parse_capacity(["prefix=45MiB"], 46080) == {"prefix": 45 * 2**20 // 46080}
+    assert parse_capacity(["disk=45MiB"], 46080) == {"disk": 45 * 2**20 // 46080}
     with pytest.raises(ConfigError, match="expected exact=SIZE"):
-        parse_capacity(["disk=1G"], 1)
+        parse_capacity(["ram=1G"], 1)
     with pytest.raises(ConfigError, match="bad size"):
         parse_size("lots")

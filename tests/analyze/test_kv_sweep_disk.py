@@ -4,11 +4,15 @@ and refreshes its disk recency on use), the RAM share being the curve at R."""
 
 from __future__ import annotations
 
+import json
 import random
+from pathlib import Path
 
 import pytest
 
 from infercache.analyze.simulated_prefix_cache import SimulatedPrefixCache
+from tests.analyze.generators import support_bot
+from tests.harness.cli import run_analyze
 
 
 def swept(n: int = 600) -> SimulatedPrefixCache:
@@ -66,3 +70,20 @@ def test_the_share_at_a_budget_is_the_bounded_replay_of_that_budget() -> None:
             )
             reused, total = reused + reuse.reused_tokens, total + len(units)
         assert sweep.share_at(budget) == pytest.approx(reused / total, abs=0.035)
+
+
+def test_the_report_shows_the_sweep_over_a_disk_budget(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    log = support_bot(seed=2, n=400).write(tmp_path / "log.jsonl")
+    common = ["--tokenizer", "chars4", "--no-semantic", "--capacity", "disk=1MiB"]
+    assert run_analyze(str(log), "--format", "json", "--kv-bytes-per-token", "256", *common) == 0
+    sweep = json.loads(capsys.readouterr().out)["kv_sweep"]
+    assert sweep["disk_tokens"] == 4096  # 1 MiB at 256 bytes a token
+    rows = sweep["with_disk"]
+    assert [r["ram_tokens"] for r in rows] == [p["budget_tokens"] for p in sweep["curve"]]
+    for row, point in zip(rows, sweep["curve"], strict=True):
+        assert row["token_share"] >= point["token_share"]
+        assert row["disk_share"] == pytest.approx(row["token_share"] - point["token_share"])
+    assert run_analyze(str(log), "--kv-bytes-per-token", "256", *common) == 0
+    assert "over a disk tier of 4,096 tokens" in capsys.readouterr().out

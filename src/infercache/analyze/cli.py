@@ -17,7 +17,8 @@ near-duplicates (the report says why), without `infercache[engine]` tokens are c
 chars4, and `--format html` needs `infercache[report]`; each asked for explicitly is an error
 naming the extra.
 Capacities: `exact` in bytes of the exact store, `prefix` in tokens of KV (or bytes with a
-unit, converted at `--kv-bytes-per-token`; unbounded by default), `semantic` in vectors. Sizes
+unit, converted at `--kv-bytes-per-token`; unbounded by default), `disk` a KV disk tier below
+it for the KV sweep (the same units), `semantic` in vectors. Sizes
 take K/M/G (×1000) and KiB/MiB/GiB (×1024). The sweep (hit rate vs TTL and exact capacity)
 runs by default for html. `--compare OLD NEW`: each a report written with `--format json` or a
 log to analyse; says which recommendation changed and why (reports/compare.py).
@@ -130,7 +131,7 @@ def _replay_arguments(p: argparse.ArgumentParser) -> None:
         default=[],
         metavar="KIND=SIZE",
         help="exact=BYTES, prefix=TOKENS (or bytes with a unit; default unbounded), "
-        "semantic=VECTORS",
+        "disk=TOKENS (a KV disk tier below it, for the KV sweep; or bytes), semantic=VECTORS",
     )
     p.add_argument(
         "--kv-bytes-per-token",

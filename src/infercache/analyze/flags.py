@@ -37,12 +37,12 @@ def parse_capacity(items: list[str], kv_bytes_per_token: int) -> dict[str, int]:
     for item in (part for spec in items for part in spec.split(",") if part.strip()):
         kind, sep, size = item.partition("=")
         kind = kind.strip()
-        if not sep or kind not in ("exact", "prefix", "semantic"):
+        if not sep or kind not in ("exact", "prefix", "disk", "semantic"):
             raise ConfigError(
-                f"--capacity {item!r}: expected exact=SIZE, prefix=SIZE or semantic=N"
+                f"--capacity {item!r}: expected exact=SIZE, prefix=SIZE, disk=SIZE or semantic=N"
             )
         value, in_bytes = parse_size(size)
-        if kind == "prefix" and in_bytes:
+        if kind in ("prefix", "disk") and in_bytes:
             value //= kv_bytes_per_token
         if value <= 0:
             raise ConfigError(f"--capacity {item!r} must be positive")
@@ -105,6 +105,7 @@ def options_from(args: argparse.Namespace, settings: Settings) -> tuple[AnalyzeO
         ttl_s=args.ttl_s if args.ttl_s is not None else settings.default_ttl_s,
         exact_capacity_bytes=capacity.get("exact", settings.max_store_bytes),
         prefix_capacity_tokens=capacity.get("prefix"),
+        kv_disk_tokens=capacity.get("disk"),
         min_prefix_share=args.min_prefix_share,
         block_tokens=args.block_tokens,
         share_prefix_across_tenants=args.share_prefix_across_tenants,

@@ -191,9 +191,12 @@ class BudgetSweep:
         top = min(MAX_BIN, budget_tokens.bit_length() - 1)
         return sum(self._tokens[: top + 1]) / self.prompt_tokens
 
-    def with_disk(self, disk_tokens: int, points: Sequence[SweepPoint]) -> list[TieredPoint]:
-        """The reuse at each of `points`' RAM budgets over a disk tier of `disk_tokens`."""
-        out = []
+    def with_disk(self, disk_tokens: int | None, points: Sequence[SweepPoint]) -> list[TieredPoint]:
+        """The reuse at each of `points`' RAM budgets over a disk tier of `disk_tokens`
+        (none: an empty list)."""
+        out: list[TieredPoint] = []
+        if not disk_tokens:
+            return out
         for p in points:
             total = max(p.token_share, self.share_at(max(p.budget_tokens, disk_tokens)))
             out.append(TieredPoint(p.budget_tokens, disk_tokens, total, total - p.token_share))

@@ -5,6 +5,8 @@
 - `prefix_capacity_tokens`: the replayed KV budget in tokens; None (the default): unbounded.
   The analyzer never assumes the built-in engine's memory: the KV sweep (kv_sweep.py) shows
   the reuse at every budget instead, and where it stops rising.
+- `kv_disk_tokens`: a disk tier below the KV budget (the engine's `--kv-disk-bytes`), in
+  tokens; the KV sweep then also shows the reuse over it (kv_sweep.py `with_disk`). None: none.
 - `min_prefix_share`: a request that is neither a repeat nor a near-duplicate is
   `shared_prefix` when it reuses at least this share of its prompt from earlier prompts'
   prefixes (the length of the shared part is reported, not used as a bar).
@@ -86,6 +88,7 @@ class AnalyzeOptions:
     ttl_s: float = 3600.0
     exact_capacity_bytes: int = 1 << 30
     prefix_capacity_tokens: int | None = None
+    kv_disk_tokens: int | None = None
     min_prefix_share: float = 0.5
     block_tokens: int = 512
     share_prefix_across_tenants: bool = False

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from infercache.analyze.kv_sweep import TieredPoint
 from infercache.analyze.report_json import OMIT_NONE
 
 
@@ -127,14 +128,30 @@ class KvKnee:
 
 
 @dataclass(frozen=True, slots=True)
+class KvDiskPoint:
+    """One RAM budget of the KV sweep over a disk tier of `disk_tokens` (kv_sweep.with_disk)."""
+
+    ram_tokens: int
+    token_share: float  # reused from RAM or disk
+    disk_share: float  # of it, loaded from disk
+
+    @classmethod
+    def of(cls, point: TieredPoint) -> KvDiskPoint:
+        return cls(point.ram_tokens, point.token_share, point.disk_share)
+
+
+@dataclass(frozen=True, slots=True)
 class KvSweepFigures:
-    """Prefix reuse against the KV budget (an LRU pass over the census's tree)."""
+    """Prefix reuse against the KV budget (an LRU pass over the census's tree); with
+    `disk_tokens`, also over a disk tier of that size (`--capacity disk=`)."""
 
     curve: tuple[KvPoint, ...]
     knee: KvKnee | None
     unbounded_token_share: float
     working_set_tokens: int
     bounded_by_census_memory: bool
+    disk_tokens: int | None = None
+    with_disk: tuple[KvDiskPoint, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

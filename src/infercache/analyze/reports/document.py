@@ -18,6 +18,7 @@ from infercache.analyze.log_reader import LineFormat
 from infercache.analyze.recommend import Recommendation, recommend
 from infercache.analyze.replay_figures import (
     CapacityRow,
+    KvDiskPoint,
     KvKnee,
     KvPoint,
     KvSweepFigures,
@@ -272,6 +273,8 @@ def _kv_sweep(analysis: Analysis) -> KvSweepFigures | None:
         unbounded_token_share=analysis.census.total.prefix_token_share,
         working_set_tokens=analysis.census.prefix.cached_tokens,
         bounded_by_census_memory=analysis.census.prefix_bounded,
+        disk_tokens=(disk := analysis.options.kv_disk_tokens),
+        with_disk=tuple(KvDiskPoint.of(p) for p in sweep.with_disk(disk, curve)),
     )
 
 

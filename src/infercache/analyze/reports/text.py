@@ -229,6 +229,12 @@ def _kv(console: Console, f: Figures) -> None:
         f"of prompt tokens reused; {pct(sweep.unbounded_token_share)} unbounded, working set "
         f"{sweep.working_set_tokens:,} tokens)"
     )
+    at_knee = [p for p in sweep.with_disk if p.ram_tokens == knee.budget_tokens]
+    if at_knee and sweep.disk_tokens:
+        console.print(
+            f"  over a disk tier of {sweep.disk_tokens:,} tokens: {pct(at_knee[0].token_share)} "
+            f"reused at that RAM budget, {pct(at_knee[0].disk_share)} of prompt tokens from disk"
+        )
 
 
 def _windows(console: Console, f: Figures) -> None:
