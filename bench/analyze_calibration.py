@@ -46,13 +46,13 @@ from infercache.analyze.embedders import candidate_embedder
 from infercache.analyze.near_duplicates import first_accepted
 from infercache.analyze.scoped_texts import Neighbour, ScopedTexts
 from infercache.analyze.word_index import jaccard, words
-from infercache.semantic.calibrate import ScoredPair, evaluate, tune
 from infercache.semantic.decision import accept
 from infercache.semantic.embedder import Embedder, MiniLMEmbedder
 from infercache.semantic.guards import default_guards
 from infercache.semantic.index import FlatIndex
-from infercache.semantic.pairs import Pair
 from infercache.semantic.scope import Query
+from infercache.semantic.tuning.calibrate import ScoredPair, evaluate, tune
+from infercache.semantic.tuning.pairs import Pair
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))

@@ -44,15 +44,15 @@ import numpy as np
 from infercache.cache import Cache, Layer
 from infercache.clock import ManualClock
 from infercache.semantic.answer_stats import AnswerStatsConfig
-from infercache.semantic.cache_sim import simulate_lookups, tune_lookups
 from infercache.semantic.embedder import Embedder
-from infercache.semantic.fit import FitOptions, fit_matcher
+from infercache.semantic.from_settings import answer_stats_for
 from infercache.semantic.guards import default_guards
-from infercache.semantic.intents import LabelledText, split_labelled
 from infercache.semantic.judges import ExactAnswerJudge
 from infercache.semantic.layer import SemanticConfig, ShadowConfig
 from infercache.semantic.matcher import CosineMatcher, Matcher
-from infercache.semantic.setup import answer_stats_for
+from infercache.semantic.tuning.cache_sim import simulate_lookups, tune_lookups
+from infercache.semantic.tuning.fit import FitOptions, fit_matcher
+from infercache.semantic.tuning.intents import LabelledText, split_labelled
 from infercache.semantic.verify import FalseHitMonitor, Verifier
 from infercache.settings import Settings
 

@@ -30,14 +30,14 @@ from typing import Any
 
 import numpy as np
 
-from infercache.semantic.calibrate import ScoredPair, evaluate
 from infercache.semantic.embedder import MiniLMEmbedder
-from infercache.semantic.fit import FitOptions, fit_matcher
 from infercache.semantic.guards import default_guards
-from infercache.semantic.intents import LabelledText
 from infercache.semantic.matcher import CosineMatcher, load_fitted
-from infercache.semantic.pairs import Pair, read_pairs
-from infercache.semantic.tune import Served, score_pairs_with
+from infercache.semantic.tuning.calibrate import ScoredPair, evaluate
+from infercache.semantic.tuning.fit import FitOptions, fit_matcher
+from infercache.semantic.tuning.intents import LabelledText
+from infercache.semantic.tuning.pairs import Pair, read_pairs
+from infercache.semantic.tuning.tune import Served, score_pairs_with
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))

@@ -21,7 +21,7 @@ from infercache.semantic.guards import (
     default_guards,
     guard_names,
 )
-from infercache.semantic.pairs import Pair
+from infercache.semantic.tuning.pairs import Pair
 from tests.semantic.conftest import HARD_CASES
 
 

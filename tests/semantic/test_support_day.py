@@ -22,11 +22,11 @@ import pytest
 
 from bench.semantic_support_day import Day, build_day, replay
 from infercache.semantic.embedder import Matrix, MiniLMEmbedder
-from infercache.semantic.fit import FitOptions, fit_matcher
+from infercache.semantic.from_settings import answer_stats_for
 from infercache.semantic.guards import default_guards
 from infercache.semantic.layer import SemanticConfig
 from infercache.semantic.matcher import load_fitted
-from infercache.semantic.setup import answer_stats_for
+from infercache.semantic.tuning.fit import FitOptions, fit_matcher
 
 pytestmark = pytest.mark.slow
 

@@ -74,7 +74,7 @@ def _matcher(s: SemanticSettings) -> Embedder:
     """MiniLM on one torch thread: the reader process has the other core, and torch's
     threads thrash on a busy machine (bench/README.md, Semantic); any other embedder as the
     semantic layer builds it."""
-    from infercache.semantic.setup import build_embedder
+    from infercache.semantic.from_settings import build_embedder
 
     if s.embedder != "minilm":
         return build_embedder(s)

@@ -104,7 +104,7 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
 
 
 def handle(args: argparse.Namespace) -> int:
-    from infercache.semantic.tune import evaluate_files, tune_files
+    from infercache.semantic.tuning.tune import evaluate_files, tune_files
 
     try:
         require("semantic", "infercache tune")

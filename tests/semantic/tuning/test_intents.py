@@ -7,7 +7,12 @@ from pathlib import Path
 import pytest
 
 from infercache.errors import InvalidRequestError
-from infercache.semantic.intents import LabelledText, file_kind, read_labelled, split_labelled
+from infercache.semantic.tuning.intents import (
+    LabelledText,
+    file_kind,
+    read_labelled,
+    split_labelled,
+)
 
 
 def write(path: Path, text: str) -> Path:

@@ -1,5 +1,6 @@
-"""Turn the semantic layer on from `[semantic]` settings: embedder, matcher, guards, judge,
-verification and the mode (calibrated or shadow).
+"""The semantic layer's parts from `[semantic]` settings: embedder, matcher, guards, judge,
+verifier and the frozen `SemanticConfig` (calibrated or shadow). Putting them on a cache is the
+gateway's (gateway/semantic_setup.py); `tune eval` and the analyzer rebuild the same parts here.
 
 A calibrated layer serves from the start at the threshold `infercache tune --write-config`
 chose; a shadow layer (`mode = "shadow"`, or no threshold at all) serves nothing until judged
@@ -7,25 +8,17 @@ live traffic certifies an operating point (shadow.py). If the config names the e
 threshold was tuned with (`embedder_name`), the embedder built here — the fitted one when a
 `matcher` directory is configured — must be that one: a threshold is only meaningful for the
 model it was measured on.
-
-On a Redis (or Redis Cluster) store the layer is shared with the other replicas on it
-(replica_sync.py): the feed's tail is taken before the start-up rebuild, then the layer
-publishes its adds and removals and a thread follows the others' (stopped by `layer.close()`).
 """
 
 from __future__ import annotations
 
 import os
-import random
 from collections.abc import Mapping
-from concurrent.futures import Executor, ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from infercache.errors import ConfigError
 from infercache.semantic.answer_stats import AnswerStatsConfig
 from infercache.semantic.embedder import Embedder
-from infercache.semantic.guards import build_guards, default_guards
 from infercache.semantic.judges import (
     EmbeddingJudge,
     ExactAnswerJudge,
@@ -33,15 +26,10 @@ from infercache.semantic.judges import (
     LLMJudge,
     NormalisedEqualityJudge,
 )
-from infercache.semantic.layer import SemanticLayer
 from infercache.semantic.layer_config import SemanticConfig, ShadowConfig
 from infercache.semantic.matcher import CosineMatcher, Matcher, load_fitted
-from infercache.semantic.replica_sync import attach, tail_before_rebuild, wants_sync
-from infercache.semantic.verify import FalseHitMonitor, Fetch, Verifier
+from infercache.semantic.verify import Fetch
 from infercache.settings import SemanticSettings
-
-if TYPE_CHECKING:
-    from infercache.cache import Cache
 
 
 def build_embedder(
@@ -136,40 +124,3 @@ def answer_stats_for(matcher: Matcher) -> AnswerStatsConfig:
 
 
 FITTED_MAX_LOWER = 0.15
-
-
-def enable_from_settings(
-    cache: Cache,
-    s: SemanticSettings,
-    *,
-    judge_fetch: Fetch | None = None,
-    embedder: Embedder | None = None,
-    rng: random.Random | None = None,
-    executor: Executor | None = None,
-    torch_threads: int | None = None,
-) -> SemanticLayer:
-    """Build and enable the layer on `cache` (`s.enabled` is the caller's decision).
-    `embedder`: the base embedder to use instead of building the one `s` names;
-    `torch_threads` goes to `build_embedder`."""
-    if s.threshold is None and not s.shadow:
-        raise ConfigError("the calibrated semantic layer needs a threshold (infercache tune)")
-    base = embedder or build_embedder(s, torch_threads=torch_threads)
-    embedder, matcher = build_matcher(s, base)
-    guards = default_guards() if s.guards is None else build_guards(s.guards)
-    verifier = None
-    if s.sample_rate > 0 or s.shadow:
-        verifier = Verifier(
-            build_judge(s, base, judge_fetch),
-            FalseHitMonitor(target_false_hit=s.target_false_hit),
-            sample_rate=s.sample_rate,
-            rng=rng or random.Random(),
-            executor=executor or ThreadPoolExecutor(1, thread_name_prefix="infercache-verify"),
-        )
-    config = build_config(s, matcher)
-    store_url = cache.settings.resolved_store_url
-    shared = wants_sync(store_url)
-    position = tail_before_rebuild(store_url) if shared else None
-    layer = cache.enable_semantic(embedder, config=config, guards=guards, verifier=verifier)
-    if shared:
-        attach(layer, store_url, position)
-    return layer

@@ -24,12 +24,12 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from infercache.errors import ConfigError
 from infercache.semantic.embedder import Embedder
 from infercache.semantic.guards import Guard, build_guards, default_guards
-from infercache.semantic.intents import FileKind, LabelledText, file_kind, read_labelled
 from infercache.semantic.matcher import CosineMatcher, Matcher, NearbyAnswer
-from infercache.semantic.pairs import Pair
+from infercache.semantic.tuning.intents import FileKind, LabelledText, file_kind, read_labelled
+from infercache.semantic.tuning.pairs import Pair
 
 if TYPE_CHECKING:
-    from infercache.semantic.calibrate import ScoredPair
+    from infercache.semantic.tuning.calibrate import ScoredPair
 
 SCALES = {"cosine": "cosine similarity", "fitted": "fitted match probability"}
 
@@ -78,7 +78,7 @@ def evaluate_files(args: argparse.Namespace, files: list[str]) -> dict[str, Any]
             reporting = _Reporting(embedder, bar.update)
             report = _evaluate_pairs(args, files, reporting, matcher, guards, threshold)
         else:
-            from infercache.semantic.cache_sim import evaluate_lookups
+            from infercache.semantic.tuning.cache_sim import evaluate_lookups
 
             cases = _all_lookups(_labelled(files), embedder, matcher, bar.update)
             report = _lookup_report(evaluate_lookups(cases, matcher, threshold, guards=guards))
@@ -109,7 +109,7 @@ class Served(NamedTuple):
 
 def load_served(config: Path, threads: int | None = None) -> Served:
     """Rebuild what the `[semantic]` table of `config` serves (setup.py's rules)."""
-    from infercache.semantic.setup import build_matcher
+    from infercache.semantic.from_settings import build_matcher
     from infercache.settings import Settings
 
     s = Settings.load(environ={}, config_file=config).semantic
@@ -207,8 +207,8 @@ def _scale(matcher: Matcher) -> str:
 def _tune_pairs(
     args: argparse.Namespace, files: list[str], base: Embedder, guards: list[Guard], target: float
 ) -> dict[str, Any]:
-    from infercache.semantic.calibrate import curve, plot, score_pairs, tune
-    from infercache.semantic.pairs import read_many
+    from infercache.semantic.tuning.calibrate import curve, plot, score_pairs, tune
+    from infercache.semantic.tuning.pairs import read_many
 
     scored = score_pairs(read_many(files), base)
     calibration = tune(scored, target_false_hit=target, guards=guards)
@@ -233,13 +233,13 @@ def _evaluate_pairs(
     guards: list[Guard],
     threshold: float,
 ) -> dict[str, Any]:
-    from infercache.semantic.calibrate import curve, plot
-    from infercache.semantic.pairs import read_many
+    from infercache.semantic.tuning.calibrate import curve, plot
+    from infercache.semantic.tuning.pairs import read_many
 
     scored = score_pairs_with(read_many(files), embedder, matcher)
     if args.plot is not None:
         plot({"pairs": curve(scored, guards=guards)}, args.plot, threshold=threshold)
-    from infercache.semantic.calibrate import evaluate
+    from infercache.semantic.tuning.calibrate import evaluate
 
     return {
         **evaluate(scored, threshold, guards=guards).to_dict(),
@@ -254,7 +254,7 @@ def score_pairs_with(
 ) -> list[ScoredPair]:
     """Each pair with its matcher score: a pair is a lookup whose cache holds one text (so a
     fitted matcher sees one neighbour, of an unknown answer)."""
-    from infercache.semantic.calibrate import ScoredPair, score_pairs
+    from infercache.semantic.tuning.calibrate import ScoredPair, score_pairs
 
     return [
         ScoredPair(p.pair, matcher.scores([NearbyAnswer(p.similarity, "")])[0])
@@ -269,8 +269,8 @@ def _all_lookups(
     progress: Callable[[str, int, int], None] | None = None,
 ) -> list[Any]:
     """Every text looked up in a cache of all the others."""
-    from infercache.semantic.cache_sim import simulate_lookups
-    from infercache.semantic.fit import embed_all
+    from infercache.semantic.tuning.cache_sim import simulate_lookups
+    from infercache.semantic.tuning.fit import embed_all
 
     vectors = embed_all(embedder, [r.text for r in rows], progress)
     return simulate_lookups(rows, vectors, rows, vectors, k=max(8, matcher.k or 0))
@@ -288,7 +288,7 @@ def _tune_lookups(
     target: float,
     progress: Callable[[str, int, int], None] | None = None,
 ) -> dict[str, Any]:
-    from infercache.semantic.cache_sim import tune_lookups
+    from infercache.semantic.tuning.cache_sim import tune_lookups
 
     cases = _all_lookups(rows, base, matcher, progress)
     evaluation = tune_lookups(cases, matcher, target_false_hit=target, guards=guards)
@@ -303,7 +303,7 @@ def _fit(
     target: float,
     bar: _ProgressBar,
 ) -> dict[str, Any]:
-    from infercache.semantic.fit import FitOptions, fit_matcher
+    from infercache.semantic.tuning.fit import FitOptions, fit_matcher
 
     out = args.out or _default_out(rows, base, args.epochs)
     options = FitOptions(target_false_hit=target, epochs=args.epochs, guards=tuple(guards))
@@ -350,7 +350,7 @@ class _Reporting:
         return self._inner.name
 
     def embed(self, texts: Sequence[str]) -> Any:
-        from infercache.semantic.fit import embed_all
+        from infercache.semantic.tuning.fit import embed_all
 
         return embed_all(self._inner, texts, self._progress)
 

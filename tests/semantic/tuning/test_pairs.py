@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from infercache.errors import InvalidRequestError
-from infercache.semantic.pairs import Pair, read_many, read_pairs
+from infercache.semantic.tuning.pairs import Pair, read_many, read_pairs
 
 
 def write(path: Path, text: str) -> Path:

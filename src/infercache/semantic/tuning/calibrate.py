@@ -41,7 +41,7 @@ from infercache.errors import ConfigError, InvalidRequestError
 from infercache.semantic.decision import Reason, accept
 from infercache.semantic.embedder import Embedder
 from infercache.semantic.guards import Guard
-from infercache.semantic.pairs import Pair
+from infercache.semantic.tuning.pairs import Pair
 
 THRESHOLD_STEP = 1e-4
 

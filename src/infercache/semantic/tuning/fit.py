@@ -42,15 +42,8 @@ import numpy as np
 import numpy.typing as npt
 
 from infercache.errors import InvalidRequestError
-from infercache.semantic.cache_sim import (
-    LookupCase,
-    LookupEvaluation,
-    simulate_lookups,
-    tune_lookups,
-)
 from infercache.semantic.embedder import Embedder, l2_normalise
 from infercache.semantic.guards import Guard
-from infercache.semantic.intents import LabelledText, split_labelled
 from infercache.semantic.matcher import (
     AdaptedEmbedder,
     CosineMatcher,
@@ -60,6 +53,13 @@ from infercache.semantic.matcher import (
     features,
     save_fitted,
 )
+from infercache.semantic.tuning.cache_sim import (
+    LookupCase,
+    LookupEvaluation,
+    simulate_lookups,
+    tune_lookups,
+)
+from infercache.semantic.tuning.intents import LabelledText, split_labelled
 
 FitProgress = Callable[[str, int, int], None]
 EMBED_BATCH = 256

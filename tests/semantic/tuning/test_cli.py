@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from infercache.cli import main
-from infercache.semantic.calibrate import evaluate, score_pairs
 from infercache.semantic.embedder import StaticEmbedder
 from infercache.semantic.guards import default_guards
-from infercache.semantic.pairs import read_pairs
+from infercache.semantic.tuning.calibrate import evaluate, score_pairs
+from infercache.semantic.tuning.pairs import read_pairs
 from tests.semantic.conftest import HARD_CASES
 
 WORDS = [

@@ -14,7 +14,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from infercache.errors import ConfigError, InvalidRequestError
-from infercache.semantic.calibrate import (
+from infercache.semantic.embedder import HashingEmbedder, StaticEmbedder
+from infercache.semantic.guards import build_guards, default_guards
+from infercache.semantic.tuning.calibrate import (
     THRESHOLD_STEP,
     ScoredPair,
     curve,
@@ -24,9 +26,7 @@ from infercache.semantic.calibrate import (
     tune,
     wilson_upper,
 )
-from infercache.semantic.embedder import HashingEmbedder, StaticEmbedder
-from infercache.semantic.guards import build_guards, default_guards
-from infercache.semantic.pairs import Pair
+from infercache.semantic.tuning.pairs import Pair
 
 
 def synthetic(positives: int, negatives: int, seed: int) -> list[ScoredPair]:

@@ -15,10 +15,8 @@ import pytest
 from infercache.cache import Cache, Layer
 from infercache.cli import main
 from infercache.clock import ManualClock
-from infercache.semantic.cache_sim import evaluate_lookups, simulate_lookups, tune_lookups
+from infercache.gateway.semantic_setup import enable_from_settings
 from infercache.semantic.embedder import HashingEmbedder, StaticEmbedder
-from infercache.semantic.fit import FitOptions, fit_matcher, train_adapter
-from infercache.semantic.intents import LabelledText
 from infercache.semantic.matcher import (
     CosineMatcher,
     FittedMatcher,
@@ -27,7 +25,9 @@ from infercache.semantic.matcher import (
     features,
     load_fitted,
 )
-from infercache.semantic.setup import enable_from_settings
+from infercache.semantic.tuning.cache_sim import evaluate_lookups, simulate_lookups, tune_lookups
+from infercache.semantic.tuning.fit import FitOptions, fit_matcher, train_adapter
+from infercache.semantic.tuning.intents import LabelledText
 from infercache.settings import Settings
 from tests.semantic.support_bot import IntentUpstream, answer_of, ask, day, texts_by_intent
 

@@ -29,11 +29,11 @@ import numpy as np
 import numpy.typing as npt
 
 from infercache.errors import InvalidRequestError
-from infercache.semantic.calibrate import wilson_upper
 from infercache.semantic.decision import accept, ranked
 from infercache.semantic.guards import Guard
-from infercache.semantic.intents import LabelledText
 from infercache.semantic.matcher import Matcher, NearbyAnswer
+from infercache.semantic.tuning.calibrate import wilson_upper
+from infercache.semantic.tuning.intents import LabelledText
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from infercache.errors import InvalidRequestError
-from infercache.semantic.pairs import COLUMNS as PAIR_COLUMNS
+from infercache.semantic.tuning.pairs import COLUMNS as PAIR_COLUMNS
 
 TEXT = "text"
 LABEL_NAMES = ("label", "intent", "category")

@@ -1,0 +1,61 @@
+"""Verdicts on the layer's answers, in the background: what feeds `outcomes.Outcomes`.
+
+- a served hit (`verify`): a sampled share (`Verifier.sampled`) is fetched upstream again and
+  judged; the verdict is recorded at the hit's own score and answer group — the `SemanticHit`
+  the lookup returned is passed in, so nothing is guessed from a similarity;
+- a miss's noted best candidate (`judge_noted`): its stored answer is judged against the fresh
+  one the miss just fetched (free: the request went upstream anyway);
+- a complaint (`complaint`): a served answer reported wrong, recorded as a wrong verdict.
+Judging runs on the verifier's executor; the request path only submits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import orjson
+
+from infercache.metrics import StrategyMetrics
+from infercache.semantic.answer_stats import GroupKey
+from infercache.semantic.lookup_result import Noted, SemanticHit
+from infercache.semantic.outcomes import Outcomes
+from infercache.semantic.verify import Fetch, Verifier
+
+
+class Verification:
+    def __init__(
+        self, verifier: Verifier | None, outcomes: Outcomes, metrics: StrategyMetrics
+    ) -> None:
+        self.verifier = verifier
+        self._outcomes = outcomes
+        self._metrics = metrics
+
+    def verify(
+        self, hit: SemanticHit, body: Mapping[str, Any], cached: Mapping[str, Any], fetch: Fetch
+    ) -> None:
+        """Maybe check the served `hit` (its answer `cached`) against a fresh answer."""
+        if self.verifier is None or not self.verifier.sampled():
+            return
+        self._metrics.count("verifications_scheduled")
+        score, group = hit.score, hit.group
+        self.verifier.judge_later(
+            body,
+            cached,
+            fetch,
+            lambda wrong: self._outcomes.judged(score, group, wrong, hit=True),
+        )
+
+    def judge_noted(self, body: Mapping[str, Any], noted: Noted, fresh: bytes) -> None:
+        """Judge a miss's noted candidate against the answer the miss fetched."""
+        if self.verifier is None:
+            return
+        self.verifier.judge_later(
+            body,
+            orjson.loads(noted.cached),
+            orjson.loads(fresh),
+            lambda wrong: self._outcomes.judged(noted.score, noted.group, wrong, hit=False),
+        )
+
+    def complaint(self, score: float, group: GroupKey | None) -> None:
+        self._outcomes.complaint(score, group)
