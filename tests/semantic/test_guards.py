@@ -101,7 +101,10 @@ def test_guard_names_round_trip_through_build_guards() -> None:
     assert [g.name for g in build_guards(g.name for g in default_guards())] == [
         g.name for g in default_guards()
     ]
-    assert set(guard_names()) == {"numbers", "dates", "currencies", "negation", "entities"}
+    assert set(guard_names()) == {
+        *("numbers", "dates", "currencies", "negation", "entities"),
+        *("surplus", "contacts", "instructions", "swaps"),
+    }
 
 
 def test_unknown_guards_and_modes_are_config_errors_naming_them() -> None:
@@ -155,7 +158,10 @@ def test_default_guards_veto_the_number_date_and_negation_hard_negatives(
         if not pair.same and kind in ("numbers", "dates", "negation"):
             assert decision.guard == kind, (pair, decision)
         if not pair.same and kind in ("currencies", "entities"):
-            assert decision.guard in (None, "numbers"), (pair, decision)  # not on by default
+            assert decision.guard in (None, "numbers", "swaps"), (
+                pair,
+                decision,
+            )  # not on by default
 
 
 def test_accept_rejects_below_the_threshold_before_any_guard() -> None:
