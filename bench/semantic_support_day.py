@@ -253,7 +253,7 @@ def configurations(
     parts = load_fitted(out, base)
     adapted = parts.embedder  # its base remembers every vector
     matcher: Matcher = parts.matcher
-    t_fit = fitted.fitted.threshold
+    t_fit = fitted.fitted.evaluation.threshold
     shadow = ShadowConfig(target_false_hit=target, min_pairs=300, window=5000)
     stats = answer_stats_for(matcher)  # what `serve` uses with a fitted matcher
     plain_t = plain_threshold(day, base, target)

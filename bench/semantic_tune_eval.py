@@ -97,13 +97,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         options=FitOptions(target_false_hit=args.target, guards=tuple(guards)),
     )  # fmt: skip
     print(f"fitted on {len(labelled)} labelled texts in {time.perf_counter() - started:.0f} s: "
-          f"threshold {fitted.fitted.threshold:.4f}")  # fmt: skip
+          f"threshold {fitted.fitted.evaluation.threshold:.4f}")  # fmt: skip
     parts = load_fitted(args.out / "matcher", base)
     served = {
         f"plain cosine {PLAIN_THRESHOLD}": Served(
             base, CosineMatcher(), PLAIN_THRESHOLD, guards, None),
-        f"fitted {fitted.fitted.threshold:.4f}": Served(
-            parts.embedder, parts.matcher, fitted.fitted.threshold, guards, "matcher"),
+        f"fitted {fitted.fitted.evaluation.threshold:.4f}": Served(
+            parts.embedder, parts.matcher, fitted.fitted.evaluation.threshold, guards, "matcher"),
     }  # fmt: skip
     if fitted.plain is not None:
         served[f"plain cosine tuned on the same texts {fitted.plain.threshold:.4f}"] = Served(

@@ -64,7 +64,7 @@ def test_the_fitted_matcher_answers_half_the_paraphrases_at_one_percent_wrong(
     )  # fmt: skip
     parts = load_fitted(tmp_path / "matcher", embedder)
     config = SemanticConfig(
-        threshold=fitted.fitted.threshold,
+        threshold=fitted.fitted.evaluation.threshold,
         matcher=parts.matcher,
         answer_stats=answer_stats_for(parts.matcher),
     )
@@ -73,8 +73,10 @@ def test_the_fitted_matcher_answers_half_the_paraphrases_at_one_percent_wrong(
         day, embedder, SemanticConfig(threshold=0.93, answer_stats=None), verify_rate=0.0,
         data_dir=tmp_path,
     )  # fmt: skip
-    assert fitted.fitted.false_hit_upper is not None
-    assert fitted.fitted.false_hit_upper <= 0.01  # tune's own bound, on texts the fit never saw
+    assert fitted.fitted.evaluation.false_hit_upper is not None
+    assert (
+        fitted.fitted.evaluation.false_hit_upper <= 0.01
+    )  # tune's own bound, on texts the fit never saw
     assert result["same_answer_paraphrases"] > 200
     assert result["answered_share"] >= 0.5
     assert result["wrong_share"] <= 0.01

@@ -102,6 +102,9 @@ def _serve(args: argparse.Namespace) -> int:
     upstream = ", ".join(u.name for u in built.gateway.upstreams)
     semantic = built.cache.semantic
     mode = "off" if semantic is None else semantic.state()["mode"]
+    if semantic is not None:
+        on = settings.semantic.calibrated_on or "nothing recorded (no `tune` line in the config)"
+        print(f"infercache serve: semantic {mode}, calibrated on: {on}", flush=True)
     ready_line = (
         f"infercache gateway ready on http://{config.host}:{config.port}/v1 "
         f"(upstream: {upstream}; store: {mask_credentials(built.cache.backend.url)}; "

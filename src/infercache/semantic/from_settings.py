@@ -112,6 +112,7 @@ def build_config(s: SemanticSettings, matcher: Matcher) -> SemanticConfig:
         matcher=matcher,
         shadow=shadow,
         answer_stats=answer_stats_for(matcher) if s.answer_stats else None,
+        floor=s.floor,
     )
 
 

@@ -40,6 +40,10 @@ class SemanticConfig:
     shadow: ShadowConfig | None = None
     answer_stats: AnswerStatsConfig | None = field(default_factory=AnswerStatsConfig)
     """Per-answer thresholds (answer_stats.py); None: one global threshold for every answer."""
+    floor: float | None = None
+    """On the matcher's scale: what unrelated questions reach (`tune`, tuning/replay.py). No
+    threshold — calibrated, tightened, shadow's operating point or an answer's own — is
+    applied below it."""
     judge_margin: float = 0.1
     """Serving, a miss's best candidate is judged when it scored within this of the threshold
     (its verdict can move its answer's threshold); in shadow every best candidate is."""

@@ -82,6 +82,11 @@ def test_tune_prints_json_writes_a_toml_config_and_a_plot(
     assert report["embedder"] == "static"
     assert report["guards"] == [g.name for g in default_guards()]
     settings = tomllib.loads(config.read_text())["semantic"]
+    on = settings.pop("calibrated_on")
+    assert str(pairs_file) in on
+    assert "360 pairs" in on
+    assert "95% upper bound" in on
+    assert settings.pop("floor", None) == report["floor"]
     assert settings == {
         "threshold": report["threshold"],
         "embedder": "static",

@@ -82,11 +82,11 @@ def test_a_fitted_matcher_beats_the_plain_cosine_on_held_out_lookups(tmp_path: P
         data, HashingEmbedder(dim=128), tmp_path / "m", base_kind="hashing",
         options=FitOptions(target_false_hit=0.1, epochs=20),
     )  # fmt: skip
-    assert result.fitted.false_hit_upper is not None
-    assert result.fitted.false_hit_upper <= 0.1
+    assert result.fitted.evaluation.false_hit_upper is not None
+    assert result.fitted.evaluation.false_hit_upper <= 0.1
     report = json.loads((tmp_path / "m" / "matcher.json").read_text())["fit"]
     assert sum(report["split"].values()) == len(data)
-    assert report["calibration"]["threshold"] == result.fitted.threshold
+    assert report["calibration"]["threshold"] == result.fitted.evaluation.threshold
     parts = load_fitted(tmp_path / "m", HashingEmbedder(dim=128))
     assert parts.matcher.name == result.matcher.name
     assert isinstance(parts.matcher, FittedMatcher)

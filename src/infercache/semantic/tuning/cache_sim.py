@@ -15,14 +15,17 @@ Figures at a threshold (`evaluate_lookups`):
   wrong, the figure live verification watches), with its one-sided Wilson upper bound.
 Serving is monotone in the threshold: a query is served at threshold t exactly when its best
 guard-passing candidate (by rank) scores ≥ t, so each lookup has one ceiling, and
-`tune_lookups` picks the lowest threshold whose false-hit upper bound is ≤ the target by one
-sorted walk over the ceilings.
+`tune_lookups` walks the sorted ceilings down by fixed-sequence testing (its docstring). Which
+lookups are measured — every text against all the others, or a replay in order through a cache
+that starts empty (replay.py, what `tune` uses) — is the caller's choice.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from statistics import NormalDist
 from typing import Any
 
 import numpy as np
@@ -165,23 +168,75 @@ def tune_lookups(
     target_false_hit: float,
     guards: Sequence[Guard] = (),
     confidence: float = 0.95,
+    floor: float | None = None,
 ) -> LookupEvaluation:
-    """The evaluation at the lowest threshold whose false-hit upper bound is ≤ the target;
-    `InvalidRequestError` when no threshold serves anything within it."""
+    """The evaluation at the threshold fixed-sequence testing certifies: walking the serving
+    ceilings down from the strictest point with served answers enough that the bound could
+    hold with none wrong, each point is accepted while the false-hit rate's one-sided upper
+    bound is <= the target, and the walk stops at the first that fails (taking the lowest of
+    all points that pass would pick the luckiest of many tests). Never below `floor` (what
+    unrelated text reaches, replay.ood_floor). `InvalidRequestError` says what is missing
+    when no point is certified."""
     walk = sorted(ceilings(cases, matcher, guards), key=lambda c: -c[0])
+    need = _clean_minimum(target_false_hit, confidence)
     best: float | None = None
     wrong = 0
+    stopped: tuple[int, int] | None = None
     for index, (score, right) in enumerate(walk):
         served = index + 1
         wrong += not right
+        if floor is not None and score < floor:
+            break
         at_boundary = index + 1 == len(walk) or walk[index + 1][0] < score
-        if at_boundary and wilson_upper(wrong, served, confidence) <= target_false_hit:
-            best = score
+        if not at_boundary or served < need:
+            continue
+        if wilson_upper(wrong, served, confidence) > target_false_hit:
+            stopped = (served, wrong)
+            break
+        best = score
     if best is None:
-        floor = wilson_upper(0, max(1, len(walk)), confidence)
         raise InvalidRequestError(
-            f"no threshold keeps the false-hit rate's {confidence:.0%} upper bound at or below "
-            f"{target_false_hit} on these {len(cases)} lookups (with every answer right the "
-            f"bound would be {floor:.4f}): add labelled texts or raise the target"
+            _refusal(len(cases), len(walk), need, stopped, target_false_hit, confidence, floor)
         )
     return evaluate_lookups(cases, matcher, best, guards=guards, confidence=confidence)
+
+
+def _clean_minimum(target: float, confidence: float) -> int:
+    """The fewest served answers whose upper bound can be <= target with none wrong (with no
+    failure the bound is z²/(n + z²))."""
+    z = NormalDist().inv_cdf(confidence)
+    served = max(1, math.floor(z * z * (1 - target) / target))
+    while wilson_upper(0, served, confidence) > target:
+        served += 1
+    return served
+
+
+def _refusal(
+    lookups: int,
+    servable: int,
+    need: int,
+    stopped: tuple[int, int] | None,
+    target: float,
+    confidence: float,
+    floor: float | None,
+) -> str:
+    head = f"no threshold keeps the false-hit rate's {confidence:.0%} upper bound <= {target}"
+    if servable < need:
+        return (
+            f"{head}: a bound that low needs at least {need} answers served with none wrong, "
+            f"and these {lookups} simulated lookups serve at most {servable} (texts whose "
+            f"answer another text shares). Add labelled texts or a longer log, or raise the "
+            f"target."
+        )
+    if stopped is not None:
+        served, wrong = stopped
+        return (
+            f"{head}: at the strictest threshold serving {served} answers, {wrong} were "
+            f"wrong (bound {wilson_upper(wrong, served, confidence):.4f}). The data shows "
+            f"answers confused too often at every threshold it can certify: add labelled "
+            f"texts, fit a matcher (--fit), or raise the target."
+        )
+    return (
+        f"{head}: every threshold that serves {need} answers lies below what unrelated "
+        f"questions reach (floor {floor:.4f}). Fit a matcher (--fit) or add labelled texts."
+    )

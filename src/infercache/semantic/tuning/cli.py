@@ -95,6 +95,13 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         "--threads", type=int, default=None, help="torch threads for the minilm embedder"
     )
     parser.add_argument(
+        "--ood",
+        default=None,
+        metavar="FILE|none",
+        help="out-of-domain questions every calibration also replays and measures its floor "
+        "on (default: the packaged set; a .csv/.tsv with a text column or one per line)",
+    )
+    parser.add_argument(
         "--guards",
         default="default",
         help="'default', 'none' or a comma list of NAME[:differ|conflict] "

@@ -53,13 +53,9 @@ from infercache.semantic.matcher import (
     features,
     save_fitted,
 )
-from infercache.semantic.tuning.cache_sim import (
-    LookupCase,
-    LookupEvaluation,
-    simulate_lookups,
-    tune_lookups,
-)
+from infercache.semantic.tuning.cache_sim import LookupCase, simulate_lookups
 from infercache.semantic.tuning.intents import LabelledText, split_labelled
+from infercache.semantic.tuning.replay import ReplayCalibration, ReplayPlan, replay_calibration
 
 FitProgress = Callable[[str, int, int], None]
 EMBED_BATCH = 256
@@ -75,15 +71,17 @@ class FitOptions:
     k: int = 8
     seed: int = 0
     guards: Sequence[Guard] = field(default_factory=tuple)
+    ood: Sequence[str] = ()  # out-of-domain questions the calibration replays (replay.py)
+    plan: ReplayPlan = field(default_factory=ReplayPlan)
 
 
 @dataclass(frozen=True, slots=True)
 class FitResult:
     directory: Path
     matcher: FittedMatcher
-    fitted: LookupEvaluation
-    """The fitted matcher at its calibrated threshold, on the calibration lookups."""
-    plain: LookupEvaluation | None
+    fitted: ReplayCalibration
+    """The fitted matcher at its calibrated threshold, on the calibration part replayed."""
+    plain: ReplayCalibration | None
     """The plain cosine threshold tuned on the same lookups (None if none meets the target)."""
     report: dict[str, Any]
 
@@ -107,19 +105,25 @@ def fit_matcher(
     fit_v = vectors[: len(fit_rows)]
     rest_v = vectors[len(fit_rows) :]
     adapter = train_adapter(fit_v, [r.label for r in fit_rows], o, progress)
-    adapted = l2_normalise(rest_v @ adapter.T)
-    cache_rows = [*head_rows, *calib_rows]
-    background = background_similarity(adapted, [r.label for r in cache_rows], o.seed)
-    head_cases = training_lookups(head_rows, adapted[: len(head_rows)], cache_rows, adapted, o)
-    calib_cases = simulate_lookups(
-        calib_rows, adapted[len(head_rows) :], cache_rows, adapted, k=o.k
-    )
+    # The head learns on its own part only: the calibration part stays unseen, as queries and
+    # as cached candidates alike.
+    adapted = l2_normalise(rest_v[: len(head_rows)] @ adapter.T)
+    background = background_similarity(adapted, [r.label for r in head_rows], o.seed)
+    head_cases = training_lookups(head_rows, adapted, head_rows, adapted, o)
     head = train_head(head_cases_rows(head_cases, background), o.k, background=background)
     matcher = FittedMatcher(head, "fitted:candidate")
-    fitted = tune_lookups(
-        calib_cases, matcher, target_false_hit=o.target_false_hit, guards=o.guards
+    known = dict(zip(texts, vectors, strict=True))
+    fitted = replay_calibration(
+        calib_rows,
+        lambda batch: l2_normalise(_memo_embed(base, batch, known) @ adapter.T),
+        matcher,
+        o.guards,
+        target_false_hit=o.target_false_hit,
+        ood=o.ood,
+        plan=o.plan,
+        k=o.k,
     )
-    plain = _plain_baseline(head_rows, calib_rows, rest_v, o)
+    plain = _plain_baseline(calib_rows, base, known, o)
     report = {
         "texts": len(rows),
         "labels": len({r.label for r in rows}),
@@ -268,19 +272,33 @@ def train_head(
     return Head(weights=weights, bias=float(w[4]), k=k, background=background)
 
 
+def _memo_embed(
+    base: Embedder, texts: Sequence[str], known: dict[str, npt.NDArray[np.float32]]
+) -> npt.NDArray[np.float32]:
+    """Base vectors of `texts`, embedding only those not in `known` (then remembered)."""
+    new = [t for t in dict.fromkeys(texts) if t not in known]
+    if new:
+        known.update(zip(new, embed_all(base, new, None), strict=True))
+    return np.stack([known[t] for t in texts]) if texts else np.zeros((0, base.dim), np.float32)
+
+
 def _plain_baseline(
-    head_rows: Sequence[LabelledText],
     calib_rows: Sequence[LabelledText],
-    base_vectors: npt.NDArray[np.float32],
+    base: Embedder,
+    known: dict[str, npt.NDArray[np.float32]],
     o: FitOptions,
-) -> LookupEvaluation | None:
-    cache_rows = [*head_rows, *calib_rows]
-    cases = simulate_lookups(
-        calib_rows, base_vectors[len(head_rows) :], cache_rows, base_vectors, k=o.k
-    )
+) -> ReplayCalibration | None:
+    """The plain cosine threshold calibrated on the same replay, for comparison."""
     try:
-        return tune_lookups(
-            cases, CosineMatcher(), target_false_hit=o.target_false_hit, guards=o.guards
+        return replay_calibration(
+            calib_rows,
+            lambda batch: _memo_embed(base, batch, known),
+            CosineMatcher(),
+            o.guards,
+            target_false_hit=o.target_false_hit,
+            ood=o.ood,
+            plan=o.plan,
+            k=o.k,
         )
     except InvalidRequestError:
         return None

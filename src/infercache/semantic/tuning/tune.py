@@ -49,7 +49,7 @@ def tune_files(args: argparse.Namespace, files: list[str]) -> dict[str, Any]:
             report = _fit(args, _labelled(files), base, guards, target, bar)
         else:
             rows = _labelled(files)
-            report = _tune_lookups(rows, base, CosineMatcher(), guards, target, bar.update)
+            report = _replayed(rows, base, CosineMatcher(), guards, _ood(args), bar.update, target)
     report.update(
         embedder=args.embedder,
         embedder_name=report.get("embedder_name", base.name),
@@ -78,10 +78,9 @@ def evaluate_files(args: argparse.Namespace, files: list[str]) -> dict[str, Any]
             reporting = _Reporting(embedder, bar.update)
             report = _evaluate_pairs(args, files, reporting, matcher, guards, threshold)
         else:
-            from infercache.semantic.tuning.cache_sim import evaluate_lookups
-
-            cases = _all_lookups(_labelled(files), embedder, matcher, bar.update)
-            report = _lookup_report(evaluate_lookups(cases, matcher, threshold, guards=guards))
+            rows = _labelled(files)
+            ood = _ood(args)
+            report = _replayed(rows, embedder, matcher, guards, ood, bar.update, None, threshold)
     report.update(
         embedder=embedder_kind,
         embedder_name=embedder.name,
@@ -157,13 +156,40 @@ def write_config(path: Path, report: dict[str, Any]) -> None:
         f"embedder_name = {json.dumps(report['embedder_name'])}",
         f"target_false_hit = {report['target_false_hit']!r}",
         f"guards = {json.dumps(report['guards'])}",
+        f"calibrated_on = {json.dumps(calibrated_on(report))}",
     ]
+    if report.get("floor") is not None:
+        lines.append(f"floor = {report['floor']!r}")
     if report.get("matcher") is not None:
         lines.append(f"matcher = {json.dumps(report['matcher'])}")
     try:
         path.write_text("\n".join([*lines, ""]), encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"cannot write config {path}: {exc.strerror or exc}") from exc
+
+
+def calibrated_on(report: dict[str, Any]) -> str:
+    """One line saying what the threshold was calibrated on (`serve --semantic` prints it)."""
+    upper = report.get("false_hit_upper")
+    bound = "n/a" if upper is None else f"{upper:.4f}"
+    parts = [
+        f"{', '.join(report['files'])}",
+        f"{report['pairs']} {report['counted']}",
+    ]
+    if report.get("kind") == "lookups":
+        parts.append(
+            f"replayed in order from an empty cache with {report.get('held_out_labels', 0)} "
+            f"labels held out and {report.get('ood_in_stream', 0)} out-of-domain questions"
+        )
+    parts += [
+        f"{report['false_hits']} wrong of {report['served']} served"
+        if report.get("kind") == "lookups"
+        else f"{report['false_hits']} of {report['negatives']} negatives accepted",
+        f"target {report['target_false_hit']}, 95% upper bound {bound}",
+    ]
+    if report.get("floor") is not None:
+        parts.append(f"floor {report['floor']:.4f} from {report.get('ood_for_floor')} unrelated")
+    return "; ".join(parts)
 
 
 def parse_guards(spec: str) -> list[Guard]:
@@ -207,22 +233,44 @@ def _scale(matcher: Matcher) -> str:
 def _tune_pairs(
     args: argparse.Namespace, files: list[str], base: Embedder, guards: list[Guard], target: float
 ) -> dict[str, Any]:
-    from infercache.semantic.tuning.calibrate import curve, plot, score_pairs, tune
+    from infercache.semantic.tuning.calibrate import curve, evaluate, plot, score_pairs, tune
     from infercache.semantic.tuning.pairs import read_many
 
-    scored = score_pairs(read_many(files), base)
+    pairs = read_many(files)
+    scored = score_pairs(pairs, base)
     calibration = tune(scored, target_false_hit=target, guards=guards)
+    figures = calibration.to_dict()
+    floor = _pairs_floor(pairs, base, guards, _ood(args))
+    if floor is not None and floor > calibration.threshold:  # unrelated text reaches higher
+        figures.update(evaluate(scored, floor, guards=guards).to_dict())
     if args.plot is not None:
         curves = {"with guards": curve(scored, guards=guards)} if guards else {}
         curves["no guards"] = curve(scored)
-        plot(curves, args.plot, target_false_hit=target, threshold=calibration.threshold)
+        plot(curves, args.plot, target_false_hit=target, threshold=figures["threshold"])
     return {
-        **calibration.to_dict(),
+        **figures,
+        "floor": floor,
         "kind": "pairs",
         "counted": "pairs",
         "served": None,
         "scale": SCALES["cosine"],
     }
+
+
+def _pairs_floor(
+    pairs: Sequence[Pair], base: Embedder, guards: list[Guard], ood: Sequence[str]
+) -> float | None:
+    """What the out-of-domain questions reach against the pairs' texts (replay.ood_floor)."""
+    from infercache.semantic.tuning.fit import embed_all
+    from infercache.semantic.tuning.replay import ood_floor
+
+    texts = list(dict.fromkeys(t for p in pairs for t in (p.a, p.b)))
+    if not ood or not texts:
+        return None
+    domain = [LabelledText(t, str(i)) for i, t in enumerate(texts)]
+    vectors = embed_all(base, [*texts, *ood], None)
+    tail = vectors[len(texts) :]
+    return ood_floor(ood, tail, domain, vectors[: len(texts)], CosineMatcher(), guards, k=8)
 
 
 def _evaluate_pairs(
@@ -262,37 +310,39 @@ def score_pairs_with(
     ]
 
 
-def _all_lookups(
+def _replayed(
     rows: Sequence[LabelledText],
     embedder: Embedder,
     matcher: Matcher,
-    progress: Callable[[str, int, int], None] | None = None,
-) -> list[Any]:
-    """Every text looked up in a cache of all the others."""
-    from infercache.semantic.tuning.cache_sim import simulate_lookups
-    from infercache.semantic.tuning.fit import embed_all
-
-    vectors = embed_all(embedder, [r.text for r in rows], progress)
-    return simulate_lookups(rows, vectors, rows, vectors, k=max(8, matcher.k or 0))
-
-
-def _lookup_report(evaluation: Any) -> dict[str, Any]:
-    return {**evaluation.to_dict(), "counted": "lookups"}
-
-
-def _tune_lookups(
-    rows: Sequence[LabelledText],
-    base: Embedder,
-    matcher: Matcher,
     guards: list[Guard],
-    target: float,
-    progress: Callable[[str, int, int], None] | None = None,
+    ood: Sequence[str],
+    progress: Callable[[str, int, int], None] | None,
+    target: float | None,
+    threshold: float | None = None,
 ) -> dict[str, Any]:
-    from infercache.semantic.tuning.cache_sim import tune_lookups
+    """Tune (`target`) or measure (`threshold`) by replaying the texts as served traffic."""
+    from infercache.semantic.tuning.fit import embed_all
+    from infercache.semantic.tuning.replay import ReplayPlan, replay_calibration
 
-    cases = _all_lookups(rows, base, matcher, progress)
-    evaluation = tune_lookups(cases, matcher, target_false_hit=target, guards=guards)
-    return {**_lookup_report(evaluation), "scale": _scale(matcher)}
+    calibration = replay_calibration(
+        rows,
+        lambda texts: embed_all(embedder, texts, progress),
+        matcher,
+        guards,
+        target_false_hit=target,
+        ood=ood,
+        plan=ReplayPlan(),
+        k=max(8, matcher.k or 0),
+        threshold=threshold,
+    )
+    return {**calibration.to_dict(), "counted": "lookups", "scale": _scale(matcher)}
+
+
+def _ood(args: argparse.Namespace) -> list[str]:
+    """The out-of-domain questions every calibration also sees (`--ood`, default packaged)."""
+    from infercache.semantic.tuning.ood import read_ood
+
+    return read_ood(args.ood)
 
 
 def _fit(
@@ -306,12 +356,15 @@ def _fit(
     from infercache.semantic.tuning.fit import FitOptions, fit_matcher
 
     out = args.out or _default_out(rows, base, args.epochs)
-    options = FitOptions(target_false_hit=target, epochs=args.epochs, guards=tuple(guards))
+    options = FitOptions(
+        target_false_hit=target, epochs=args.epochs, guards=tuple(guards), ood=tuple(_ood(args))
+    )
     result = fit_matcher(
         rows, base, out, base_kind=args.embedder, options=options, progress=bar.update
     )
     return {
-        **_lookup_report(result.fitted),
+        **result.fitted.to_dict(),
+        "counted": "lookups",
         "scale": SCALES["fitted"],
         "matcher": str(out.resolve()),
         "embedder_name": result.matcher.name.removeprefix("fitted:"),
