@@ -204,7 +204,11 @@ class SemanticLayer:
     ) -> _Choice:
         """The hit (the first candidate, in ranked order, that its threshold and the guards
         accept and whose entry is fresh), why there is none, and the candidate to judge."""
-        neighbours = [NearbyAnswer(c.similarity, c.item.answer) for c in candidates]
+        count = self.indexes.answer_count
+        neighbours = [
+            NearbyAnswer(c.similarity, c.item.answer, count(c.item.scope, c.item.answer))
+            for c in candidates
+        ]
         scores = self.matcher.scores(neighbours)
         reason = MissReason.ABSENT
         best: tuple[Candidate, float, GroupKey] | None = None  # best guard-passing candidate

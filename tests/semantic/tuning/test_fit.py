@@ -46,17 +46,27 @@ def rows() -> list[LabelledText]:
     return [LabelledText(t, i) for i, texts in texts_by_intent().items() for t in texts]
 
 
-def test_features_see_the_rival_the_agreeing_neighbours_and_the_vote() -> None:
-    head = Head(weights=(1.0, 1.0, 1.0, 1.0), bias=0.0, agree_band=0.15, temperature=0.05)
-    near = [NearbyAnswer(0.9, "a"), NearbyAnswer(0.85, "a"), NearbyAnswer(0.8, "b")]
+def test_features_see_the_rival_the_agreeing_neighbours_the_vote_and_the_answers_seen() -> None:
+    head = Head(weights=(1.0,) * 5, bias=0.0, agree_band=0.15, temperature=0.05)
+    near = [NearbyAnswer(0.9, "a", 2), NearbyAnswer(0.85, "a", 2), NearbyAnswer(0.8, "b", 9)]
     f = features(near, head)
     total = 1 + np.exp(-1) + np.exp(-2)  # exp((s - 0.9) / 0.05) for each candidate
     vote_a = (1 + np.exp(-1)) / total
-    assert f[0] == pytest.approx([0.9, 0.1, 1, vote_a])  # rival 0.8; one other "a" agrees
-    assert f[1] == pytest.approx([0.85, 0.05, 1, vote_a])
-    assert f[2] == pytest.approx([0.8, -0.1, 0, 1 - vote_a])  # b's rival is the best "a"
+    assert f[0] == pytest.approx([0.9, 0.1, 1, vote_a, 1])  # rival 0.8; one other "a" agrees
+    assert f[1] == pytest.approx([0.85, 0.05, 1, vote_a, 1])
+    assert f[2] == pytest.approx([0.8, -0.1, 0, 1 - vote_a, 3])  # b's rival is the best "a"
     unknown = features([NearbyAnswer(0.9, ""), NearbyAnswer(0.9, "")], head)
     assert list(unknown[:, 2]) == [0, 0]  # unknown answers agree with nothing
+    assert list(unknown[:, 4]) == [0, 0]
+
+
+def test_a_head_with_min_seen_never_serves_an_answer_cached_once() -> None:
+    head = Head(weights=(5.0, 5.0, 0.0, 5.0, 0.0), bias=0.0, min_seen=2)
+    scores = FittedMatcher(head, "f").scores(
+        [NearbyAnswer(0.99, "a", 1), NearbyAnswer(0.9, "b", 4)]
+    )
+    assert scores[0] == 0.0
+    assert scores[1] > 0.9
 
 
 def test_the_adapter_pulls_each_label_together() -> None:

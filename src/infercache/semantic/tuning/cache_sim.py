@@ -44,6 +44,15 @@ class LookupCase:
     query: LabelledText
     candidates: tuple[tuple[LabelledText, float], ...]
     """The k nearest cached texts with their cosine similarity, most similar first."""
+    seen: tuple[int, ...] = ()
+    """Per candidate, how many cached texts have its label (its own included); () = 1 each."""
+
+    def neighbours(self) -> list[NearbyAnswer]:
+        """What the matcher sees of the candidates (matcher.NearbyAnswer)."""
+        seen = self.seen or (1,) * len(self.candidates)
+        return [
+            NearbyAnswer(s, c.label, n) for (c, s), n in zip(self.candidates, seen, strict=True)
+        ]
 
     @property
     def answerable(self) -> bool:
@@ -99,6 +108,9 @@ def simulate_lookups(
         raise ValueError("texts and vectors must have the same length")
     labels = np.array([c.label for c in cache])
     own = {label: labels == label for label in {q.label for q in queries}}
+    counts: dict[str, int] = {}
+    for c in cache:
+        counts[c.label] = counts.get(c.label, 0) + 1
     cases = []
     for start in range(0, len(queries), 512):
         block = query_vectors[start : start + 512] @ cache_vectors.T
@@ -113,7 +125,10 @@ def simulate_lookups(
                 if cache[j] != query and np.isfinite(similarities[j])
             ][:k]
             if picked:
-                cases.append(LookupCase(query, tuple(picked)))
+                seen = tuple(
+                    counts[c.label] - (c.label == query.label and query in cache) for c, _ in picked
+                )
+                cases.append(LookupCase(query, tuple(picked), seen))
     return cases
 
 
@@ -124,7 +139,7 @@ def ceilings(
     (cases that are never served are left out)."""
     out = []
     for case in cases:
-        neighbours = [NearbyAnswer(s, c.label) for c, s in case.candidates]
+        neighbours = case.neighbours()
         scores = matcher.scores(neighbours)
         for j in ranked(scores, [n.similarity for n in neighbours]):
             text = case.candidates[j][0].text
@@ -177,7 +192,27 @@ def tune_lookups(
     all points that pass would pick the luckiest of many tests). Never below `floor` (what
     unrelated text reaches, replay.ood_floor). `InvalidRequestError` says what is missing
     when no point is certified."""
-    walk = sorted(ceilings(cases, matcher, guards), key=lambda c: -c[0])
+    best = certify(
+        ceilings(cases, matcher, guards),
+        target_false_hit=target_false_hit,
+        confidence=confidence,
+        floor=floor,
+        lookups=len(cases),
+    )
+    return evaluate_lookups(cases, matcher, best, guards=guards, confidence=confidence)
+
+
+def certify(
+    outcomes: Sequence[tuple[float, bool]],
+    *,
+    target_false_hit: float,
+    confidence: float = 0.95,
+    floor: float | None = None,
+    lookups: int | None = None,
+) -> float:
+    """The lowest score threshold fixed-sequence testing certifies on `outcomes` (each lookup's
+    serving ceiling and whether its answer is right; `tune_lookups`' rule)."""
+    walk = sorted(outcomes, key=lambda c: -c[0])
     need = _clean_minimum(target_false_hit, confidence)
     best: float | None = None
     wrong = 0
@@ -195,10 +230,11 @@ def tune_lookups(
             break
         best = score
     if best is None:
+        counted = len(walk) if lookups is None else lookups
         raise InvalidRequestError(
-            _refusal(len(cases), len(walk), need, stopped, target_false_hit, confidence, floor)
+            _refusal(counted, len(walk), need, stopped, target_false_hit, confidence, floor)
         )
-    return evaluate_lookups(cases, matcher, best, guards=guards, confidence=confidence)
+    return best
 
 
 def _clean_minimum(target: float, confidence: float) -> int:

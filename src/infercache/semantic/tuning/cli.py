@@ -95,6 +95,20 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         "--threads", type=int, default=None, help="torch threads for the minilm embedder"
     )
     parser.add_argument(
+        "--judge",
+        choices=("exact", "equality", "embedding"),
+        default="embedding",
+        help="request logs: which answers count as the same (default embedding)",
+    )
+    parser.add_argument(
+        "--judge-similarity",
+        type=float,
+        default=0.85,
+        metavar="COS",
+        help="request logs, --judge embedding: the answers' cosine at or above which they are "
+        "the same (default 0.85)",
+    )
+    parser.add_argument(
         "--ood",
         default=None,
         metavar="FILE|none",

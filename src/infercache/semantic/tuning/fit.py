@@ -45,11 +45,11 @@ from infercache.errors import InvalidRequestError
 from infercache.semantic.embedder import Embedder, l2_normalise
 from infercache.semantic.guards import Guard
 from infercache.semantic.matcher import (
+    FEATURES,
     AdaptedEmbedder,
     CosineMatcher,
     FittedMatcher,
     Head,
-    NearbyAnswer,
     features,
     save_fitted,
 )
@@ -238,10 +238,10 @@ def head_cases_rows(
     cases: Sequence[LookupCase], background: float
 ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
     """(features, same-answer labels) of every candidate of every case, for the head."""
-    head = Head(weights=(0.0, 0.0, 0.0, 0.0), bias=0.0, background=background)
+    head = Head(weights=(0.0,) * FEATURES, bias=0.0, background=background)
     rows, labels = [], []
     for case in cases:
-        neighbours = [NearbyAnswer(s, c.label) for c, s in case.candidates]
+        neighbours = case.neighbours()
         rows.append(features(neighbours, head))
         labels += [c.label == case.query.label for c, _ in case.candidates]
     return np.vstack(rows), np.array(labels, dtype=np.float64)
@@ -253,6 +253,7 @@ def train_head(
     *,
     background: float,
     l2: float = 1e-3,
+    min_seen: int = 1,
 ) -> Head:
     """Logistic regression by Newton steps (module docstring, step 4)."""
     x, y = data
@@ -268,8 +269,10 @@ def train_head(
         w -= step
         if float(np.abs(step).max()) < 1e-8:
             break
-    weights = (float(w[0]), float(w[1]), float(w[2]), float(w[3]))
-    return Head(weights=weights, bias=float(w[4]), k=k, background=background)
+    weights = tuple(float(x) for x in w[:FEATURES])
+    return Head(
+        weights=weights, bias=float(w[FEATURES]), k=k, background=background, min_seen=min_seen
+    )
 
 
 def _memo_embed(

@@ -14,7 +14,9 @@ replays a stream as the layer would meet it (`serving_stream`, then `replay_look
    cache like any answered question (as distractors for later lookups).
 4. Replay: for text i, the k nearest among the texts cached before it (same scope only); an
    exact repeat of a cached text is the exact layer's and is skipped; then text i is cached
-   (unless its label is held out). Each lookup with a candidate is a `cache_sim.LookupCase`.
+   (unless its label is held out). Each lookup with a candidate is a `cache_sim.LookupCase`,
+   with how many cached texts shared each candidate's label at that moment (the layer's
+   `registry.answer_count`).
 5. The floor (`ood_floor`): the rest of the out-of-domain set, disjoint from the stream's, is
    looked up in a cache holding every in-domain text; the `quantile` (0.999) of the score the
    rule would serve each at is what unrelated text reaches. No written config serves below it.
@@ -63,25 +65,34 @@ class ReplayPlan:
 @dataclass(frozen=True, slots=True)
 class Stream:
     texts: list[LabelledText]
+    scopes: list[str]  # one per text
     held_out: frozenset[str]  # labels never cached
     ood_left: list[str]  # out-of-domain texts not in the stream (for the floor)
 
 
-def serving_stream(rows: Sequence[LabelledText], ood: Sequence[str], plan: ReplayPlan) -> Stream:
-    """The stream a calibration replays (module docstring, steps 1–3)."""
+def serving_stream(
+    rows: Sequence[LabelledText],
+    ood: Sequence[str],
+    plan: ReplayPlan,
+    scopes: Sequence[str] | None = None,
+) -> Stream:
+    """The stream a calibration replays (module docstring, steps 1–3). `scopes`: one per row
+    (a log's); an out-of-domain text is asked in the scope of the text before it."""
     rng = random.Random(plan.seed)
-    texts = list(rows)
+    items = list(zip(rows, scopes if scopes is not None else [""] * len(rows), strict=True))
     if plan.shuffle:
-        rng.shuffle(texts)
+        rng.shuffle(items)
     labels = sorted({r.label for r in rows})
     held = frozenset(rng.sample(labels, round(plan.held_out_share * len(labels))))
     pool = list(ood)
     rng.shuffle(pool)
-    wanted = round(plan.ood_share / (1 - plan.ood_share) * len(texts)) if pool else 0
+    wanted = round(plan.ood_share / (1 - plan.ood_share) * len(items)) if pool else 0
     wanted = min(wanted, len(pool) // 2)  # the other half at least measures the floor
     for i, text in enumerate(pool[:wanted]):
-        texts.insert(rng.randrange(len(texts) + 1), LabelledText(text, f"{OOD_LABEL}{i}"))
-    return Stream(texts, held, pool[wanted:])
+        at = rng.randrange(len(items) + 1)
+        scope = items[max(0, at - 1)][1] if items else ""
+        items.insert(at, (LabelledText(text, f"{OOD_LABEL}{i}"), scope))
+    return Stream([r for r, _ in items], [c for _, c in items], held, pool[wanted:])
 
 
 def replay_lookups(
@@ -108,6 +119,7 @@ def replay_lookups(
         asked[i] = True
         cached[i] = row.label not in held_out
     cases: list[LookupCase] = []
+    counts: dict[tuple[int, str], int] = {}  # cached texts per (scope, label), as replayed
     for start in range(0, len(stream), BLOCK):
         end = min(start + BLOCK, len(stream))
         block = vectors[start:end] @ vectors[:end].T
@@ -123,8 +135,12 @@ def replay_lookups(
                 for j in order
                 if np.isfinite(similarities[j])
             )
+            scope = int(scope_ids[i])
             if picked:
-                cases.append(LookupCase(stream[i], picked))
+                seen = tuple(counts.get((scope, c.label), 1) for c, _ in picked)
+                cases.append(LookupCase(stream[i], picked, seen))
+            if cached[i]:
+                counts[(scope, stream[i].label)] = counts.get((scope, stream[i].label), 0) + 1
     return cases
 
 
@@ -188,14 +204,17 @@ def replay_calibration(
     plan: ReplayPlan,
     k: int = 8,
     threshold: float | None = None,
+    scopes: Sequence[str] | None = None,
 ) -> ReplayCalibration:
     """Replay `rows` as served traffic (module docstring) and tune the threshold on it
     (`target_false_hit`), or measure a given `threshold`. `embed` turns texts into the
     matcher's vectors. Raises InvalidRequestError when tuning finds no certified threshold."""
-    stream = serving_stream(rows, ood, plan)
+    stream = serving_stream(rows, ood, plan, scopes)
     vectors = embed([r.text for r in stream.texts] + stream.ood_left)
     stream_vectors, left_vectors = vectors[: len(stream.texts)], vectors[len(stream.texts) :]
-    cases = replay_lookups(stream.texts, stream_vectors, k=k, held_out=stream.held_out)
+    cases = replay_lookups(
+        stream.texts, stream_vectors, k=k, held_out=stream.held_out, scopes=stream.scopes
+    )
     domain = [i for i, r in enumerate(stream.texts) if not r.label.startswith(OOD_LABEL)]
     floor = ood_floor(
         stream.ood_left,

@@ -16,10 +16,9 @@ import argparse
 import hashlib
 import json
 import os
-import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from infercache.errors import ConfigError
 from infercache.semantic.embedder import Embedder
@@ -27,6 +26,7 @@ from infercache.semantic.guards import Guard, build_guards, default_guards
 from infercache.semantic.matcher import CosineMatcher, Matcher, NearbyAnswer
 from infercache.semantic.tuning.intents import FileKind, LabelledText, file_kind, read_labelled
 from infercache.semantic.tuning.pairs import Pair
+from infercache.semantic.tuning.progress import ProgressBar, Reporting, progress_bar
 
 if TYPE_CHECKING:
     from infercache.semantic.tuning.calibrate import ScoredPair
@@ -41,10 +41,14 @@ def tune_files(args: argparse.Namespace, files: list[str]) -> dict[str, Any]:
     guards = parse_guards(args.guards)
     base = build_base(args.embedder, args.threads)
     if kind == "pairs" and args.fit:
-        raise ConfigError("--fit needs intent-labelled texts (text,label), not pairs")
-    with _progress_bar() as bar:
-        if kind == "pairs":
-            report = _tune_pairs(args, files, _Reporting(base, bar.update), guards, target)
+        raise ConfigError("--fit needs intent-labelled texts (text,label) or a log, not pairs")
+    with progress_bar() as bar:
+        if kind == "log":
+            from infercache.semantic.tuning.tune_log import tune_log
+
+            report = tune_log(args, files, base, guards, target, _ood(args), bar.update)
+        elif kind == "pairs":
+            report = _tune_pairs(args, files, Reporting(base, bar.update), guards, target)
         elif args.fit:
             report = _fit(args, _labelled(files), base, guards, target, bar)
         else:
@@ -73,9 +77,16 @@ def evaluate_files(args: argparse.Namespace, files: list[str]) -> dict[str, Any]
         served = Served(base, CosineMatcher(), args.threshold, parse_guards(args.guards), None)
     embedder, matcher, threshold, guards, matcher_dir = served
     embedder_kind = args.embedder if args.config is None else served_kind(args.config)
-    with _progress_bar() as bar:
-        if kind == "pairs":
-            reporting = _Reporting(embedder, bar.update)
+    with progress_bar() as bar:
+        if kind == "log":
+            from infercache.semantic.tuning.tune_log import evaluate_log
+
+            ood = _ood(args)
+            report = evaluate_log(
+                args, files, embedder, matcher, guards, threshold, ood, bar.update
+            )
+        elif kind == "pairs":
+            reporting = Reporting(embedder, bar.update)
             report = _evaluate_pairs(args, files, reporting, matcher, guards, threshold)
         else:
             rows = _labelled(files)
@@ -211,10 +222,14 @@ def build_base(kind: str, threads: int | None) -> Embedder:
     return MiniLMEmbedder(threads=threads)
 
 
-def _kind(files: Sequence[str]) -> FileKind:
-    kinds = {file_kind(f) for f in files}
+def _kind(files: Sequence[str]) -> FileKind | Literal["log"]:
+    from infercache.semantic.tuning.request_log import is_request_log
+
+    kinds: set[FileKind | Literal["log"]] = {
+        "log" if is_request_log(f) else file_kind(f) for f in files
+    }
     if len(kinds) > 1:
-        raise ConfigError("pass either pairs files or labelled-text files, not both")
+        raise ConfigError("pass one kind of file: request logs, pairs or labelled texts")
     return kinds.pop()
 
 
@@ -351,7 +366,7 @@ def _fit(
     base: Embedder,
     guards: list[Guard],
     target: float,
-    bar: _ProgressBar,
+    bar: ProgressBar,
 ) -> dict[str, Any]:
     from infercache.semantic.tuning.fit import FitOptions, fit_matcher
 
@@ -380,59 +395,3 @@ def _default_out(rows: Sequence[LabelledText], base: Embedder, epochs: int) -> P
     for row in sorted(rows, key=lambda r: r.text):
         digest.update(f"{row.label}\0{row.text}\0".encode())
     return default_data_dir(os.environ) / "matchers" / f"matcher-{digest.hexdigest()[:12]}"
-
-
-def _progress_bar() -> _ProgressBar:
-    """On stderr when it is a terminal (a log or a pipe gets no bar; stdout is the report)."""
-    return _ProgressBar(enabled=sys.stderr.isatty())
-
-
-class _Reporting:
-    """An embedder that embeds in batches and reports each one (`embed` stage)."""
-
-    def __init__(self, inner: Embedder, progress: Callable[[str, int, int], None]) -> None:
-        self._inner = inner
-        self._progress = progress
-
-    @property
-    def dim(self) -> int:
-        return self._inner.dim
-
-    @property
-    def name(self) -> str:
-        return self._inner.name
-
-    def embed(self, texts: Sequence[str]) -> Any:
-        from infercache.semantic.tuning.fit import embed_all
-
-        return embed_all(self._inner, texts, self._progress)
-
-
-class _ProgressBar:
-    """A rich progress bar on stderr, one task per stage (embed, adapter)."""
-
-    def __init__(self, *, enabled: bool) -> None:
-        self._enabled = enabled
-        self._progress: Any = None
-        self._tasks: dict[str, Any] = {}
-
-    def __enter__(self) -> _ProgressBar:
-        if self._enabled:
-            from rich.console import Console
-            from rich.progress import Progress
-
-            self._progress = Progress(console=Console(stderr=True), transient=False)
-            self._progress.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._progress is not None:
-            self._progress.stop()
-
-    def update(self, stage: str, done: int, total: int) -> None:
-        if self._progress is None:
-            return
-        if stage not in self._tasks:
-            label = {"embed": "embedding texts", "adapter": "training the adapter"}
-            self._tasks[stage] = self._progress.add_task(label.get(stage, stage), total=total)
-        self._progress.update(self._tasks[stage], completed=done)
