@@ -2,11 +2,11 @@
 of traffic in time order, every request carrying its ground-truth label.
 
 The bot (`support_bot`, seeded): `faq_labels` labels drawn from the corpus' FAQ candidates are
-its FAQs, in a seeded popularity order; each has a canonical question (a seeded text of median
-length) and its other texts are split by a salted hash into two disjoint pools, one per day, so
-day 2 asks the same FAQs in phrasings day 1 never saw. Every other label of the corpus is an
-"other" question (asked rarely, its answer differs from every FAQ's); its texts are split the
-same way. The held-out out-of-domain texts are split in two as well.
+its FAQs, in a seeded popularity order; each has a canonical question (a seeded text of
+middling length) and its other texts are split by a salted hash into two disjoint pools, one
+per day, so day 2 asks the same FAQs in phrasings day 1 never saw. Every other label of the
+corpus is an "other" question (asked rarely, its answer differs from every FAQ's); its texts
+are split the same way. The held-out out-of-domain texts are split in two as well.
 
 A day (`bot_day`, seeded per day): each of `requests` requests is, independently,
 - an FAQ (share `faq_share`): the FAQ is drawn from a Zipf(`zipf_s`) law over the popularity

@@ -11,9 +11,10 @@ then counts as wrong, never as right.
 `run(system, requests)` asks them in order and returns one `scoring.Outcome` each (layer from
 the `x-infercache` header, answer text, status, `x-infercache-similarity`). The gateway keeps
 its store (`sqlite:///WORKDIR/gateway.db` unless `store` is given), its data dir
-(`WORKDIR/data`, where `tune --fit` matchers are looked up relative to the config) and, with
-`request_log`, the request log that `tune LOG` reads. Semantic flags as a user passes them:
-`()` (off), `("--semantic", "--config", "c.toml")`, `("--semantic=shadow",)`.
+(`WORKDIR/data`) and, with `request_log`, the request log that `tune LOG` reads; its output
+is read all along (a day's logging would otherwise fill the pipe and stall it). Semantic flags
+as a user passes them: `()` (off), `("--semantic", "--config", "c.toml")`,
+`("--semantic=shadow",)`.
 """
 
 from __future__ import annotations
