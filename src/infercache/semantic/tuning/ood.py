@@ -1,5 +1,5 @@
 """Which out-of-domain questions a calibration sees (`tune --ood`): the packaged set by default
-(semantic/data/ood_questions.csv, its sources and licences in semantic/data/README.md), a file
+(semantic/ood_set.py; its sources and licences in semantic/data/README.md), a file
 of the user's (a `.csv`/`.tsv` with a `text` column, or plain text, one question a line), or
 none (`--ood none`: the report then says no floor was measured)."""
 
@@ -7,20 +7,17 @@ from __future__ import annotations
 
 import csv
 import io
-from importlib import resources
 from pathlib import Path
 
 from infercache.errors import InvalidRequestError
-
-PACKAGED = ("data", "ood_questions.csv")
+from infercache.semantic.ood_set import ood_texts
 
 
 def read_ood(spec: str | None) -> list[str]:
     if spec == "none":
         return []
     if spec is None:
-        packaged = resources.files("infercache.semantic").joinpath(*PACKAGED)
-        return _texts(packaged.read_text(encoding="utf-8"), ".csv") if packaged.is_file() else []
+        return list(dict.fromkeys(ood_texts()))
     path = Path(spec)
     try:
         return _texts(path.read_text(encoding="utf-8-sig"), path.suffix.lower())
