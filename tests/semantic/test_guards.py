@@ -70,8 +70,14 @@ def test_currency_guard_maps_symbols_codes_and_names_to_one_code() -> None:
     ["it is not here", "I can't log in", "I cant log in", "never again", "without a fee", "no"],
 )
 def test_negation_guard_sees_negation_cues(negated: str) -> None:
-    assert NegationGuard().features(negated) == {"negated"}
+    assert NegationGuard().features(negated) == {"negated:1"}
     assert NegationGuard().features("it is here, I can log in") == frozenset()
+
+
+def test_negation_guard_counts_negations_so_removing_one_of_two_is_seen() -> None:
+    two = "Why wasn't my top-up accepted? I can't find the money."
+    assert NegationGuard().features(two) == {"negated:2"}
+    assert not NegationGuard().check(two, "Why was my top-up accepted? I can't find the money.")
 
 
 def test_entity_guard_ignores_sentence_starts_and_the_pronoun_i() -> None:

@@ -17,14 +17,17 @@ Each guard is pure, deterministic, thread-safe and symmetric (see guards.py), Tr
   longer says more: veto. Natural paraphrases reword the
   whole question and rarely contain each other.
 - `contacts`: links and contact details — URLs, domain names (`name.tld`), e-mail addresses,
-  @handles, phone numbers (7+ digits with separators) — compared as sets: veto when they differ.
+  @handles, phone numbers (7+ digits with separators), long letter-and-digit strings (a wallet
+  address, a key) — compared as sets: veto when they differ.
 - `instructions`: directives addressed to the assistant about its reply (ignore/disregard the
   question or instructions, reply/respond/answer only or with, say/tell them that, pretend,
   act as, you must, in the voice of, start/end your reply, do not mention, system prompt...):
   present in one text and not the other → veto.
-- `swaps`: the texts are the same but for one short run (≤ 2 words each side) whose words are
-  opposites (a small table: buy/sell, open/close, before/after, ...) or names (capitalised
-  words not at a sentence start): "cancel my Visa card" vs "cancel my Amex card".
+- `swaps`: the texts are the same but for one short run (≤ 2 words each side) that swaps a
+  content word for another (not a form of it): "a physical card" vs "a virtual card", "my
+  credit card" vs "my debit card", opposites (buy/sell), names ("Visa" vs "Amex"). Two natural
+  questions identical but for one word are rare, and the word is what they are about; the cost
+  is the rare synonym swap ("a new card" vs "a replacement card"), not served.
 """
 
 from __future__ import annotations
@@ -77,7 +80,8 @@ _CONTACT = re.compile(
     r"|[\w.+-]+@[\w-]+(?:\.[\w-]+)+"
     r"|(?<![\w@])@\w{2,}"
     rf"|\b[\w-]+(?:\.[\w-]+)*\.{_TLD}\b(?:/\S*)?"
-    r"|(?<!\w)\+?\d[\d\s().-]{6,}\d",
+    r"|(?<!\w)\+?\d[\d\s().-]{6,}\d"
+    r"|\b(?=[a-z]*\d)(?=\d*[a-z])[a-z0-9]{25,}\b",  # a wallet address, a key, a token
     re.I,
 )
 
@@ -115,7 +119,8 @@ _INSTRUCTION = re.compile(
     r"|\b(?:do\s+not|don'?t|never)\s+(?:mention|say|tell|reveal)\b"
     r"|\bsystem\s+prompt\b|\binstead\b|\bp\.?s\.?\b"
     r"|\b(?:recommend|advise|urge|remind)\s+(?:them|the\s+(?:user|customer)|everyone|users?)\b"
-    r"|\b(?:also|and)\s+(?:mention|add|include|state|claim)\b",
+    r"|\b(?:also|and)\s+(?:mention|add|include|state|claim)\b"
+    r"|\b(?:add|state|claim|mention)\s+that\b",
     re.I,
 )
 
@@ -157,7 +162,7 @@ class SwapGuard:
         a, b = _words(query), _words(candidate)
         if a == b:
             return True
-        opcodes = [op for op in SequenceMatcher(None, a, b, autojunk=False).get_opcodes()]
+        opcodes = SequenceMatcher(None, a, b, autojunk=False).get_opcodes()
         changed = [op for op in opcodes if op[0] != "equal"]
         if len(changed) != 1 or changed[0][0] != "replace":
             return True
@@ -168,7 +173,30 @@ class SwapGuard:
         if any(frozenset((x, y)) in OPPOSITES for x in left for y in right):
             return False
         names = _names(query) | _names(candidate)
-        return not (left & names and right & names)
+        if left & names and right & names:
+            return False
+        return not (_content(left) and _content(right) and not _inflected(left, right))
+
+
+_FUNCTION_WORDS = frozenset(
+    {
+        "a", "an", "the", "this", "that", "these", "those", "my", "your", "our", "their", "its",
+        "his", "her", "i", "you", "we", "they", "it", "me", "us", "them", "is", "are", "was",
+        "were", "be", "been", "am", "do", "does", "did", "to", "of", "in", "on", "at", "for",
+        "with", "by", "from", "and", "or", "so", "then", "there", "here", "just", "please",
+        "can", "could", "would", "should", "will", "may", "might", "how", "what", "why",
+        "where", "when", "which", "who", "some", "any", "one", "get", "got", "hi", "hello",
+    }
+)  # fmt: skip
+
+
+def _content(words: set[str]) -> set[str]:
+    return {w for w in words if w not in _FUNCTION_WORDS and not w.isdigit()}
+
+
+def _inflected(left: set[str], right: set[str]) -> bool:
+    """One changed word is a form of the other (card/cards, pay/paying, activate/activation)."""
+    return any(x[:4] == y[:4] for x in _content(left) for y in _content(right))
 
 
 def _names(text: str) -> set[str]:

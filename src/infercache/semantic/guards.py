@@ -18,8 +18,10 @@ Features:
 - `dates`: month and weekday names ("may"/"march" only next to a digit), today / tomorrow /
   yesterday / tonight, this|next|last + week|month|year|weekend, am/pm, parts of the day.
 - `currencies`: symbols, ISO codes and names mapped to one code ($, usd, dollars → USD).
-- `negation`: presence of a negation cue (not, no, never, without, none, nothing, nobody,
-  neither, nor, cannot, and every n't / nt contraction). Only `differ` makes sense here.
+- `negation`: how many negation cues a text has (not, no, never, without, none, nothing,
+  nobody, neither, nor, cannot, and every n't / nt contraction): one negation removed from a
+  text that has two ("why wasn't it accepted ... I can't find it") changes it as surely as
+  the only one. Only `differ` makes sense here.
 - `entities`: capitalised words not at a sentence start (plus all-caps acronyms), excluding "I";
   an entity counts as missing from the other text only if that word does not occur there in any
   case, so Title Case headlines match their lower-case paraphrases.
@@ -223,11 +225,11 @@ class NegationGuard(FeatureGuard):
     kind = "negation"
 
     def features(self, text: str) -> frozenset[str]:
+        count = 0
         for token in _tokens(text):
             lower = token.lower().replace("’", "'")
-            if lower in _NEGATIONS or lower.endswith("n't"):
-                return frozenset({"negated"})
-        return frozenset()
+            count += lower in _NEGATIONS or lower.endswith("n't")
+        return frozenset({f"negated:{count}"}) if count else frozenset()
 
 
 # A token starts a sentence when nothing but spaces, quotes or brackets separate it from the
