@@ -20,7 +20,8 @@ A judge may raise (an upstream error, say): callers treat that as "no verdict", 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+import threading
+from collections.abc import Callable, Mapping, Sequence
 from difflib import SequenceMatcher
 from typing import Any, Protocol
 
@@ -76,15 +77,34 @@ class NormalisedEqualityJudge:
 
 
 class EmbeddingJudge:
-    """Same when the answers' embeddings have cosine similarity ≥ `min_similarity`."""
+    """Same when the answers' embeddings have cosine similarity ≥ `min_similarity` (and they
+    are not one text with content words swapped). Answer vectors are remembered (at most
+    `max_remembered`, then forgotten all at once); `remember` embeds many in one batch."""
 
     name = "embedding"
 
-    def __init__(self, embedder: Embedder, min_similarity: float = 0.85) -> None:
+    def __init__(
+        self, embedder: Embedder, min_similarity: float = 0.85, *, max_remembered: int = 50_000
+    ) -> None:
         if not -1.0 <= min_similarity <= 1.0:
             raise ValueError(f"min_similarity is a cosine in [-1, 1], got {min_similarity}")
         self._embedder = embedder
         self._min = min_similarity
+        self._max = max_remembered
+        self._vectors: dict[str, Any] = {}
+        self._lock = threading.Lock()
+
+    def remember(self, texts: Sequence[str]) -> None:
+        """Embed the answer texts not remembered yet, in batches."""
+        with self._lock:
+            new = [t for t in dict.fromkeys(texts) if t not in self._vectors]
+        for start in range(0, len(new), 256):
+            batch = new[start : start + 256]
+            vectors = self._embedder.embed(batch)
+            with self._lock:
+                if len(self._vectors) + len(batch) > self._max:
+                    self._vectors.clear()
+                self._vectors.update(zip(batch, vectors, strict=True))
 
     def same(
         self, request: Mapping[str, Any], cached: Mapping[str, Any], fresh: Mapping[str, Any]
@@ -94,8 +114,12 @@ class EmbeddingJudge:
             return True  # no need to embed identical answers
         if content_swapped(a, b):
             return False
-        vectors = self._embedder.embed([a, b])
-        return float(np.dot(vectors[0], vectors[1])) >= self._min
+        self.remember([a, b])
+        with self._lock:
+            va, vb = self._vectors.get(a), self._vectors.get(b)
+        if va is None or vb is None:  # forgotten meanwhile by another thread
+            va, vb = self._embedder.embed([a, b])
+        return float(np.dot(va, vb)) >= self._min
 
 
 _WORD = re.compile(r"\w+", re.UNICODE)

@@ -27,7 +27,7 @@ from typing import Any
 
 from infercache.errors import InfercacheError, InvalidRequestError
 from infercache.request import parse_request
-from infercache.semantic.judges import Judge, answer_text
+from infercache.semantic.judges import EmbeddingJudge, Judge, answer_text
 from infercache.semantic.scope import query_of
 from infercache.semantic.tuning.intents import LabelledText
 from infercache.versions import UNVERSIONED, VersionView
@@ -96,6 +96,8 @@ def read_log(paths: Sequence[str | Path], judge: Judge) -> LoggedTexts:
 def label_answers(logged: Sequence[Logged], judge: Judge) -> list[str]:
     """One label per request: requests of one scope whose answers `judge` calls the same share
     one (each answer compared with the first answer of every earlier label of its scope)."""
+    if isinstance(judge, EmbeddingJudge):  # one batched pass instead of two texts per call
+        judge.remember([answer_text(e.answer) for e in logged])
     firsts: dict[str, list[tuple[str, dict[str, Any]]]] = {}
     by_text: dict[tuple[str, str], str] = {}
     labels = []
