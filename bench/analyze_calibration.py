@@ -42,10 +42,10 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from infercache.analyze.embedders import candidate_embedder
-from infercache.analyze.near_duplicates import first_accepted
-from infercache.analyze.scoped_texts import Neighbour, ScopedTexts
-from infercache.analyze.word_index import jaccard, words
+from infercache.analyze.near_duplicates.embedders import candidate_embedder
+from infercache.analyze.near_duplicates.finder import first_accepted
+from infercache.analyze.near_duplicates.scoped_texts import Neighbour, ScopedTexts
+from infercache.analyze.near_duplicates.word_index import jaccard, words
 from infercache.semantic.decision import accept
 from infercache.semantic.embedder import Embedder, MiniLMEmbedder
 from infercache.semantic.guards import default_guards
@@ -251,7 +251,7 @@ def main() -> None:
         "hwu64": scope_recall([t for t, _ in hwu], minilm, static, threshold, floor, args.seed),
     }
     document = {
-        "schema": "infercache.analyze.default_matcher/1",
+        "schema": "infercache.analyze.near_duplicates.default_matcher/1",
         "label": LABEL,
         "embedder": minilm.embedder.name,
         "threshold": threshold,

@@ -9,7 +9,7 @@ One streaming pass over a day of requests (analysis.py wires it):
                          prompt token ids (tokenizing/), semantic scope, cacheability;
                          reader_process.py runs reading and preparing in a child process
     census.py            each request in one class: exact repeat, near-duplicate
-                         (near_duplicates.py), shared prefix (simulated_prefix_cache.py over
+                         (near_duplicates/finder.py), shared prefix (simulated_prefix_cache.py over
                          the engine's radix tree), unique; prefix token share, reuse
                          distances, per tenant and model
     prefix_breakers.py   prompt layouts that defeat prefix reuse (a timestamp up front, ...)
@@ -20,6 +20,9 @@ One streaming pass over a day of requests (analysis.py wires it):
                          text.py, html_page.py and plots.py render it
     cli.py               `infercache analyze`, registered with `register(subparsers)`
 
+    near_duplicates/     the near-duplicate census: finder.py (the layer's accept rule on a
+                         sample), scoped_texts.py, word_index.py, ngram_embedder.py,
+                         default_matcher.py, embedders.py
     tokenizing/          tokenizers.py (prompt → token ids, the `PromptTokenizer`s),
                          chat_frames.py (chat templates as literal frames around contents),
                          cached_runs.py (text → ids through caches split at special tokens)

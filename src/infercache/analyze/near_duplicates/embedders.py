@@ -65,7 +65,7 @@ def embedders(
 def candidate_embedder() -> Embedder:
     """The sample's candidate stage: character 3-gram hashing of each text's first 256
     characters (ngram_embedder.py): no model to load, tens of thousands of texts a second."""
-    from infercache.analyze.ngram_embedder import NgramEmbedder
+    from infercache.analyze.near_duplicates.ngram_embedder import NgramEmbedder
 
     return NgramEmbedder(dim=128, max_chars=256)
 

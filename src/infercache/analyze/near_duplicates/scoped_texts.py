@@ -1,5 +1,5 @@
 """Distinct texts per semantic scope, with their last-seen times and a vector index per scope:
-what the near-duplicate census compares a request with (near_duplicates.py). At most
+what the near-duplicate census compares a request with (near_duplicates/finder.py). At most
 `max_vectors` texts are kept (the least recently seen leave first). With `embed` (a fast
 embedder, the sample's candidate stage) a scope gets an index only once it holds more than
 `SMALL_SCOPE` texts, and `candidates` then merges the index's nearest texts with those sharing
@@ -14,7 +14,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from infercache.analyze.word_index import WordIndex, jaccard, words
+from infercache.analyze.near_duplicates.word_index import WordIndex, jaccard, words
 from infercache.semantic.embedder import Matrix
 from infercache.semantic.guards import Guard
 from infercache.semantic.index import FlatIndex, IndexFactory, VectorIndex

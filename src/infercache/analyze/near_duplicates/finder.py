@@ -34,8 +34,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from infercache.analyze.near_duplicates.scoped_texts import Neighbour, ScopedTexts, small_flat_index
 from infercache.analyze.prepared_request import PreparedRequest
-from infercache.analyze.scoped_texts import Neighbour, ScopedTexts, small_flat_index
 from infercache.clock import Clock
 from infercache.semantic.decision import Reason, accept
 from infercache.semantic.embedder import Embedder, Matrix

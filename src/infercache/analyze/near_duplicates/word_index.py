@@ -1,5 +1,5 @@
 """Candidate texts by shared words: the cheap half of the near-duplicate sample's candidate stage
-(near_duplicates.py; the other half is a fast embedder's nearest neighbours).
+(finder.py; the other half is a fast embedder's nearest neighbours).
 
 Words are the lower-cased `\\w+` runs of a text. A `WordIndex` covers the texts of one scope:
 an inverted index from a word to the ids of the texts holding it. `best(words, k)` scores each

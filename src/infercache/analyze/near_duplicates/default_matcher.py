@@ -18,7 +18,7 @@ from infercache.analyze.options import PUBLIC_LABEL, CandidateFilter, SemanticOp
 from infercache.errors import ConfigError
 
 DATA_FILE = "default_matcher.json"
-SCHEMA = "infercache.analyze.default_matcher/1"
+SCHEMA = "infercache.analyze.near_duplicates.default_matcher/1"
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,7 +37,7 @@ class DefaultMatcher:
 
 def load_default_matcher() -> DefaultMatcher:
     try:
-        text = resources.files("infercache.analyze").joinpath(DATA_FILE).read_text("utf-8")
+        text = resources.files("infercache.analyze.near_duplicates").joinpath(DATA_FILE).read_text("utf-8")
         doc = json.loads(text)
     except (OSError, ValueError) as exc:
         raise ConfigError(f"the packaged {DATA_FILE} is missing or unreadable: {exc}") from exc
