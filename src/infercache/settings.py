@@ -82,6 +82,7 @@ class SemanticSettings:
     judge: str = "embedding"
     shadow_min_pairs: int = 300
     shadow_window: int = 5000
+    shadow_refit_every: int = 0  # judged pairs between shadow's head refits (0: never)
     answer_stats: bool = True
     k: int = 4
     store_hits_as_exact: bool = False

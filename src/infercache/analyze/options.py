@@ -15,7 +15,8 @@
   is reached the least recently used prefixes go and prefix figures become lower bounds (the
   report says so). `census_max_identities` bounds the exact identities remembered likewise.
 - `semantic`: the near-duplicate rule (a calibrated threshold: the user's, or the packaged
-  public calibration, near_duplicates/default_matcher.py), or None (no near-duplicates, no semantic replay).
+  public calibration, near_duplicates/default_matcher.py), or None (no near-duplicates, no
+  semantic replay).
 - `upstream`: how upstream seconds are priced (cost_model.py): fitted from the log's timings
   or a named profile.
 - `sweep`: replay again at each `ttl_grid_s` and each `capacity_factors` × the exact store's

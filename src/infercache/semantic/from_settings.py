@@ -104,6 +104,7 @@ def build_config(s: SemanticSettings, matcher: Matcher) -> SemanticConfig:
             target_false_hit=s.target_false_hit,
             min_pairs=s.shadow_min_pairs,
             window=s.shadow_window,
+            refit_every=s.shadow_refit_every,
         )
     return SemanticConfig(
         threshold=s.threshold,

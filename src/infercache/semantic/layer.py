@@ -37,6 +37,7 @@ that replaces the indexes swaps in a complete new registry).
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -56,11 +57,12 @@ from infercache.semantic.guards import Guard
 from infercache.semantic.index import IndexFactory
 from infercache.semantic.layer_config import SemanticConfig, ShadowConfig
 from infercache.semantic.lookup_result import Noted, Probe, SemanticHit
-from infercache.semantic.matcher import NearbyAnswer
+from infercache.semantic.matcher import Matcher, NearbyAnswer
 from infercache.semantic.outcomes import Outcomes
 from infercache.semantic.persistence import Records
 from infercache.semantic.registry import Candidate, ScopedIndexes
 from infercache.semantic.scope import Query, query_of
+from infercache.semantic.shadow_fit import ShadowFit
 from infercache.semantic.verification import Verification
 from infercache.semantic.verify import Fetch, Tightened, Verifier
 from infercache.stores.base import Backend, Entry
@@ -125,8 +127,38 @@ class SemanticLayer:
             metrics=metrics,
             monitor=verifier.monitor if verifier is not None else None,
         )
-        self.verification = Verification(verifier, self.outcomes, metrics)
+        self._scoring = threading.Lock()
+        self.shadow_fit = self._shadow_fit(config, verifier)
+        self.verification = Verification(
+            verifier, self.outcomes, metrics, matcher=lambda: self.matcher, learn=self.shadow_fit
+        )
         self._k = max(config.k, self.matcher.k or 0)
+
+    def _shadow_fit(self, config: SemanticConfig, verifier: Verifier | None) -> ShadowFit | None:
+        """Shadow mode's background refit of the matcher's head (shadow_fit.py), if asked."""
+        shadow = config.shadow
+        if shadow is None or verifier is None or not shadow.refit_every:
+            return None
+        return ShadowFit(
+            verifier.executor,
+            target_false_hit=shadow.target_false_hit,
+            min_pairs=shadow.min_pairs,
+            on_switch=self._switch_matcher,
+            current=lambda: self.matcher,
+            window=shadow.window,
+            refit_every=shadow.refit_every,
+        )
+
+    def _switch_matcher(self, matcher: Matcher, pairs: list[tuple[float, bool]]) -> None:
+        """Serve with `matcher` from now on, the live calibration rescored on its scale and the
+        per-answer statistics (on the old scale) forgotten; a lookup sees both or neither."""
+        with self._scoring:
+            self.matcher = matcher
+            if self.outcomes.calibration is not None:
+                self.outcomes.calibration.reset(pairs, f"{matcher.name}:{self.embedder.name}")
+            if self.outcomes.answer_stats is not None:
+                self.outcomes.answer_stats.clear()
+        self.metrics.count("shadow_refit_switches")
 
     def _new_indexes(self) -> ScopedIndexes:
         return ScopedIndexes(
@@ -174,8 +206,9 @@ class SemanticLayer:
         candidates = self.indexes.search(query.scope, vector, self._k)
         if candidates:
             self.metrics.observe("nn_similarity", candidates[0].similarity, SIMILARITY_BUCKETS)
-        base = self.threshold
-        choice = self._choose(query, view, request, candidates, base)
+        with self._scoring:  # a shadow refit switches matcher and threshold together
+            matcher, base = self.matcher, self.threshold
+        choice = self._choose(query, view, request, candidates, matcher, base)
         self.metrics.overhead(self._clock.monotonic_s() - started)
         probe = Probe(query, vector, choice.noted)
         self.outcomes.note_lookup()
@@ -200,6 +233,7 @@ class SemanticLayer:
         view: VersionView,
         request: ChatRequest,
         candidates: list[Candidate],
+        matcher: Matcher,
         base: float | None,
     ) -> _Choice:
         """The hit (the first candidate, in ranked order, that its threshold and the guards
@@ -209,9 +243,9 @@ class SemanticLayer:
             NearbyAnswer(c.similarity, c.item.answer, count(c.item.scope, c.item.answer))
             for c in candidates
         ]
-        scores = self.matcher.scores(neighbours)
+        scores = matcher.scores(neighbours)
         reason = MissReason.ABSENT
-        best: tuple[Candidate, float, GroupKey] | None = None  # best guard-passing candidate
+        best: tuple[Candidate, float, GroupKey, int] | None = None  # best guard-passing one
         for j in ranked(scores, [n.similarity for n in neighbours]):
             candidate, score = candidates[j], scores[j]
             group = GroupKey(query.scope, candidate.item.answer or candidate.item.key)
@@ -222,7 +256,7 @@ class SemanticLayer:
             if decision.reason is Reason.GUARD:
                 continue
             if best is None:
-                best = (candidate, score, group)
+                best = (candidate, score, group, j)
             if base is None or not decision.accepted:
                 continue
             try:
@@ -241,14 +275,15 @@ class SemanticLayer:
                 continue  # too old for this request only: it stays indexed for the others
             hit = SemanticHit(entry, candidate.item.key, candidate.similarity, score, group)
             return _Choice(hit, reason, None)
-        return _Choice(None, reason, self._note(best, view, request, base))
+        return _Choice(None, reason, self._note(best, neighbours, view, request, base))
 
     def _fresh(self, candidate: Candidate, view: VersionView, request: ChatRequest) -> Entry | None:
         return self.exact.fresh_entry(candidate.item.key, view, request.directives.max_age_s)
 
     def _note(
         self,
-        best: tuple[Candidate, float, GroupKey] | None,
+        best: tuple[Candidate, float, GroupKey, int] | None,
+        neighbours: list[NearbyAnswer],
         view: VersionView,
         request: ChatRequest,
         base: float | None,
@@ -257,7 +292,7 @@ class SemanticLayer:
         in shadow; serving, when it scored near enough the threshold to move statistics."""
         if best is None or self.verifier is None:
             return None
-        candidate, score, group = best
+        candidate, score, group, position = best
         if base is not None and (
             not self.outcomes.learns_from_misses or score < base - self.config.judge_margin
         ):
@@ -270,7 +305,7 @@ class SemanticLayer:
             return None
         if entry is None:
             return None
-        return Noted(candidate.item.key, score, group, entry.response)
+        return Noted(candidate.item.key, score, group, entry.response, tuple(neighbours), position)
 
     # -- store --
 

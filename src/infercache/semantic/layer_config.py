@@ -22,6 +22,7 @@ class ShadowConfig:
     target_false_hit: float = 0.01
     min_pairs: int = 300  # judged pairs at the operating point before serving
     window: int = 5000  # judged pairs kept (the most recent)
+    refit_every: int = 0  # judged pairs between background refits of the head (0: never)
 
     def __post_init__(self) -> None:
         if not 0 < self.target_false_hit < 1:

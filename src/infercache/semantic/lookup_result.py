@@ -9,6 +9,7 @@ import numpy as np
 import numpy.typing as npt
 
 from infercache.semantic.answer_stats import GroupKey
+from infercache.semantic.matcher import NearbyAnswer
 from infercache.semantic.scope import Query
 from infercache.stores.base import Entry
 
@@ -20,6 +21,8 @@ class Noted(NamedTuple):
     score: float
     group: GroupKey
     cached: bytes  # the candidate's stored response body
+    neighbours: tuple[NearbyAnswer, ...] = ()  # what the matcher saw (rescored after a refit)
+    position: int = 0  # which of them is the noted candidate
 
 
 class Probe(NamedTuple):

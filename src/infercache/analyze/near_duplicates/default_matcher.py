@@ -37,7 +37,11 @@ class DefaultMatcher:
 
 def load_default_matcher() -> DefaultMatcher:
     try:
-        text = resources.files("infercache.analyze.near_duplicates").joinpath(DATA_FILE).read_text("utf-8")
+        text = (
+            resources.files("infercache.analyze.near_duplicates")
+            .joinpath(DATA_FILE)
+            .read_text("utf-8")
+        )
         doc = json.loads(text)
     except (OSError, ValueError) as exc:
         raise ConfigError(f"the packaged {DATA_FILE} is missing or unreadable: {exc}") from exc

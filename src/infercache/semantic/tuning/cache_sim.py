@@ -267,10 +267,12 @@ def _refusal(
     if stopped is not None:
         served, wrong = stopped
         return (
-            f"{head}: at the strictest threshold serving {served} answers, {wrong} were "
-            f"wrong (bound {wilson_upper(wrong, served, confidence):.4f}). The data shows "
-            f"answers confused too often at every threshold it can certify: add labelled "
-            f"texts, fit a matcher (--fit), or raise the target."
+            f"{head}: at the strictest threshold serving {served} answers (the fewest whose "
+            f"bound can meet it), {wrong} were wrong (bound "
+            f"{wilson_upper(wrong, served, confidence):.4f}), and every lower threshold is "
+            f"untested (the walk stops at the first failure). Certifying this target needs "
+            f"more served answers per wrong one: a longer log or more labelled texts, a "
+            f"fitted matcher (--fit), or a higher target."
         )
     return (
         f"{head}: every threshold that serves {need} answers lies below what unrelated "

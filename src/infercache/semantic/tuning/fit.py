@@ -44,6 +44,7 @@ import numpy.typing as npt
 from infercache.errors import InvalidRequestError
 from infercache.semantic.embedder import Embedder, l2_normalise
 from infercache.semantic.guards import Guard
+from infercache.semantic.head_fit import fit_head
 from infercache.semantic.matcher import (
     FEATURES,
     AdaptedEmbedder,
@@ -255,24 +256,9 @@ def train_head(
     l2: float = 1e-3,
     min_seen: int = 1,
 ) -> Head:
-    """Logistic regression by Newton steps (module docstring, step 4)."""
+    """Logistic regression by Newton steps (module docstring, step 4; head_fit.py)."""
     x, y = data
-    if len(np.unique(y)) < 2:
-        raise InvalidRequestError("the head needs both same- and different-answer candidates")
-    design = np.hstack([x, np.ones((len(x), 1))])
-    w = np.zeros(design.shape[1])
-    for _ in range(50):
-        p = 1.0 / (1.0 + np.exp(-np.clip(design @ w, -60, 60)))
-        gradient = design.T @ (p - y) + l2 * w
-        hessian = (design * (p * (1 - p))[:, None]).T @ design + l2 * np.eye(len(w))
-        step = np.linalg.solve(hessian, gradient)
-        w -= step
-        if float(np.abs(step).max()) < 1e-8:
-            break
-    weights = tuple(float(x) for x in w[:FEATURES])
-    return Head(
-        weights=weights, bias=float(w[FEATURES]), k=k, background=background, min_seen=min_seen
-    )
+    return fit_head(x, y, k, background=background, l2=l2, min_seen=min_seen)
 
 
 def _memo_embed(

@@ -57,6 +57,7 @@ from infercache.semantic.tuning.intents import LabelledText
 from infercache.semantic.tuning.replay import (
     ReplayPlan,
     ood_floor,
+    recurring,
     replay_lookups,
     serving_stream,
 )
@@ -243,13 +244,8 @@ def calibration_outcomes(
 def _floor(model: Fitted, logged: LoggedTexts, vectors: _Vectors, o: LogFitOptions) -> float | None:
     if not o.ood:
         return None
-    # The answers a cache serves again and again: labels asked in two wordings at least (a
-    # log's one-off questions, its own out-of-domain ones among them, are left out).
-    wordings: dict[str, set[str]] = {}
-    for row in logged.rows:
-        wordings.setdefault(row.label, set()).add(row.text)
-    recurring = {label for label, texts in wordings.items() if len(texts) > 1}
-    domain = list({r.text: r for r in logged.rows if r.label in recurring}.values())
+    unique = list({r.text: r for r in logged.rows}.values())
+    domain = [unique[i] for i in recurring(unique, range(len(unique)))]
     ood = _ood_half(o, 1)
     return ood_floor(
         ood,

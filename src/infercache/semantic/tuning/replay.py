@@ -18,8 +18,10 @@ replays a stream as the layer would meet it (`serving_stream`, then `replay_look
    with how many cached texts shared each candidate's label at that moment (the layer's
    `registry.answer_count`).
 5. The floor (`ood_floor`): the rest of the out-of-domain set, disjoint from the stream's, is
-   looked up in a cache holding every in-domain text; the `quantile` (0.999) of the score the
-   rule would serve each at is what unrelated text reaches. No written config serves below it.
+   looked up in a cache holding every in-domain text whose label has two wordings at least
+   (`recurring`: a one-off question is no answer the cache serves again); the `quantile`
+   (0.999) of the score the rule would serve each at is what unrelated text reaches. No
+   written config serves below it.
 """
 
 from __future__ import annotations
@@ -168,6 +170,16 @@ def ood_floor(
     return float(np.quantile(padded, quantile))
 
 
+def recurring(texts: Sequence[LabelledText], among: Sequence[int]) -> list[int]:
+    """The positions in `among` whose label has two distinct texts at least: the answers a
+    cache serves again and again (one-off questions, a log's own out-of-domain ones among them,
+    are what unrelated text resembles, not what it must stay below)."""
+    wordings: dict[str, set[str]] = {}
+    for i in among:
+        wordings.setdefault(texts[i].label, set()).add(texts[i].text)
+    return [i for i in among if len(wordings[texts[i].label]) > 1]
+
+
 def _ids(values: Sequence[str]) -> npt.NDArray[np.int64]:
     index: dict[str, int] = {}
     return np.array([index.setdefault(v, len(index)) for v in values], dtype=np.int64)
@@ -219,8 +231,8 @@ def replay_calibration(
     floor = ood_floor(
         stream.ood_left,
         left_vectors,
-        [stream.texts[i] for i in domain],
-        stream_vectors[domain],
+        [stream.texts[i] for i in recurring(stream.texts, domain)],
+        stream_vectors[recurring(stream.texts, domain)],
         matcher,
         guards,
         k=k,
