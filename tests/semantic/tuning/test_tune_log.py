@@ -155,6 +155,14 @@ def test_tune_log_writes_a_config_that_says_what_it_was_calibrated_on(
     assert "replayed in order from an empty cache" in settings["calibrated_on"]
     served = load_served(config)
     assert served.threshold == report["threshold"]
+    code, out, err = run(
+        capsys, "tune", "eval", str(day_log), "--config", str(config), "--judge", "exact",
+        "--ood", str(ood_file), "--format", "json",
+    )  # fmt: skip
+    assert (code, err) == (0, "")
+    measured = json.loads(out)
+    assert measured["threshold"] == report["threshold"]
+    assert measured["served"] == report["served"]  # the same replay, the same decisions
 
 
 def test_tune_log_refuses_a_target_the_log_cannot_support(
