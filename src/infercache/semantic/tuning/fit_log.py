@@ -227,6 +227,7 @@ class CalibrationOutcomes:
     judged: list[tuple[float, bool]]  # (serving ceiling, right) per lookup served at some score
     lookups: int
     answerable: int  # lookups with a right answer among their candidates
+    ood: int  # out-of-domain questions interleaved in the replay
 
 
 def calibration_outcomes(
@@ -238,7 +239,8 @@ def calibration_outcomes(
     stream_vectors = vectors.of([r.text for r in stream.texts], model.adapter)
     cases = replay_lookups(stream.texts, stream_vectors, k=o.k, scopes=stream.scopes)
     judged = ceilings(cases, model.matcher, o.guards)
-    return CalibrationOutcomes(judged, len(cases), sum(case.answerable for case in cases))
+    ood = len(stream.texts) - len(part.rows)
+    return CalibrationOutcomes(judged, len(cases), sum(c.answerable for c in cases), ood)
 
 
 def _floor(model: Fitted, logged: LoggedTexts, vectors: _Vectors, o: LogFitOptions) -> float | None:
@@ -297,6 +299,9 @@ def _report(
         "false_hit_rate": wrong / n if n else None,
         "false_hit_upper": wilson_upper(wrong, n) if n else None,
         "later_part": {"lookups": parts[0].lookups, "served": own_n, "wrong": own_wrong},
+        "held_out_labels": 0,
+        "ood_in_stream": sum(part.ood for part in parts),
+        "ood_for_floor": len(o.ood[1::2]),
         "guards": [g.name for g in o.guards],
         "ood": len(o.ood),
         "epochs": o.epochs,
