@@ -199,13 +199,14 @@ def test_tune_with_the_default_minilm_embedder_and_every_guard_on_the_hard_cases
 ) -> None:
     every_guard = "numbers,dates,currencies,negation,entities:conflict"
     code, out, err = run(capsys, "tune", str(HARD_CASES), "--target-false-hit", "0.1",
-                         "--format", "json", "--threads", "2", "--guards", every_guard)  # fmt: skip
+                         "--format", "json", "--threads", "2", "--guards", every_guard,
+                         "--ood", "none")  # fmt: skip
     assert code == 0, err
     report = json.loads(out)
     assert "all-MiniLM-L6-v2" in report["embedder_name"]
-    # Every hard negative is vetoed, so nothing holds the threshold up: it drops to the lowest
-    # similarity and every pair reaches the guards. The one positive lost is the known
-    # negation-guard cost (see test_guards).
+    # Every hard negative is vetoed and no floor is measured (--ood none), so nothing holds the
+    # threshold up: it drops to the lowest similarity and every pair reaches the guards. The
+    # one positive lost is the known negation-guard cost (see test_guards).
     assert report["false_hits"] == 0
     assert report["guard_vetoes"] == report["negatives"] + 1
     assert report["hits"] == report["positives"] - 1
