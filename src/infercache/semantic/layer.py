@@ -62,7 +62,7 @@ from infercache.semantic.outcomes import Outcomes
 from infercache.semantic.persistence import Records
 from infercache.semantic.registry import Candidate, ScopedIndexes
 from infercache.semantic.scope import Query, query_of
-from infercache.semantic.shadow_fit import ShadowFit
+from infercache.semantic.shadow_fit import shadow_fit_for
 from infercache.semantic.verification import Verification
 from infercache.semantic.verify import Fetch, Tightened, Verifier
 from infercache.stores.base import Backend, Entry
@@ -128,26 +128,13 @@ class SemanticLayer:
             monitor=verifier.monitor if verifier is not None else None,
         )
         self._scoring = threading.Lock()
-        self.shadow_fit = self._shadow_fit(config, verifier)
+        self.shadow_fit = shadow_fit_for(
+            config.shadow, verifier, on_switch=self._switch_matcher, current=lambda: self.matcher
+        )
         self.verification = Verification(
             verifier, self.outcomes, metrics, matcher=lambda: self.matcher, learn=self.shadow_fit
         )
         self._k = max(config.k, self.matcher.k or 0)
-
-    def _shadow_fit(self, config: SemanticConfig, verifier: Verifier | None) -> ShadowFit | None:
-        """Shadow mode's background refit of the matcher's head (shadow_fit.py), if asked."""
-        shadow = config.shadow
-        if shadow is None or verifier is None or not shadow.refit_every:
-            return None
-        return ShadowFit(
-            verifier.executor,
-            target_false_hit=shadow.target_false_hit,
-            min_pairs=shadow.min_pairs,
-            on_switch=self._switch_matcher,
-            current=lambda: self.matcher,
-            window=shadow.window,
-            refit_every=shadow.refit_every,
-        )
 
     def _switch_matcher(self, matcher: Matcher, pairs: list[tuple[float, bool]]) -> None:
         """Serve with `matcher` from now on, the live calibration rescored on its scale and the

@@ -36,9 +36,11 @@ import numpy as np
 
 from infercache.errors import InvalidRequestError
 from infercache.semantic.head_fit import fit_head
+from infercache.semantic.layer_config import ShadowConfig
 from infercache.semantic.matcher import FEATURES, FittedMatcher, Head, Matcher, NearbyAnswer
 from infercache.semantic.matcher import features as candidate_features
 from infercache.semantic.shadow import operating_point
+from infercache.semantic.verify import Verifier
 
 log = logging.getLogger(__name__)
 
@@ -132,6 +134,27 @@ class ShadowFit:
         wrong = np.array([j.wrong for j in judged], dtype=bool)
         point = operating_point(scores, wrong, self._target, self._min_pairs)
         return None if point.serving_at is None else int(np.sum(scores >= point.serving_at))
+
+
+def shadow_fit_for(
+    shadow: ShadowConfig | None,
+    verifier: Verifier | None,
+    *,
+    on_switch: Callable[[Matcher, list[tuple[float, bool]]], None],
+    current: Callable[[], Matcher],
+) -> ShadowFit | None:
+    """The layer's background refit when it runs in shadow with `refit_every` set."""
+    if shadow is None or verifier is None or not shadow.refit_every:
+        return None
+    return ShadowFit(
+        verifier.executor,
+        target_false_hit=shadow.target_false_hit,
+        min_pairs=shadow.min_pairs,
+        on_switch=on_switch,
+        current=current,
+        window=shadow.window,
+        refit_every=shadow.refit_every,
+    )
 
 
 def score_of(matcher: Matcher, judged: Judged) -> float:
