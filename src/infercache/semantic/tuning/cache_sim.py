@@ -272,9 +272,10 @@ def _refusal(
             f"{wilson_upper(wrong, served, confidence):.4f}), and every lower threshold is "
             f"untested (the walk stops at the first failure). Certifying this target needs "
             f"more served answers per wrong one: a longer log or more labelled texts, a "
-            f"fitted matcher (--fit), or a higher target."
+            f"fitted matcher (--fit) if this one is not, or a higher target."
         )
     return (
         f"{head}: every threshold that serves {need} answers lies below what unrelated "
-        f"questions reach (floor {floor:.4f}). Fit a matcher (--fit) or add labelled texts."
+        f"questions reach (floor {floor:.4f}). Add labelled texts, fit a matcher (--fit) if "
+        f"this one is not fitted, or raise the target."
     )
