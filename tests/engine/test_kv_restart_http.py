@@ -1,8 +1,7 @@
 """Warm restart of the real CLI (acceptance 2's behaviour): `infercache engine serve` with a disk
-tier, killed with SIGKILL after answering, started again on the same directory, serves the
-prefix from disk with the same answer. (A SIGTERM stop is the in-process close that
-test_kv_tiers_engine.py restarts from; blocks are written through as they are computed, so
-neither stop has anything left to save.)"""
+tier, stopped with SIGTERM or killed with SIGKILL after answering, started again on the same
+directory, serves the prefix from disk with the same answer. Blocks are written through as they
+are computed, so neither stop has anything left to save."""
 
 from __future__ import annotations
 
@@ -14,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from tests.harness.processes import UVICORN_STARTED, start, stop
 from tests.harness.servers import free_port
@@ -49,13 +49,18 @@ def ask(base: str, model: str) -> dict[str, Any]:
     return out
 
 
-def test_a_killed_engine_restarted_on_its_directory_serves_its_prefixes_from_disk(
-    tiny_dir: Path, tmp_path: Path
+@pytest.mark.parametrize(
+    ("stop_signal", "status"),
+    [(signal.SIGTERM, 0), (signal.SIGKILL, -signal.SIGKILL)],
+    ids=["SIGTERM", "SIGKILL"],
+)
+def test_an_engine_restarted_on_its_directory_serves_its_prefixes_from_disk(
+    tiny_dir: Path, tmp_path: Path, stop_signal: signal.Signals, status: int
 ) -> None:
     with engine_serve(tiny_dir, tmp_path) as (base, process):
         first = ask(base, tiny_dir.name)
-        process.send_signal(signal.SIGKILL)
-        assert process.wait(30) == -signal.SIGKILL
+        process.send_signal(stop_signal)
+        assert process.wait(30) == status
     with engine_serve(tiny_dir, tmp_path) as (base, process):
         second = ask(base, tiny_dir.name)
         metrics = httpx.get(f"{base}/metrics", timeout=10).text

@@ -338,7 +338,9 @@ class TierBackends:
 
     def for_model(self, fingerprint: str, shape: KVShape) -> KVTiers | None:
         """The tiers of the model whose version (`Engine.model_version`: weights, config,
-        tokenizer) is `fingerprint` and whose KV has `shape`; None without any tier."""
+        tokenizer) is `fingerprint` and whose KV has `shape`; None without any tier. Everything
+        that changes the K/V a prompt yields must be in `fingerprint` or `shape` (the KV dtype
+        is): a weight format (issue 28) belongs in the version the loader passes."""
         if self._root is None and self._shared is None:
             return None
         s = shape

@@ -85,14 +85,17 @@ def load_model(
     # The packed weights (linear.py) only pay off when several sequences share a step.
     packed = config.max_batch > 1 and can_pack(dtype)
     model = LlamaModel(spec, checkpoint.tensors, dtype=dtype, max_positions=limit, packed=packed)
+    # The model's identity, which the KV tiers name their blocks by (the seam for weight
+    # formats, issue 28: it must become the served version, format and dtype included, so a
+    # block one format computed is never loaded by another).
+    version = resolved.version
     cache = None
     if config.prefix_cache:
-        # The tiers' blocks are named by the model version (weights, config, tokenizer).
-        model_tiers = tiers.for_model(resolved.version, model.kv_shape) if tiers else None
+        model_tiers = tiers.for_model(version, model.kv_shape) if tiers else None
         cache = PrefixCache(model.kv_shape, max_kv_bytes=config.max_kv_bytes, tiers=model_tiers)
     return LoadedModel(
         model_id=served_model_id or resolved.model_id,
-        version=resolved.version,
+        version=version,
         directory=resolved.directory,
         model=model,
         tokenizer=ChatTokenizer(checkpoint.tokenizer, checkpoint.eos_token_ids),
