@@ -18,6 +18,7 @@ from infercache.flight import Flight, FlightTable
 from infercache.request import parse_request
 from infercache.settings import Settings
 from tests.conftest import CountingUpstream, chat
+from tests.flight_watch import FlightWatch
 
 pytestmark = pytest.mark.concurrency
 
@@ -52,7 +53,7 @@ def test_sixteen_threads_with_one_miss_make_one_upstream_call(
         t.start()
     key = cache.exact.key(parse_request(chat()))
     # Open the upstream only once the other 15 wait on the one call in flight.
-    assert cache.flights.wait_for_waiters(key, 15, timeout_s=30)
+    assert FlightWatch(cache.flights).waiters(key, 15)
     upstream.gate.set()
     for t in threads:
         t.join(30)
@@ -80,7 +81,7 @@ async def test_sixteen_tasks_with_one_miss_make_one_upstream_call(
 
     tasks = [asyncio.ensure_future(cache.acomplete(chat(), slow_upstream)) for _ in range(16)]
     key = cache.exact.key(parse_request(chat()))
-    assert await asyncio.to_thread(cache.flights.wait_for_waiters, key, 15, 30)
+    assert await asyncio.to_thread(FlightWatch(cache.flights).waiters, key, 15)
     opened.set()
     completions = await asyncio.gather(*tasks)
     assert upstream.calls == 1
@@ -110,7 +111,7 @@ def test_a_leaders_exception_reaches_every_waiter_and_is_stored_nowhere(
     threads = [threading.Thread(target=call) for _ in range(4)]
     for t in threads:
         t.start()
-    assert cache.flights.wait_for_waiters(cache.exact.key(parse_request(chat())), 3, 30)
+    assert FlightWatch(cache.flights).waiters(cache.exact.key(parse_request(chat())), 3)
     gate.set()
     for t in threads:
         t.join(30)
@@ -135,10 +136,10 @@ async def test_a_cancelled_leader_does_not_cancel_the_shared_call(
         return await upstream.acall(body)
 
     leader = asyncio.ensure_future(cache.acomplete(chat(), gated))
-    assert await asyncio.to_thread(cache.flights.wait_for, 1, 0, 30)  # it leads the flight
+    assert await asyncio.to_thread(FlightWatch(cache.flights).flights, 1)  # it leads the flight
     follower = asyncio.ensure_future(cache.acomplete(chat(), gated))
     key = cache.exact.key(parse_request(chat()))
-    assert await asyncio.to_thread(cache.flights.wait_for_waiters, key, 1, 30)
+    assert await asyncio.to_thread(FlightWatch(cache.flights).waiters, key, 1)
     leader.cancel()
     release.set()
     done = await follower
@@ -192,7 +193,7 @@ def test_a_close_that_raises_still_settles_the_flight_for_every_waiter(
     threads = [threading.Thread(target=call) for _ in range(3)]
     for t in threads:
         t.start()
-    assert cache.flights.wait_for_waiters(cache.exact.key(parse_request(chat())), 2, 30)
+    assert FlightWatch(cache.flights).waiters(cache.exact.key(parse_request(chat())), 2)
     upstream.gate.set()
     for t in threads:
         t.join(30)
@@ -298,7 +299,7 @@ async def test_when_every_reader_leaves_the_work_is_cancelled() -> None:
             raise
 
     task = asyncio.ensure_future(work())
-    flight.cancel_when_idle(task)
+    flight.cancel_when_idle(task.cancel)
     await running.wait()
     flight.publish(chunk("a"))
     stream: AsyncIterator[dict[str, Any]] = flight.chunks()
@@ -313,7 +314,7 @@ async def test_when_every_reader_leaves_the_work_is_cancelled() -> None:
 async def test_peeking_at_the_first_event_is_not_interest() -> None:
     flight: Flight[str] = Flight()
     task = asyncio.ensure_future(asyncio.Event().wait())
-    flight.cancel_when_idle(task)
+    flight.cancel_when_idle(task.cancel)
     flight.publish(chunk("a"))
     await flight.first_event()  # subscribes and leaves: must not look like the last reader
     assert not task.cancelled()

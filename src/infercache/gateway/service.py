@@ -211,7 +211,7 @@ class Gateway:
                 # The task starts before any reader below can wait and leave (call_soon
                 # order), so an idle cancel always reaches a running `_fetch`.
                 fetch = asyncio.ensure_future(self._fetch(miss, flight, bearer))
-                flight.cancel_when_idle(fetch)
+                flight.cancel_when_idle(fetch.cancel)
             if miss.request.stream:
                 return await self._stream(miss, flight, fetch, entry)
             done = await self._answer(miss, flight, fetch)
