@@ -9,8 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from infercache.cache import Cache, Layer, Miss
+from infercache.cache import Cache
 from infercache.clock import ManualClock
+from infercache.completion import Layer
+from infercache.miss import Miss
 from infercache.request import parse_request
 from infercache.settings import Settings
 from tests.conftest import CountingUpstream, chat

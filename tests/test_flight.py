@@ -12,9 +12,11 @@ from typing import Any
 
 import pytest
 
-from infercache.cache import Cache, Completion, Layer, Miss
+from infercache.cache import Cache
 from infercache.clock import ManualClock
+from infercache.completion import Completion, Layer
 from infercache.flight import Flight, FlightTable
+from infercache.miss import Miss
 from infercache.request import parse_request
 from infercache.settings import Settings
 from tests.conftest import CountingUpstream, chat
@@ -172,7 +174,7 @@ def test_a_miss_closes_once_whatever_the_order_of_calls(
     cache.close()
 
 
-def test_a_close_that_raises_still_settles_the_flight_for_every_waiter(
+def test_a_close_that_raises_still_answers_every_caller_and_closes_every_miss_once(
     tmp_path: Path, clock: ManualClock, upstream: CountingUpstream
 ) -> None:
     cache = make_cache(tmp_path, clock)
@@ -198,9 +200,14 @@ def test_a_close_that_raises_still_settles_the_flight_for_every_waiter(
     for t in threads:
         t.join(30)
     assert not any(t.is_alive() for t in threads)  # nobody hangs
+    # The flight settled with the answer before the store was written: every caller has it
+    # (as in the gateway, tests/gateway/test_miss_path.py); the bug is logged.
     assert len(outcomes) == 3
-    assert all(isinstance(o, RuntimeError) for o in outcomes)
-    assert exact(cache)["lookups"] == 3  # every Miss closed exactly once
+    assert all(isinstance(o, Completion) for o in outcomes)
+    assert {o.response["id"] for o in outcomes if isinstance(o, Completion)} == {"chatcmpl-1"}
+    snap = exact(cache)
+    assert snap["lookups"] == 3  # every Miss closed exactly once
+    assert snap["counters"].get("stored", 0) == 0
     cache.close()
 
 

@@ -192,6 +192,14 @@ class Flight(Generic[T]):
         finally:
             self._leave()
 
+    def wait_first_event(self) -> None:
+        """`first_event` for a thread: until the flight has a chunk or has settled."""
+        with self._lock:
+            if self._thread_wake is None:
+                self._thread_wake = threading.Condition(self._lock)
+            while not (self._chunks or self._done):
+                self._thread_wake.wait()
+
     def _enter_thread(self) -> threading.Condition:
         with self._lock:
             if self._thread_wake is None:

@@ -12,9 +12,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from infercache.cache import Cache, Layer
+from infercache.cache import Cache
 from infercache.cli import main
 from infercache.clock import ManualClock
+from infercache.completion import Layer
 from infercache.semantic.cache_sim import evaluate_lookups, simulate_lookups, tune_lookups
 from infercache.semantic.embedder import HashingEmbedder, StaticEmbedder
 from infercache.semantic.fit import FitOptions, fit_matcher, train_adapter

@@ -41,8 +41,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from infercache.cache import Cache, Completion, Layer, Miss
+from infercache.cache import Cache
 from infercache.chat import SSE_DONE, CompletionAssembler, chunks_from_completion, sse_event
+from infercache.completion import Completion, Layer
 from infercache.embedding_cache import EmbeddingCache
 from infercache.errors import (
     InfercacheError,
@@ -64,6 +65,7 @@ from infercache.gateway.traffic import RequestMetrics
 from infercache.gateway.upstream import EmbeddingsUpstream, TextCompletions, Upstream
 from infercache.gateway.versions import ModelVersionTracker
 from infercache.http_errors import internal_error_body
+from infercache.miss import Miss
 from infercache.request import Endpoint
 from infercache.store_guard import inline_reads, inline_writes
 from infercache.stores.replica_flight import FlightLease, SharedAnswer

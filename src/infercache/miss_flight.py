@@ -1,0 +1,438 @@
+"""The one miss protocol: lead or join the flight for a miss, fetch once (publishing chunks),
+settle every reader, close every lease exactly once. The library, the gateway and the wrapped
+`openai` client all fetch through it; each passes only how to reach its upstream (a `Source`).
+
+    mf = coalesce(lease, flights, source, store_io, clock)                    (asyncio)
+      flights.lead_or_join(lease.flight_key)                                  (flight.py)
+      leader: `lead` starts as a task of its own, which owns the leader's lease:
+          fetched = await source.fetch(lease, flight)   the upstream call, every chunk published
+          flight.settle(lease.answer(fetched))          every reader has its answer now
+          await fetched.after()                         the source's follow-up, if any (the
+                                                        gateway: tell other replicas, count
+                                                        prefix use)
+          store_io.write (store_guard.py decides where):
+              lease.close(response, produced_by=source.produced_by(lease, response))
+                                                        counted; stored if complete and allowed
+          finally: lease.close(None), flight.settle(error)      no-ops once done
+        when every reader has left, the flight cancels the task: nothing is stored
+      then leader and waiters alike read the flight:
+        await mf.answer()                       the leader: lease.reply(the answer), once its
+                                                fetch ended (stored); a waiter:
+                                                lease.close_shared(the answer | None)
+        await mf.start_stream(); mf.chunks()    the chunks as they come, then the error if any
+    coalesce_sync(lease, flights, source, clock, stream=...)                  (threads)
+      the same steps, `lead_sync` without awaits: the leader fetches in its own thread, or for
+      a stream in a thread of its own (so its caller can read while it fetches), and a reader
+      leaving for good is noticed at the next chunk; readers: mf.wait(), mf.iter_chunks()
+
+A fetch another gateway replica answered (`Fetched.elsewhere`) closes the leader's lease as a
+coalesced hit and stores nothing. An exception from the source reaches every reader through
+the flight, unchanged; one raised while storing (a bug) is logged: every reader already has
+its answer. `close_fetched` closes a Miss with an answer fetched outside any flight (a replayed
+log). This module is the only one that closes a lease.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from typing import Any, Generic, NamedTuple, Protocol, TypeVar
+
+from infercache.chat import StreamChunk, chunks_from_completion
+from infercache.clock import Clock
+from infercache.completion import Completion, Response
+from infercache.errors import StoreError, UpstreamAbortedError
+from infercache.flight import Flight, FlightTable
+from infercache.miss import Miss
+from infercache.store_guard import StoreIO
+
+log = logging.getLogger(__name__)
+
+R = TypeVar("R", covariant=True)
+L = TypeVar("L", bound="Lease[Any]")
+LC = TypeVar("LC", contravariant=True)
+T = TypeVar("T")
+
+
+class Lease(Protocol[R]):
+    """A lookup no layer answered, closed exactly once: chat's `Miss` (miss.py), the
+    embeddings' missing inputs (embeddings/embedding_miss.py)."""
+
+    @property
+    def flight_key(self) -> str | None: ...
+
+    def answer(self, response: Response, upstream_s: float) -> Completion:
+        """What the flight settles with (pure: nothing counted or stored)."""
+        ...
+
+    def reply(self, fetched: Completion) -> R:
+        """What the leader's caller gets (pure)."""
+        ...
+
+    def close(
+        self, response: Response | None, *, upstream_s: float = ..., produced_by: str | None = ...
+    ) -> object:
+        """The leader's close: count, store if allowed (None: no answer)."""
+        ...
+
+    def close_shared(self, leader: Completion | None) -> R | None:
+        """A waiter's close: the leader's answer (None: it failed); None when closed before."""
+        ...
+
+    def store_failed(self, exc: StoreError) -> None:
+        """A failed commit of what `close` stored: counted; the answer stands."""
+        ...
+
+
+class ChunkSink(Protocol):
+    def publish(self, *chunks: StreamChunk) -> None: ...
+
+    @property
+    def published(self) -> int: ...
+
+
+class Fetched(NamedTuple):
+    response: Response
+    elsewhere: bool = False  # another gateway replica fetched it: a coalesced hit, not stored
+    after: Callable[[], Awaitable[None]] | None = None  # once every reader has the answer
+
+
+class Source(Protocol[LC]):
+    """How one caller reaches its upstream for a lease, on an event loop."""
+
+    async def fetch(self, lease: LC, sink: ChunkSink) -> Fetched: ...
+
+    def produced_by(self, lease: LC, response: Response) -> str | None:
+        """The model version that produced `response`, if the source can tell; store I/O, run
+        with the store write (the gateway's swap detection)."""
+        ...
+
+
+class SyncSource(Protocol[LC]):
+    """How one caller reaches its upstream for a lease, from a thread."""
+
+    def fetch(self, lease: LC, sink: ChunkSink) -> Fetched: ...
+
+
+# -- the leader's side --
+
+
+class _Leading:
+    """One leader's fetch: settles its flight and closes its lease, each exactly once."""
+
+    __slots__ = ("_clock", "_started_s", "done", "error", "flight", "lease")
+
+    def __init__(self, lease: Lease[Any], flight: Flight[Completion], clock: Clock) -> None:
+        self.lease, self.flight, self._clock = lease, flight, clock
+        self.done: Completion | None = None
+        self.error: BaseException | None = None
+        self._started_s = clock.monotonic_s()
+
+    def answered(self, fetched: Fetched) -> float | None:
+        """Settle every reader with the answer; the upstream seconds when the lease is still to
+        be closed with it (None: answered elsewhere, closed now as a coalesced hit)."""
+        if fetched.elsewhere:
+            shared = self.lease.close_shared(self.lease.answer(fetched.response, 0.0))
+            self.done = _first(shared)
+            self.flight.settle(self.done, None)
+            return None
+        upstream_s = self._clock.monotonic_s() - self._started_s
+        self.done = self.lease.answer(fetched.response, upstream_s)
+        self.flight.settle(self.done, None)
+        return upstream_s
+
+    def failed(self, exc: BaseException) -> None:
+        """Call from an `except` block."""
+        if self.done is not None:  # the readers have the answer: storing it failed (a bug)
+            log.exception("storing the answer for %s failed", self.lease.flight_key)
+            return
+        self.error = exc
+        if not isinstance(exc, UpstreamAbortedError):
+            log.info("upstream call for %s ended without an answer: %r", self.lease.flight_key, exc)
+
+    def end(self) -> None:
+        self.lease.close(None)  # no-op unless the call, the store or the close failed
+        self.flight.settle(self.done, self.error)
+
+
+async def lead(
+    lease: L,
+    flight: Flight[Completion],
+    source: Source[L],
+    store_io: StoreIO,
+    clock: Clock,
+) -> None:
+    """The leader's fetch, a task of its own (module docstring)."""
+    leading = _Leading(lease, flight, clock)
+    try:
+        fetched = await source.fetch(lease, flight)
+        upstream_s = leading.answered(fetched)
+        if upstream_s is None:
+            return
+        if fetched.after is not None:
+            await fetched.after()
+        await store_io.write(
+            _record, lease, source, fetched.response, upstream_s, failed=lease.store_failed
+        )
+    except asyncio.CancelledError:
+        leading.failed(UpstreamAbortedError("every client left before the answer completed"))
+        raise
+    except Exception as exc:  # noqa: BLE001 - handed to every reader through the flight
+        leading.failed(exc)
+    finally:
+        leading.end()
+
+
+def _record(lease: L, source: Source[L], response: Response, upstream_s: float) -> None:
+    """Store I/O after an answer: who produced it, then the lease closed (stored if allowed)."""
+    lease.close(response, upstream_s=upstream_s, produced_by=source.produced_by(lease, response))
+
+
+def lead_sync(
+    lease: L,
+    flight: Flight[Completion],
+    source: SyncSource[L],
+    clock: Clock,
+    abandoned: threading.Event | None = None,
+) -> None:
+    """`lead` for threads: the fetch, settle and close in the calling thread. With
+    `abandoned`, a publish after every reader left ends the fetch."""
+    leading = _Leading(lease, flight, clock)
+    try:
+        sink: ChunkSink = flight if abandoned is None else _Abandonable(flight, abandoned)
+        fetched = source.fetch(lease, sink)
+        upstream_s = leading.answered(fetched)
+        if upstream_s is not None:
+            lease.close(fetched.response, upstream_s=upstream_s)
+    except Exception as exc:  # noqa: BLE001 - handed to every reader through the flight
+        leading.failed(exc)
+    finally:
+        leading.end()
+
+
+class _Abandonable:
+    """A flight whose publish ends the fetch once every reader has left."""
+
+    def __init__(self, flight: Flight[Completion], abandoned: threading.Event) -> None:
+        self._flight = flight
+        self._abandoned = abandoned
+
+    def publish(self, *chunks: StreamChunk) -> None:
+        if self._abandoned.is_set():
+            raise UpstreamAbortedError("every reader left before the answer completed")
+        self._flight.publish(*chunks)
+
+    @property
+    def published(self) -> int:
+        return self._flight.published
+
+
+def close_fetched(miss: Miss, response: Response, upstream_s: float) -> Completion:
+    """Close `miss` with an answer fetched outside any flight (a replayed log)."""
+    return _first(miss.close(response, upstream_s=upstream_s))
+
+
+# -- joining: one request's lease on its flight --
+
+
+def coalesce(
+    lease: Lease[T],
+    flights: FlightTable[Completion],
+    source: Source[Any],
+    store_io: StoreIO,
+    clock: Clock,
+) -> MissFlight[T]:
+    """Lead (start the fetch) or join the flight for `lease`, on an event loop."""
+    flight, leader = flights.lead_or_join(lease.flight_key)
+    task: asyncio.Task[None] | None = None
+    if leader:
+        # The task starts before any reader can wait and leave (call_soon order), so an idle
+        # cancel always reaches a running fetch.
+        task = asyncio.ensure_future(lead(lease, flight, source, store_io, clock))
+        flight.cancel_when_idle(_canceller(task))
+    return MissFlight(lease, flight, leader, task)
+
+
+def coalesce_sync(
+    lease: Lease[T],
+    flights: FlightTable[Completion],
+    source: SyncSource[Any],
+    clock: Clock,
+    *,
+    stream: bool = False,
+) -> MissFlight[T]:
+    """Lead or join the flight for `lease`, from a thread. The leader fetches now, in this
+    thread; with `stream`, in a thread of its own, so the caller can read as it comes."""
+    flight, leader = flights.lead_or_join(lease.flight_key)
+    if not leader:
+        return MissFlight(lease, flight, False)
+    if not stream:
+        lead_sync(lease, flight, source, clock)
+        return MissFlight(lease, flight, True)
+    abandoned = threading.Event()
+    flight.cancel_when_idle(abandoned.set)
+    thread = threading.Thread(
+        target=lead_sync,
+        args=(lease, flight, source, clock, abandoned),
+        name="infercache-fetch",
+        daemon=True,
+    )
+    thread.start()
+    return MissFlight(lease, flight, True, thread=thread)
+
+
+class MissFlight(Generic[R]):
+    """One request's lease on its flight: what the leader and the waiters read."""
+
+    __slots__ = ("_task", "_thread", "flight", "leader", "lease")
+
+    def __init__(
+        self,
+        lease: Lease[R],
+        flight: Flight[Completion],
+        leader: bool,
+        task: asyncio.Task[None] | None = None,
+        *,
+        thread: threading.Thread | None = None,
+    ) -> None:
+        self.lease, self.flight, self.leader = lease, flight, leader
+        self._task, self._thread = task, thread
+
+    # -- asyncio --
+
+    async def answer(self) -> R:
+        """The answer, not streamed. The leader waits for its fetch to end (the store is
+        within the store budget), so its caller finds the answer stored when it asks again;
+        waiters never wait for the store."""
+        if self.leader:
+            fetched = await self.flight.result()
+            await self._fetch_ended()
+            return self.lease.reply(fetched)
+        try:
+            return _first(self.lease.close_shared(await self.flight.result()))
+        finally:
+            self.lease.close_shared(None)  # no-op unless the flight failed or we were cancelled
+
+    async def start_stream(self) -> bool:
+        """Wait for the first event, so an upstream refusal is raised (it keeps its own HTTP
+        status); whether the answer is an identical request's (a coalesced hit)."""
+        await self.flight.first_event()
+        return self._started()
+
+    async def chunks(self) -> AsyncIterator[StreamChunk]:
+        """Every chunk from the first, then raises the flight's error; the leader's answer is
+        stored before the last chunk's iteration ends."""
+        done: Completion | None = None
+        try:
+            async for chunk in self.flight.chunks():
+                yield chunk
+            done = self.flight.outcome()
+            await self._fetch_ended()
+        finally:
+            if not self.leader:
+                self.lease.close_shared(done)
+
+    async def _fetch_ended(self) -> None:
+        """Wait for the leader's fetch to end without cancelling it if this reader is
+        cancelled. A task that has ended (a store on the loop ends with its fetch) costs no
+        turn of the event loop: `asyncio.wait` would take one even then."""
+        if self._task is not None and not self._task.done():
+            await asyncio.wait({self._task})
+
+    # -- threads --
+
+    def wait(self) -> R:
+        """`answer` for a thread."""
+        if self.leader:
+            fetched = self.flight.wait()
+            self._join()
+            return self.lease.reply(fetched)
+        try:
+            return _first(self.lease.close_shared(self.flight.wait()))
+        finally:
+            self.lease.close_shared(None)
+
+    def start_sync_stream(self) -> bool:
+        """`start_stream` for a thread."""
+        self.flight.wait_first_event()
+        return self._started()
+
+    def iter_chunks(self) -> Iterator[StreamChunk]:
+        """`chunks` for a thread."""
+        done: Completion | None = None
+        try:
+            yield from self.flight.iter_chunks()
+            done = self.flight.outcome()
+            self._join()
+        finally:
+            if not self.leader:
+                self.lease.close_shared(done)
+
+    def _join(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
+
+    def _started(self) -> bool:
+        refusal = self.flight.error_before_chunks
+        if refusal is not None:
+            if not self.leader:
+                self.lease.close_shared(None)
+            raise refusal
+        settled = self.flight.result_now()
+        return not self.leader or (settled is not None and settled.coalesced)
+
+
+# -- the library's sources: a function from a chat body to a response --
+
+
+class FunctionSource:
+    """The library's upstream for `Cache.complete`: a blocking function."""
+
+    def __init__(self, fn: Callable[[dict[str, Any]], Response]) -> None:
+        self._fn = fn
+
+    def fetch(self, lease: Miss, sink: ChunkSink) -> Fetched:
+        response = self._fn(dict(lease.request.body))
+        sink.publish(*chunks_from_completion(response, include_usage=True))
+        return Fetched(response)
+
+
+class AsyncFunctionSource:
+    """The library's upstream for `Cache.acomplete`: a coroutine function."""
+
+    def __init__(self, fn: Callable[[dict[str, Any]], Awaitable[Response]]) -> None:
+        self._fn = fn
+
+    async def fetch(self, lease: Miss, sink: ChunkSink) -> Fetched:
+        response = await self._fn(dict(lease.request.body))
+        sink.publish(*chunks_from_completion(response, include_usage=True))
+        return Fetched(response)
+
+    def produced_by(self, lease: Miss, response: Response) -> str | None:
+        return None
+
+
+def _canceller(task: asyncio.Task[None]) -> Callable[[], None]:
+    """Cancel `task` from any thread (a reader in a thread may be the last to leave)."""
+    loop = task.get_loop()
+
+    def cancel() -> None:
+        try:
+            running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:
+            task.cancel()
+        elif not loop.is_closed():
+            loop.call_soon_threadsafe(task.cancel)
+
+    return cancel
+
+
+def _first(done: T | None) -> T:
+    """The value a first close returned (a lease is closed once, by its owner)."""
+    if done is None:
+        raise RuntimeError("a lease was closed twice")
+    return done
