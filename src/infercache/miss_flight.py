@@ -37,7 +37,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator
 from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 
 from infercache.chat import StreamChunk, chunks_from_completion
@@ -321,7 +321,7 @@ class MissFlight(Generic[R]):
         await self.flight.first_event()
         return self._started()
 
-    async def chunks(self) -> AsyncIterator[StreamChunk]:
+    async def chunks(self) -> AsyncGenerator[StreamChunk, None]:
         """Every chunk from the first, then raises the flight's error; the leader's answer is
         stored before the last chunk's iteration ends."""
         done: Completion | None = None

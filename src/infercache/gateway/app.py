@@ -169,12 +169,14 @@ def create_app(
 
     async def metrics(request: Request) -> Response:
         auth.require_metrics(request.headers.get("authorization"))
-        text = await gateway.offload(gateway.cache.metrics.to_prometheus)  # reads the store
+        text = await gateway.store_io.off_loop(
+            gateway.cache.metrics.to_prometheus
+        )  # reads the store
         return Response(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 
     async def stats(request: Request) -> Response:
         auth.require_stats(request.headers.get("authorization"))
-        return JSONResponse(await gateway.offload(gateway_stats, gateway))
+        return JSONResponse(await gateway.store_io.off_loop(gateway_stats, gateway))
 
     async def healthz(request: Request) -> Response:
         return JSONResponse({"status": "ok"})
@@ -185,7 +187,7 @@ def create_app(
         tags = body.get("tags") if isinstance(body, dict) else None
         if not isinstance(tags, list) or not tags or not all(isinstance(t, str) for t in tags):
             raise InvalidRequestError("'tags' must be a non-empty list of strings", param="tags")
-        n = await gateway.offload(gateway.cache.invalidate, tags)
+        n = await gateway.store_io.off_loop(gateway.cache.invalidate, tags)
         log.warning("admin invalidated tags %s", tags)
         return JSONResponse({"invalidated_tags": n})
 
@@ -199,7 +201,7 @@ def create_app(
             raise InvalidRequestError("'model' must be a non-empty string", param="model")
         if not isinstance(version, str) or not version:
             raise InvalidRequestError("'version' must be a non-empty string", param="version")
-        changed = await gateway.offload(gateway.tracker.observe, model, version, "admin")
+        changed = await gateway.store_io.off_loop(gateway.tracker.observe, model, version, "admin")
         return JSONResponse({"model": model, "version": version, "changed": changed})
 
     @contextlib.asynccontextmanager
@@ -294,7 +296,7 @@ async def poll_versions(gateway: Gateway) -> None:
     for upstream in gateway.upstreams:
         try:
             models = await upstream.models()
-            await gateway.offload(gateway.tracker.observe_models, models)
+            await gateway.store_io.off_loop(gateway.tracker.observe_models, models)
         except UpstreamUnavailableError as exc:
             log.warning("could not poll %s for model versions: %s", upstream.name, exc)
         except InfercacheError as exc:

@@ -47,7 +47,7 @@ def feedback_endpoint(
             )
         if not isinstance(wrong, bool):
             raise InvalidRequestError("'wrong' must be true or false", param="wrong")
-        retired = wrong and await gateway.offload(
+        retired = wrong and await gateway.store_io.off_loop(
             gateway.cache.report_wrong, response_id, tenant=tenant
         )
         if wrong and not retired:

@@ -1,7 +1,7 @@
 """`GET /stats`: the gateway's JSON snapshot — per strategy, the store, the upstreams, flights,
 the semantic layer's mode (shadow or calibrated: pairs judged, would-be hit rate, the current
 false-hit bound, serving or not) and the complaints received per layer that answered.
-It reads the store: call it off the event loop (`Gateway.offload`)."""
+It reads the store: call it off the event loop (`gateway.store_io.off_loop`, store_guard.py)."""
 
 from __future__ import annotations
 
