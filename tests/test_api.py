@@ -64,7 +64,7 @@ def test_the_names_a_user_handles_are_the_modules_own() -> None:
     assert Completion is infercache.completion.Completion
     assert Layer is infercache.completion.Layer
     assert Settings.__module__ == "infercache.settings"
-    assert wrap.__module__ == "infercache.openai_client"
+    assert wrap.__module__ == "infercache.openai.client"
     assert InfercacheError is infercache.errors.InfercacheError
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from infercache import Cache, EmbeddingCache, Settings
 from infercache.clock import ManualClock
-from infercache.embedding_request import apportion, parse_embedding_request
+from infercache.embeddings.embedding_request import apportion, parse_embedding_request
 from infercache.errors import InvalidRequestError, NotCachedError, StoreError, UpstreamError
 from infercache.stores.memory import MemoryStore
 

@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from infercache.cache import Cache
 from infercache.clock import ManualClock
 from infercache.completion import Layer
-from infercache.embedding_cache import EmbeddingCache
+from infercache.embeddings.embedding_cache import EmbeddingCache
 from infercache.miss import Miss
 from infercache.semantic.embedder import HashingEmbedder
 from infercache.semantic.guards import default_guards

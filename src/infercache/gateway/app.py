@@ -45,13 +45,13 @@ from infercache.errors import (
     UpstreamUnavailableError,
 )
 from infercache.gateway.auth import Auth, resolve_tenant
-from infercache.gateway.controls import apply_header_controls
 from infercache.gateway.feedback import feedback_endpoint
 from infercache.gateway.forwarding import presented_secrets
 from infercache.gateway.service import Gateway, JSONReply
 from infercache.gateway.stats import gateway_stats
 from infercache.gateway.store_size import StoreSize
 from infercache.gateway.upstream import PassThrough
+from infercache.header_controls import apply_header_controls
 from infercache.http_errors import exception_handlers, json_object, middleware, read_json
 from infercache.metrics import MissReason
 from infercache.request import Endpoint

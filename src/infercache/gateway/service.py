@@ -32,7 +32,7 @@ from typing import Any
 from infercache.cache import Cache
 from infercache.chat import for_client, include_usage
 from infercache.completion import LAYER_HEADER, Completion, Layer, completion_headers, layer_headers
-from infercache.embedding_cache import EmbeddingCache
+from infercache.embeddings.embedding_cache import EmbeddingCache
 from infercache.errors import InfercacheError, NotFoundError, UpstreamError
 from infercache.gateway.across_replicas import AcrossReplicas
 from infercache.gateway.endpoints import ENDPOINTS, CachedEndpoint

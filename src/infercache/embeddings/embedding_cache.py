@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from infercache.clock import Clock
-from infercache.embedding_request import (
+from infercache.embeddings.embedding_request import (
     STRATEGY,
     CachedVector,
     EmbeddingLookup,

@@ -39,7 +39,7 @@ import httpx2
 import openai
 
 from infercache.cache import Cache
-from infercache.openai_http import CachingRouter, async_send, sync_send
+from infercache.openai.http_path import CachingRouter, async_send, sync_send
 
 ClientT = TypeVar("ClientT", openai.OpenAI, openai.AsyncOpenAI)
 

@@ -39,11 +39,11 @@ import orjson
 from infercache.cache import Cache
 from infercache.chat import SSE_DONE, chunks_from_completion, sse_event
 from infercache.completion import Completion, Layer
-from infercache.embedding_cache import EmbeddingCache
+from infercache.embeddings.embedding_cache import EmbeddingCache
 from infercache.errors import InfercacheError
-from infercache.gateway.controls import apply_header_controls
+from infercache.header_controls import apply_header_controls
 from infercache.miss import Miss
-from infercache.sse_recorder import StreamRecorder
+from infercache.openai.sse_recorder import StreamRecorder
 
 Send = Callable[[Any, bool], Any]  # (request, stream) → response
 ASend = Callable[[Any, bool], Awaitable[Any]]
