@@ -88,7 +88,7 @@ class MissLedger:
 
 class Miss:
     """A request no cache layer answered: a lease on its lookup that its owner closes exactly
-    once (module docstring). It is a `miss_flight.Lease`."""
+    once (module docstring). It is a `miss_flight.MissLease`."""
 
     __slots__ = ("_closed", "_ledger", "_lock", "layer", "lookup", "probe", "request")
 

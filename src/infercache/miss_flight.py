@@ -37,7 +37,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator
+from collections.abc import AsyncGenerator, Awaitable, Callable, Generator
 from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 
 from infercache.chat import StreamChunk, chunks_from_completion
@@ -51,12 +51,12 @@ from infercache.store_guard import StoreIO
 log = logging.getLogger(__name__)
 
 R = TypeVar("R", covariant=True)
-L = TypeVar("L", bound="Lease[Any]")
+L = TypeVar("L", bound="MissLease[Any]")
 LC = TypeVar("LC", contravariant=True)
 T = TypeVar("T")
 
 
-class Lease(Protocol[R]):
+class MissLease(Protocol[R]):
     """A lookup no layer answered, closed exactly once: chat's `Miss` (miss.py), the
     embeddings' missing inputs (embeddings/embedding_miss.py)."""
 
@@ -124,7 +124,7 @@ class _Leading:
 
     __slots__ = ("_clock", "_started_s", "done", "error", "flight", "lease")
 
-    def __init__(self, lease: Lease[Any], flight: Flight[Completion], clock: Clock) -> None:
+    def __init__(self, lease: MissLease[Any], flight: Flight[Completion], clock: Clock) -> None:
         self.lease, self.flight, self._clock = lease, flight, clock
         self.done: Completion | None = None
         self.error: BaseException | None = None
@@ -238,7 +238,7 @@ def close_fetched(miss: Miss, response: Response, upstream_s: float) -> Completi
 
 
 def coalesce(
-    lease: Lease[T],
+    lease: MissLease[T],
     flights: FlightTable[Completion],
     source: Source[Any],
     store_io: StoreIO,
@@ -256,7 +256,7 @@ def coalesce(
 
 
 def coalesce_sync(
-    lease: Lease[T],
+    lease: MissLease[T],
     flights: FlightTable[Completion],
     source: SyncSource[Any],
     clock: Clock,
@@ -290,7 +290,7 @@ class MissFlight(Generic[R]):
 
     def __init__(
         self,
-        lease: Lease[R],
+        lease: MissLease[R],
         flight: Flight[Completion],
         leader: bool,
         task: asyncio.Task[None] | None = None,
@@ -359,7 +359,7 @@ class MissFlight(Generic[R]):
         self.flight.wait_first_event()
         return self._started()
 
-    def iter_chunks(self) -> Iterator[StreamChunk]:
+    def iter_chunks(self) -> Generator[StreamChunk, None, None]:
         """`chunks` for a thread."""
         done: Completion | None = None
         try:

@@ -33,6 +33,7 @@ from infercache.cache import Cache
 from infercache.chat import for_client, include_usage
 from infercache.completion import LAYER_HEADER, Completion, Layer, completion_headers, layer_headers
 from infercache.embeddings.embedding_cache import EmbeddingCache
+from infercache.embeddings.embedding_miss import AsyncEmbeddingFunction
 from infercache.errors import InfercacheError, NotFoundError, UpstreamError
 from infercache.gateway.across_replicas import AcrossReplicas
 from infercache.gateway.endpoints import ENDPOINTS, CachedEndpoint
@@ -238,23 +239,19 @@ class Gateway:
         self, body: dict[str, Any], *, tenant: str, bearer: str | None
     ) -> JSONReply:
         """`/v1/embeddings`, cached per input: only the inputs not cached go upstream, in one
-        call, and the answer is assembled in request order (embedding_cache.py)."""
+        call shared by identical batches in flight, and the answer is assembled in request
+        order (embeddings/embedding_cache.py)."""
         entry = self._open(tenant, body, "embeddings")
+
+        async def embed(sent: dict[str, Any]) -> dict[str, Any]:
+            if self.embedder is None:
+                raise NotFoundError("no upstream serves /v1/embeddings")
+            return await self.embedder.embeddings(sent, tenant=tenant, api_key=bearer)
+
         try:
             cache = self.embedding_cache
-            lookup = await self.store_io.off_loop(cache.begin, body, tenant=tenant)
-            sent = lookup.upstream_body
-            if sent is None:
-                result = await self.store_io.off_loop(cache.finish, lookup, None, upstream_s=0.0)
-            else:
-                if self.embedder is None:
-                    raise NotFoundError("no upstream serves /v1/embeddings")
-                started = self._clock.monotonic_s()
-                answer = await self.embedder.embeddings(sent, tenant=tenant, api_key=bearer)
-                upstream_s = self._clock.monotonic_s() - started
-                result = await self.store_io.off_loop(
-                    cache.finish, lookup, answer, upstream_s=upstream_s
-                )
+            lookup = await self.store_io.read(cache.begin, body, tenant=tenant)
+            result = await cache.afetch_missing(lookup, AsyncEmbeddingFunction(embed))
         except BaseException as exc:
             entry.close(status=_status_of(exc))
             raise

@@ -1,70 +1,53 @@
-"""The path one HTTP request of the wrapped `openai` client takes (openai_client.py holds the
-clients that call it): the same steps as the gateway's, in process.
+"""The path one HTTP request of the wrapped `openai` client takes (client.py holds the clients
+that call it): the gateway's steps, in process, on the same miss protocol.
 
     sync_send / async_send(router, request, stream, send)     send: the wrapped client's own
       not a POST to .../chat/completions or .../embeddings, or not a JSON object:
         send(request) untouched
-      chat, not streaming: cache.complete / acomplete(body, upstream), where upstream forwards
-        the request (directives stripped) with `send`; a miss answers with the upstream's own
-        response, a hit with a JSON response; both say `x-infercache` (+ `age` on hits)
-      chat, streaming: cache.begin(body)
-        → a hit: replayed as SSE chunks (chat.chunks_from_completion), then [DONE]
-        → a miss: forwarded; the caller reads the upstream's bytes as they come through a
-          `_Tee` that feeds a StreamRecorder and closes the Miss exactly once: with the answer
-          when `[DONE]` arrives (before passing it on: the SDK stops reading there), else
-          with None (cut off, an error event, closed early): nothing stored
-      embeddings: EmbeddingCache.begin → only the missing inputs forwarded → finish (merge
-        and store); `x-infercache: exact-hit` when every input hit, and
+      chat: cache.begin(body), its store I/O where store_guard.py says (asyncio)
+        → a hit: a JSON response, or its SSE replay (chat.chunks_from_completion) then [DONE]
+        → a Miss: the one miss protocol (miss_flight.py), the wrapped client's `send` its
+          Source (send_source.py): identical requests in flight, streamed or not, make one
+          upstream call
+            not streaming: the leader answers with the upstream's own response, the others
+            with a JSON response
+            streaming: every reader reads the flight's chunks as SSE (sse_streams.py): the
+            answer is stored when whole, never when cut off or when every reader left
+        `x-infercache` (+ `age`, `x-infercache-coalesced`) say which (completion.py)
+      embeddings: EmbeddingCache.begin → only the missing inputs fetched, through the same
+        protocol → the merged answer; `x-infercache: exact-hit` when every input hit, and
         `x-infercache-cached-inputs: N`
     An upstream error status is returned as it came (the SDK raises and retries as usual):
     nothing stored. An InfercacheError (bad directives: 400; only-if-cached and no entry: 504)
     becomes an OpenAI-shaped error response with `x-should-retry: false`.
 
 Requests and responses are built with the HTTP library of the wrapped client (`CachingRouter.http`:
-httpx2 or httpx); the tees subclass both libraries' byte streams so either accepts them. In the
-async flow every store call runs in a thread, off the event loop.
+httpx2 or httpx); the byte streams subclass both libraries' so either accepts them.
 """
 
 from __future__ import annotations
 
-import asyncio
+import functools
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
-import httpx
-import httpx2
 import orjson
 
 from infercache.cache import Cache
-from infercache.chat import SSE_DONE, chunks_from_completion, sse_event
-from infercache.completion import Completion, Layer
+from infercache.chat import SSE_DONE, chunks_from_completion, include_usage, sse_event
+from infercache.completion import Completion, Layer, completion_headers, layer_headers
 from infercache.embeddings.embedding_cache import EmbeddingCache
+from infercache.embeddings.embedding_miss import AsyncEmbeddingFunction, EmbeddingFunction
+from infercache.embeddings.embedding_request import EmbeddingResult
 from infercache.errors import InfercacheError
 from infercache.header_controls import apply_header_controls
 from infercache.miss import Miss
-from infercache.openai.sse_recorder import StreamRecorder
+from infercache.miss_flight import coalesce, coalesce_sync
+from infercache.openai.send_source import ASend, AsyncSend, Send, SyncSend, UpstreamStatus
+from infercache.openai.sse_streams import AsyncFlightBytes, FlightBytes
 
-Send = Callable[[Any, bool], Any]  # (request, stream) → response
-ASend = Callable[[Any, bool], Awaitable[Any]]
-
-LAYER_HEADER = {
-    Layer.EXACT: "exact-hit",
-    Layer.SEMANTIC: "semantic-hit",
-    Layer.MISS: "miss",
-    Layer.BYPASS: "bypass",
-    Layer.UNCACHEABLE: "uncacheable",
-}
 # Headers of the upstream's response that describe bytes we re-frame (decoded, re-chunked).
 _FRAMING = frozenset({"content-length", "content-encoding", "transfer-encoding"})
-
-
-class _UpstreamStatus(Exception):
-    """The upstream answered with an error status: its response goes back as it came."""
-
-    def __init__(self, response: Any) -> None:
-        super().__init__(response.status_code)
-        self.response = response
 
 
 class CachingRouter:
@@ -121,116 +104,46 @@ class CachingRouter:
             request, exc.to_openai(), {"x-should-retry": "false"}, status=exc.status_code
         )
 
-    def answer(self, request: Any, done: Completion, fetched: list[Any]) -> Any:
-        """A non-streaming chat answer: the upstream's own response when this call fetched
-        it, else a JSON response from the cache."""
-        headers = _layer_headers(done)
-        if fetched and not done.coalesced and done.layer not in (Layer.EXACT, Layer.SEMANTIC):
-            response = fetched[0]
-            response.headers.update(headers)
-            return response
-        return self.reply(request, done.response, headers)
-
-    def replay(self, request: Any, done: Completion, body: dict[str, Any]) -> Any:
-        """A cached answer as the SSE stream the upstream would have sent."""
-        include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-        chunks = chunks_from_completion(done.response, include_usage=include_usage)
+    def hit(self, request: Any, done: Completion, body: dict[str, Any]) -> Any:
+        """A cached answer: JSON, or the SSE stream the upstream would have sent."""
+        headers = completion_headers(done)
+        if not body.get("stream"):
+            return self.reply(request, done.response, headers)
+        chunks = chunks_from_completion(done.response, include_usage=include_usage(body))
         events = b"".join(sse_event(c) for c in chunks) + SSE_DONE
-        headers = {"content-type": "text/event-stream", **_layer_headers(done)}
+        headers = {"content-type": "text/event-stream", **headers}
         return self.http.Response(200, headers=headers, content=events, request=request)
 
-    def streamed(self, request: Any, upstream: Any, stream: Any, miss: Miss) -> Any:
-        headers = _passed_headers(upstream)
-        headers["x-infercache"] = LAYER_HEADER[miss.layer]
-        return self.http.Response(
-            upstream.status_code, headers=headers, stream=stream, request=request
-        )
+    def answer(self, request: Any, done: Completion, upstream: Any) -> Any:
+        """A non-streaming answer of a miss: the upstream's own response when this call
+        fetched it, else a JSON response from the flight."""
+        headers = completion_headers(done)
+        if upstream is not None and not done.coalesced and done.layer is not Layer.EXACT:
+            upstream.headers.update(headers)
+            return upstream
+        return self.reply(request, done.response, headers)
 
-    def embedded(self, request: Any, response: dict[str, Any], hits: int, upstream: Any) -> Any:
+    def streamed(
+        self, request: Any, miss: Miss, coalesced: bool, upstream: Any, events: Any
+    ) -> Any:
+        """A streamed answer of a miss: the upstream's headers when this call fetched it."""
+        if coalesced:
+            headers = layer_headers(Layer.EXACT, age_s=0.0, coalesced=True)
+        else:
+            headers = {**_passed_headers(upstream), **layer_headers(miss.layer)}
+        headers.setdefault("content-type", "text/event-stream")
+        return self.http.Response(200, headers=headers, stream=events, request=request)
+
+    def embedded(self, request: Any, result: EmbeddingResult, upstream: Any) -> Any:
         headers = _passed_headers(upstream) if upstream is not None else {}
-        n = len(response["data"])
-        headers["x-infercache"] = "exact-hit" if hits == n else "miss"
-        headers["x-infercache-cached-inputs"] = str(hits)
-        return self.reply(request, response, headers)
-
-
-def _answer(response: Any) -> dict[str, Any]:
-    """The upstream's answer, or its response handed back as it came: an error status, or a
-    body that is not a JSON object (the SDK reports it as it would without the cache)."""
-    if response.status_code != 200:
-        raise _UpstreamStatus(response)
-    try:
-        answer = response.json()
-    except ValueError:
-        raise _UpstreamStatus(response) from None
-    if not isinstance(answer, dict):
-        raise _UpstreamStatus(response)
-    return answer
-
-
-def _layer_headers(done: Completion) -> dict[str, str]:
-    headers = {"x-infercache": LAYER_HEADER[done.layer]}
-    if done.layer in (Layer.EXACT, Layer.SEMANTIC):
-        headers["age"] = str(int(done.age_s or 0))
-    if done.coalesced:
-        headers["x-infercache-coalesced"] = "true"
-    return headers
+        n = len(result.response["data"])
+        headers["x-infercache"] = "exact-hit" if result.hits == n else "miss"
+        headers["x-infercache-cached-inputs"] = str(result.hits)
+        return self.reply(request, result.response, headers)
 
 
 def _passed_headers(upstream: Any) -> dict[str, str]:
     return {k: v for k, v in upstream.headers.items() if k.lower() not in _FRAMING}
-
-
-class _Tee(httpx.SyncByteStream, httpx2.SyncByteStream):
-    """The upstream's stream, passed on chunk by chunk and recorded; closes `miss` once."""
-
-    def __init__(self, upstream: Any, miss: Miss, recorder: StreamRecorder, cache: Cache):
-        self._upstream = upstream
-        self._miss = miss
-        self._recorder = recorder
-        self._cache = cache
-
-    def __iter__(self) -> Iterator[bytes]:
-        try:
-            for data in self._upstream.iter_bytes():
-                self._recorder.feed(data)
-                if self._recorder.ended and not self._miss.closed:
-                    # Store before passing `[DONE]` on: the SDK stops reading there.
-                    upstream_s = self._cache.clock.monotonic_s() - self._recorder.started_s
-                    self._miss.close(self._recorder.result(), upstream_s=upstream_s)
-                yield data
-        finally:
-            self._miss.close(None)  # cut off or closed early: nothing stored; else a no-op
-
-    def close(self) -> None:
-        self._miss.close(None)
-        self._upstream.close()
-
-
-class _AsyncTee(httpx.AsyncByteStream, httpx2.AsyncByteStream):
-    """`_Tee` for asyncio: the store write runs in a thread, off the event loop."""
-
-    def __init__(self, upstream: Any, miss: Miss, recorder: StreamRecorder, cache: Cache):
-        self._upstream = upstream
-        self._miss = miss
-        self._recorder = recorder
-        self._cache = cache
-
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        try:
-            async for data in self._upstream.aiter_bytes():
-                self._recorder.feed(data)
-                if self._recorder.ended and not self._miss.closed:
-                    upstream_s = self._cache.clock.monotonic_s() - self._recorder.started_s
-                    result = self._recorder.result()
-                    await asyncio.to_thread(self._miss.close, result, upstream_s=upstream_s)
-                yield data
-        finally:
-            self._miss.close(None)
-
-    async def aclose(self) -> None:
-        self._miss.close(None)
-        await self._upstream.aclose()
 
 
 # -- the two flows: the same steps, one with blocking I/O, one with asyncio --
@@ -241,14 +154,15 @@ def sync_send(router: CachingRouter, request: Any, stream: bool, send: Send) -> 
     body = router.body(request) if route is not None else None
     if body is None:
         return send(request, stream)
+    source = SyncSend(functools.partial(router.forward, request), send)
     try:
         if route == "embeddings":
-            response = _sync_embed(router, request, body, send)
-        elif body.get("stream"):
-            response = _sync_stream(router, request, body, send)
+            lookup = router.embeddings.begin(body)
+            result = router.embeddings.fetch_missing(lookup, EmbeddingFunction(source.call))
+            response = router.embedded(request, result, source.response)
         else:
-            response = _sync_chat(router, request, body, send)
-    except _UpstreamStatus as status:
+            response = _sync_chat(router, request, body, source)
+    except UpstreamStatus as status:
         return status.response
     except InfercacheError as exc:
         return router.refusal(request, exc)
@@ -257,50 +171,18 @@ def sync_send(router: CachingRouter, request: Any, stream: bool, send: Send) -> 
     return response
 
 
-def _sync_chat(router: CachingRouter, request: Any, body: dict[str, Any], send: Send) -> Any:
-    fetched: list[Any] = []
-
-    def upstream(sent: dict[str, Any]) -> dict[str, Any]:
-        response = send(router.forward(request, sent), False)
-        answer = _answer(response)
-        fetched.append(response)
-        return answer
-
-    done = router.cache.complete(body, upstream)
-    return router.answer(request, done, fetched)
-
-
-def _sync_stream(router: CachingRouter, request: Any, body: dict[str, Any], send: Send) -> Any:
-    outcome = router.cache.begin(body)
+def _sync_chat(router: CachingRouter, request: Any, body: dict[str, Any], source: SyncSend) -> Any:
+    cache = router.cache
+    outcome = cache.begin(body)
     if isinstance(outcome, Completion):
-        return router.replay(request, outcome, body)
-    miss = outcome
-    recorder = StreamRecorder(router.cache.clock.monotonic_s())
-    try:
-        upstream = send(router.forward(request, dict(miss.request.body)), True)
-    except BaseException:
-        miss.close(None)  # the upstream could not be reached
-        raise
-    if upstream.status_code != 200:
-        miss.close(None)
-        upstream.read()
-        raise _UpstreamStatus(upstream)
-    return router.streamed(request, upstream, _Tee(upstream, miss, recorder, router.cache), miss)
-
-
-def _sync_embed(router: CachingRouter, request: Any, body: dict[str, Any], send: Send) -> Any:
-    lookup = router.embeddings.begin(body)
-    sent = lookup.upstream_body
-    if sent is None:
-        result = router.embeddings.finish(lookup, None, upstream_s=0.0)
-        return router.embedded(request, result.response, result.hits, None)
-    clock = router.cache.clock
-    started_s = clock.monotonic_s()
-    upstream = send(router.forward(request, sent), False)
-    answer = _answer(upstream)
-    upstream_s = clock.monotonic_s() - started_s
-    result = router.embeddings.finish(lookup, answer, upstream_s=upstream_s)
-    return router.embedded(request, result.response, result.hits, upstream)
+        return router.hit(request, outcome, body)
+    stream = outcome.request.stream
+    flight = coalesce_sync(outcome, cache.flights, source, cache.clock, stream=stream)
+    if not stream:
+        return router.answer(request, flight.wait(), source.response)
+    coalesced = flight.start_sync_stream()  # raises an upstream refusal
+    events = FlightBytes(flight.iter_chunks(), include_usage(body))
+    return router.streamed(request, outcome, coalesced, source.response, events)
 
 
 async def async_send(router: CachingRouter, request: Any, stream: bool, send: ASend) -> Any:
@@ -308,14 +190,16 @@ async def async_send(router: CachingRouter, request: Any, stream: bool, send: AS
     body = router.body(request) if route is not None else None
     if body is None:
         return await send(request, stream)
+    source = AsyncSend(functools.partial(router.forward, request), send)
     try:
         if route == "embeddings":
-            response = await _async_embed(router, request, body, send)
-        elif body.get("stream"):
-            response = await _async_stream(router, request, body, send)
+            embeddings = router.embeddings
+            lookup = await embeddings.store_io.read(embeddings.begin, body)
+            result = await embeddings.afetch_missing(lookup, AsyncEmbeddingFunction(source.call))
+            response = router.embedded(request, result, source.response)
         else:
-            response = await _async_chat(router, request, body, send)
-    except _UpstreamStatus as status:
+            response = await _async_chat(router, request, body, source)
+    except UpstreamStatus as status:
         return status.response
     except InfercacheError as exc:
         return router.refusal(request, exc)
@@ -325,54 +209,15 @@ async def async_send(router: CachingRouter, request: Any, stream: bool, send: AS
 
 
 async def _async_chat(
-    router: CachingRouter, request: Any, body: dict[str, Any], send: ASend
+    router: CachingRouter, request: Any, body: dict[str, Any], source: AsyncSend
 ) -> Any:
-    fetched: list[Any] = []
-
-    async def upstream(sent: dict[str, Any]) -> dict[str, Any]:
-        response = await send(router.forward(request, sent), False)
-        answer = _answer(response)
-        fetched.append(response)
-        return answer
-
-    done = await router.cache.acomplete(body, upstream)
-    return router.answer(request, done, fetched)
-
-
-async def _async_stream(
-    router: CachingRouter, request: Any, body: dict[str, Any], send: ASend
-) -> Any:
-    outcome = await asyncio.to_thread(router.cache.begin, body)
+    cache = router.cache
+    outcome = await cache.store_io.read(cache.begin, body)
     if isinstance(outcome, Completion):
-        return router.replay(request, outcome, body)
-    miss = outcome
-    recorder = StreamRecorder(router.cache.clock.monotonic_s())
-    try:
-        upstream = await send(router.forward(request, dict(miss.request.body)), True)
-    except BaseException:
-        miss.close(None)  # the upstream could not be reached
-        raise
-    if upstream.status_code != 200:
-        miss.close(None)
-        await upstream.aread()
-        raise _UpstreamStatus(upstream)
-    tee = _AsyncTee(upstream, miss, recorder, router.cache)
-    return router.streamed(request, upstream, tee, miss)
-
-
-async def _async_embed(
-    router: CachingRouter, request: Any, body: dict[str, Any], send: ASend
-) -> Any:
-    lookup = await asyncio.to_thread(router.embeddings.begin, body)
-    sent = lookup.upstream_body
-    if sent is None:
-        result = router.embeddings.finish(lookup, None, upstream_s=0.0)
-        return router.embedded(request, result.response, result.hits, None)
-    clock = router.cache.clock
-    started_s = clock.monotonic_s()
-    upstream = await send(router.forward(request, sent), False)
-    answer = _answer(upstream)
-    upstream_s = clock.monotonic_s() - started_s
-    finish = router.embeddings.finish
-    result = await asyncio.to_thread(finish, lookup, answer, upstream_s=upstream_s)
-    return router.embedded(request, result.response, result.hits, upstream)
+        return router.hit(request, outcome, body)
+    flight = coalesce(outcome, cache.flights, source, cache.store_io, cache.clock)
+    if not outcome.request.stream:
+        return router.answer(request, await flight.answer(), source.response)
+    coalesced = await flight.start_stream()  # raises an upstream refusal
+    events = AsyncFlightBytes(flight.chunks(), include_usage(body))
+    return router.streamed(request, outcome, coalesced, source.response, events)
