@@ -55,6 +55,7 @@ from infercache.embeddings.embedding_request import (
 )
 from infercache.errors import NotCachedError, StoreError, StoreUnavailableError
 from infercache.flight import FlightTable
+from infercache.freshness import stale_reason, too_old
 from infercache.keys import IGNORABLE_FIELDS
 from infercache.metrics import MissReason, PriceTable, StrategyMetrics
 from infercache.miss_flight import Source, SyncSource, coalesce, coalesce_sync
@@ -218,37 +219,24 @@ class EmbeddingCache:
         why: dict[str, MissReason] = {}
         try:
             view = self.versions.view(request.model, request.directives.tags)
+            now_s, max_age_s = self._clock.now_s(), request.directives.max_age_s
             for key in dict.fromkeys(request.keys):
                 entry = self.backend.get(key) if read_entries else None
-                reason = self._staleness(entry, view, request.directives.max_age_s)
-                if entry is not None and reason is None:
+                if entry is None:
+                    why[key] = MissReason.ABSENT if read_entries else MissReason.BYPASSED
+                elif (stale := stale_reason(entry, view, now_s)) is not None:
+                    why[key] = stale
+                    self._delete(key)  # gone for every request: lazy reclamation
+                elif too_old(entry, now_s, max_age_s):
+                    why[key] = MissReason.EXPIRED  # fresh for others, too old for this caller
+                else:
                     found[key] = self._vector(entry)
-                    continue
-                why[key] = reason or (MissReason.ABSENT if read_entries else MissReason.BYPASSED)
-                if reason in (MissReason.STALE_MODEL_VERSION, MissReason.INVALIDATED_TAG):
-                    self._delete(key)  # lazy reclamation, as the exact layer does
         except StoreError as exc:
             self.store_failed("lookup", exc)
             unavailable = isinstance(exc, StoreUnavailableError)
             reason = MissReason.STORE_UNAVAILABLE if unavailable else MissReason.STORE_ERROR
             return None, {}, dict.fromkeys(request.keys, reason)
         return view, found, why
-
-    def _staleness(
-        self, entry: Entry | None, view: VersionView, max_age_s: float | None
-    ) -> MissReason | None:
-        if entry is None:
-            return None
-        now_s = self._clock.now_s()
-        if now_s >= entry.expires_at_s:
-            return MissReason.EXPIRED
-        if not view.model_is_current(entry.model_version):
-            return MissReason.STALE_MODEL_VERSION
-        if not view.tags_are_current(entry.tags):
-            return MissReason.INVALIDATED_TAG
-        if max_age_s is not None and now_s - entry.created_at_s > max_age_s:
-            return MissReason.EXPIRED  # fresh for others, too old for this caller
-        return None
 
     def _delete(self, key: str) -> None:
         try:
