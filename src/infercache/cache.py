@@ -46,15 +46,10 @@ from infercache.completion import Completion, Layer, Response
 from infercache.errors import InvalidRequestError, NotCachedError, StoreError
 from infercache.exact import ExactCache, Lookup
 from infercache.flight import FlightTable
+from infercache.function_source import AsyncFunctionSource, FunctionSource
 from infercache.metrics import Metrics, MissReason
 from infercache.miss import Miss, MissLedger
-from infercache.miss_flight import (
-    AsyncFunctionSource,
-    FunctionSource,
-    close_fetched,
-    coalesce,
-    coalesce_sync,
-)
+from infercache.miss_flight import close_fetched, coalesce, coalesce_sync
 from infercache.request import ChatRequest, Endpoint, parse_request
 from infercache.semantic.embedder import Embedder
 from infercache.semantic.guards import Guard

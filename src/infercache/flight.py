@@ -110,10 +110,10 @@ class Flight(Generic[T]):
             waker.wake()
         return True
 
-    def cancel_when_idle(self, cancel: Callable[[], object]) -> None:
-        """Call `cancel` (from the thread of the reader that leaves) when the last reader
-        leaves before the flight settled."""
-        self._cancel = cancel
+    def cancel_when_idle(self, cancel: asyncio.Task[object] | Callable[[], object]) -> None:
+        """When the last reader leaves before the flight settled, cancel the task (from any
+        thread: a reader may be a thread), or call `cancel` in the leaving reader's thread."""
+        self._cancel = _canceller(cancel) if isinstance(cancel, asyncio.Task) else cancel
 
     # -- what anyone may read --
 
@@ -284,6 +284,22 @@ class Flight(Generic[T]):
         table = self._table
         if table is not None and table.observer is not None:
             table.observer.changed()
+
+
+def _canceller(task: asyncio.Task[object]) -> Callable[[], None]:
+    loop = task.get_loop()
+
+    def cancel() -> None:
+        try:
+            running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:
+            task.cancel()
+        elif not loop.is_closed():
+            loop.call_soon_threadsafe(task.cancel)
+
+    return cancel
 
 
 class FlightTable(Generic[T]):

@@ -1,6 +1,9 @@
 """The one miss protocol: lead or join the flight for a miss, fetch once (publishing chunks),
 settle every reader, close every lease exactly once. The library, the gateway and the wrapped
-`openai` client all fetch through it; each passes only how to reach its upstream (a `Source`).
+`openai` client all fetch through it; each passes only how to reach its upstream (a `Source`:
+function_source.py, gateway/replica_fetch.py, openai/send_source.py, embeddings/
+embedding_miss.py), and each endpoint only its lease (a `MissLease`: miss.py for chat and
+completions, embeddings/embedding_miss.py).
 
     mf = coalesce(lease, flights, source, store_io, clock)                    (asyncio)
       flights.lead_or_join(lease.flight_key)                                  (flight.py)
@@ -40,7 +43,7 @@ import threading
 from collections.abc import AsyncGenerator, Awaitable, Callable, Generator
 from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 
-from infercache.chat import StreamChunk, chunks_from_completion
+from infercache.chat import StreamChunk
 from infercache.clock import Clock
 from infercache.completion import Completion, Response
 from infercache.errors import StoreError, UpstreamAbortedError
@@ -251,7 +254,7 @@ def coalesce(
         # The task starts before any reader can wait and leave (call_soon order), so an idle
         # cancel always reaches a running fetch.
         task = asyncio.ensure_future(lead(lease, flight, source, store_io, clock))
-        flight.cancel_when_idle(_canceller(task))
+        flight.cancel_when_idle(task)
     return MissFlight(lease, flight, leader, task)
 
 
@@ -382,53 +385,6 @@ class MissFlight(Generic[R]):
             raise refusal
         settled = self.flight.result_now()
         return not self.leader or (settled is not None and settled.coalesced)
-
-
-# -- the library's sources: a function from a chat body to a response --
-
-
-class FunctionSource:
-    """The library's upstream for `Cache.complete`: a blocking function."""
-
-    def __init__(self, fn: Callable[[dict[str, Any]], Response]) -> None:
-        self._fn = fn
-
-    def fetch(self, lease: Miss, sink: ChunkSink) -> Fetched:
-        response = self._fn(dict(lease.request.body))
-        sink.publish(*chunks_from_completion(response, include_usage=True))
-        return Fetched(response)
-
-
-class AsyncFunctionSource:
-    """The library's upstream for `Cache.acomplete`: a coroutine function."""
-
-    def __init__(self, fn: Callable[[dict[str, Any]], Awaitable[Response]]) -> None:
-        self._fn = fn
-
-    async def fetch(self, lease: Miss, sink: ChunkSink) -> Fetched:
-        response = await self._fn(dict(lease.request.body))
-        sink.publish(*chunks_from_completion(response, include_usage=True))
-        return Fetched(response)
-
-    def produced_by(self, lease: Miss, response: Response) -> str | None:
-        return None
-
-
-def _canceller(task: asyncio.Task[None]) -> Callable[[], None]:
-    """Cancel `task` from any thread (a reader in a thread may be the last to leave)."""
-    loop = task.get_loop()
-
-    def cancel() -> None:
-        try:
-            running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
-        except RuntimeError:
-            running = None
-        if running is loop:
-            task.cancel()
-        elif not loop.is_closed():
-            loop.call_soon_threadsafe(task.cancel)
-
-    return cancel
 
 
 def _first(done: T | None) -> T:

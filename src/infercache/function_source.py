@@ -1,0 +1,41 @@
+"""The library's upstream: a function from a chat-completions body (directives stripped) to a
+response body, as the Source of the one miss protocol (miss_flight.py) — blocking for
+`Cache.complete`, a coroutine function for `Cache.acomplete`. The answer is published whole, so
+a streaming reader of the same key in flight (the wrapped client's) gets its chunks."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from infercache.chat import chunks_from_completion
+from infercache.completion import Response
+from infercache.miss import Miss
+from infercache.miss_flight import ChunkSink, Fetched
+
+
+class FunctionSource:
+    """The library's upstream for `Cache.complete`: a blocking function."""
+
+    def __init__(self, fn: Callable[[dict[str, Any]], Response]) -> None:
+        self._fn = fn
+
+    def fetch(self, lease: Miss, sink: ChunkSink) -> Fetched:
+        response = self._fn(dict(lease.request.body))
+        sink.publish(*chunks_from_completion(response, include_usage=True))
+        return Fetched(response)
+
+
+class AsyncFunctionSource:
+    """The library's upstream for `Cache.acomplete`: a coroutine function."""
+
+    def __init__(self, fn: Callable[[dict[str, Any]], Awaitable[Response]]) -> None:
+        self._fn = fn
+
+    async def fetch(self, lease: Miss, sink: ChunkSink) -> Fetched:
+        response = await self._fn(dict(lease.request.body))
+        sink.publish(*chunks_from_completion(response, include_usage=True))
+        return Fetched(response)
+
+    def produced_by(self, lease: Miss, response: Response) -> str | None:
+        return None
