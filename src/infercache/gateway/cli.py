@@ -127,6 +127,14 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         "built-in engine runs in this process (the embedded default).",
     )
     add_store_options(p)
+    _upstream_options(p)
+    _access_options(p)
+    _engine_options(p)
+    p.set_defaults(handler=_serve)
+
+
+def _upstream_options(p: argparse.ArgumentParser) -> None:
+    """Where the gateway listens, and what it calls on a miss."""
     p.add_argument("--host", help="interface to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, help="port (default 8080)")
     p.add_argument(
@@ -154,6 +162,11 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         help="a client header that passed-through requests carry upstream, beyond the allowed "
         "content, version and SDK headers (repeatable; never a credential header; default none)",
     )
+    p.add_argument("--max-body-bytes", type=int, help="reject larger bodies with 413")
+
+
+def _access_options(p: argparse.ArgumentParser) -> None:
+    """Who may call the gateway, and what it records of the calls."""
     p.add_argument(
         "--api-key",
         action="append",
@@ -183,7 +196,10 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         help="a span per request, exported over OTLP/HTTP (the OTEL_* variables configure it; "
         "on by itself when OTEL_EXPORTER_OTLP_ENDPOINT is set; needs infercache[otel])",
     )
-    p.add_argument("--max-body-bytes", type=int, help="reject larger bodies with 413")
+
+
+def _engine_options(p: argparse.ArgumentParser) -> None:
+    """The semantic layer, and the built-in engine (serving without --upstream)."""
     p.add_argument(
         "--semantic",
         nargs="?",
@@ -211,4 +227,3 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         help="built-in engine: requests that may wait for a place; one more is a 429 with "
         "Retry-After, passed to the client and never stored (default 64)",
     )
-    p.set_defaults(handler=_serve)
