@@ -74,9 +74,7 @@ def _lease_closes(tree: ast.Module) -> list[int]:
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
             name, owner = node.func.attr, node.func.value
             shared = name == "close_shared"
-            leased = (
-                name == "close" and isinstance(owner, ast.Name) and owner.id in ("miss", "lease")
-            )
+            leased = name == "close" and isinstance(owner, ast.Name) and owner.id == "miss"
             if shared or leased:
                 lines.append(node.lineno)
     return lines
