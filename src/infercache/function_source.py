@@ -37,5 +37,5 @@ class AsyncFunctionSource:
         sink.publish(*chunks_from_completion(response, include_usage=True))
         return Fetched(response)
 
-    def produced_by(self, lease: Miss, response: Response) -> str | None:
+    def observe(self, lease: Miss, response: Response) -> None:
         return None

@@ -2,7 +2,7 @@
 
 cache.begin(body) → Miss(request, layer, lookup, probe)               (cache.py)
 closed by the one miss protocol (miss_flight.py) and nothing else:
-  close(response, upstream_s, produced_by)  fetched: counted; stored only if complete and
+  close(response, upstream_s)               fetched: counted; stored only if complete and
                                             not `no-store` (and indexed for the semantic
                                             layer)
   close(None)                               no answer (the upstream failed, the stream was
@@ -39,17 +39,13 @@ class MissLedger:
         self._prices = metrics.prices
         self._served = served
 
-    def fetched(
-        self, miss: Miss, response: Response, upstream_s: float, produced_by: str | None
-    ) -> Completion:
+    def fetched(self, miss: Miss, response: Response, upstream_s: float) -> Completion:
         self._prompt_tokens(miss, usage_tokens(response)[0])
         lookup, req = miss.lookup, miss.request
         if miss.layer is Layer.MISS and lookup is not None:
             self._metrics.miss(lookup.miss_reason or MissReason.ABSENT)
         if lookup is not None and not req.directives.cache_control.no_store:
-            stored_under = self.exact.store(
-                lookup, req, response, upstream_s=upstream_s, produced_by=produced_by
-            )
+            stored_under = self.exact.store(lookup, req, response, upstream_s=upstream_s)
             if stored_under is not None and self.semantic is not None:
                 self.semantic.store(req, stored_under, lookup.key, miss.probe)
             if stored_under is not None:
@@ -136,21 +132,14 @@ class Miss:
             first, self._closed = not self._closed, True
             return first
 
-    def close(
-        self,
-        response: Response | None,
-        *,
-        upstream_s: float = 0.0,
-        produced_by: str | None = None,
-    ) -> Completion | None:
-        """The upstream answered (`response`) or did not (None). `produced_by`: the model
-        version the upstream says produced it (see ExactCache.store)."""
+    def close(self, response: Response | None, *, upstream_s: float = 0.0) -> Completion | None:
+        """The upstream answered (`response`) or did not (None)."""
         if not self._claim():
             return None
         if response is None:
             self._ledger.abandoned(self)
             return None
-        return self._ledger.fetched(self, response, upstream_s, produced_by)
+        return self._ledger.fetched(self, response, upstream_s)
 
     def close_shared(self, leader: Completion | None) -> Completion | None:
         """An identical request in flight fetched `leader` for this one (None: it failed)."""

@@ -14,8 +14,9 @@ completions, embeddings/embedding_miss.py).
                                                         gateway: tell other replicas, count
                                                         prefix use)
           store_io.write (store_guard.py decides where):
-              lease.close(response, produced_by=source.produced_by(lease, response))
-                                                        counted; stored if complete and allowed
+              source.observe(lease, response)           what the source learns from it (the
+                                                        gateway: swap detection)
+              lease.close(response)                     counted; stored if complete and allowed
           finally: lease.close(None), flight.settle(error)      no-ops once done
         when every reader has left, the flight cancels the task: nothing is stored
       then leader and waiters alike read the flight:
@@ -74,9 +75,7 @@ class MissLease(Protocol[R]):
         """What the leader's caller gets (pure)."""
         ...
 
-    def close(
-        self, response: Response | None, *, upstream_s: float = ..., produced_by: str | None = ...
-    ) -> object:
+    def close(self, response: Response | None, *, upstream_s: float = ...) -> object:
         """The leader's close: count, store if allowed (None: no answer)."""
         ...
 
@@ -107,9 +106,9 @@ class Source(Protocol[LC]):
 
     async def fetch(self, lease: LC, sink: ChunkSink) -> Fetched: ...
 
-    def produced_by(self, lease: LC, response: Response) -> str | None:
-        """The model version that produced `response`, if the source can tell; store I/O, run
-        with the store write (the gateway's swap detection)."""
+    def observe(self, lease: LC, response: Response) -> None:
+        """What the source learns from an answer, before the lease is closed with it; store
+        I/O, run with the store write (the gateway's swap detection)."""
         ...
 
 
@@ -189,8 +188,10 @@ async def lead(
 
 
 def _record(lease: L, source: Source[L], response: Response, upstream_s: float) -> None:
-    """Store I/O after an answer: who produced it, then the lease closed (stored if allowed)."""
-    lease.close(response, upstream_s=upstream_s, produced_by=source.produced_by(lease, response))
+    """Store I/O after an answer: what the source learns, then the lease closed (stored if
+    allowed)."""
+    source.observe(lease, response)
+    lease.close(response, upstream_s=upstream_s)
 
 
 def lead_sync(

@@ -23,6 +23,11 @@ naming it.
     input_usd_per_mtok = 0.15
     output_usd_per_mtok = 0.6
     cached_input_usd_per_mtok = 0.075
+    [prices."claude-sonnet-4-5"]         # a provider prompt cache's write price, where it has
+    input_usd_per_mtok = 3.0             #   one (4th of the list form): Anthropic's 5-minute
+    output_usd_per_mtok = 15.0           #   cache bills writes at 1.25x input, reads at 0.1x
+    cached_input_usd_per_mtok = 0.3
+    cache_write_usd_per_mtok = 3.75
 
     [semantic]                           # written by `infercache tune --write-config`, then:
     enabled = true                       # INFERCACHE_SEMANTIC=1 (or `serve --semantic`)
@@ -303,7 +308,7 @@ def _prices(doc: object, source: str) -> PriceTable:
     price_fields = [f.name for f in fields(Price)]
     by_model: dict[str, Price] = {}
     for model, spec in doc.items():
-        if isinstance(spec, list) and 2 <= len(spec) <= 3:
+        if isinstance(spec, list) and 2 <= len(spec) <= 4:
             spec = dict(zip(price_fields, spec, strict=False))
         if not isinstance(spec, dict) or set(spec) - set(price_fields):
             raise ConfigError(f"{source}: bad price for {model!r}: {spec!r}")

@@ -11,6 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
+from infercache.clock import Clock
 from infercache.gateway.build import Built, build
 from infercache.gateway.config import GatewayConfig
 from infercache.gateway.http_server import server_config
@@ -51,7 +52,10 @@ def make_gateway(tmp_path: Path, fake: tuple[FakeUpstream, str]) -> Iterator[Mak
     with ExitStack() as stack:
 
         def make(
-            store_url: str | None = None, environ: dict[str, str] | None = None, **config: Any
+            store_url: str | None = None,
+            environ: dict[str, str] | None = None,
+            clock: Clock | None = None,
+            **config: Any,
         ) -> Running:
             """A gateway built as `infercache serve` builds it, in front of the stand-in."""
             settings = Settings(
@@ -64,7 +68,7 @@ def make_gateway(tmp_path: Path, fake: tuple[FakeUpstream, str]) -> Iterator[Mak
             # for a SQLite write. The fault tests set the real default (0.05 s) themselves.
             config.setdefault("store_budget_s", 0.5)
             gateway_config = GatewayConfig(**config).with_env(environ or {})
-            built = build(settings, gateway_config)
+            built = build(settings, gateway_config, clock=clock)
             built_gateways.append(built)
             server = server_config(built.app)  # as `infercache serve` configures uvicorn
             server.pop("app")

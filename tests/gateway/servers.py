@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import random
 import socket
 import threading
 from collections.abc import AsyncIterator, Iterator
@@ -63,6 +64,9 @@ class FakeUpstream:
         self.bodies: list[dict[str, Any]] = []
         self.headers: list[dict[str, str]] = []
         self.version = "fp-1"
+        # Several fingerprints at once, one picked per answer, as OpenAI answers one model.
+        self.fingerprints: tuple[str, ...] = ()
+        self._pick = random.Random(29)
         self.models_version: str | None = None  # a `version` in /v1/models, like our engine
         self.fail_status: int | None = None
         self.gate: asyncio.Event | None = None  # hold answers until set (on the server loop)
@@ -138,6 +142,9 @@ class FakeUpstream:
         assert self.gate is not None
         self.loop.call_soon_threadsafe(self.gate.set)
 
+    def fingerprint(self) -> str:
+        return self._pick.choice(self.fingerprints) if self.fingerprints else self.version
+
     def completion(self, body: dict[str, Any], n: int) -> dict[str, Any]:
         # Any body the gateway passes on gets an answer (fuzzed ones too), as a provider would.
         messages = body.get("messages")
@@ -148,7 +155,7 @@ class FakeUpstream:
             "object": "chat.completion",
             "created": 1_700_000_000,
             "model": str(body.get("model")),
-            "system_fingerprint": self.version,
+            "system_fingerprint": self.fingerprint(),
             "choices": [
                 {
                     "index": 0,
@@ -222,7 +229,7 @@ class FakeUpstream:
             "object": "text_completion",
             "created": 1_700_000_000,
             "model": str(body.get("model")),
-            "system_fingerprint": self.version,
+            "system_fingerprint": self.fingerprint(),
             "choices": [
                 {"index": 0, "text": f"text #{n} for {body.get('prompt')}", "logprobs": None,
                  "finish_reason": "stop"}

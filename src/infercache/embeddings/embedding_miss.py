@@ -73,13 +73,7 @@ class EmbeddingMiss:
     def reply(self, fetched: Completion) -> EmbeddingResult:
         return self._records.merged(self.lookup, self._vectors, fetched.response, self._stored)
 
-    def close(
-        self,
-        response: Response | None,
-        *,
-        upstream_s: float = 0.0,
-        produced_by: str | None = None,
-    ) -> None:
+    def close(self, response: Response | None, *, upstream_s: float = 0.0) -> None:
         if self._claim() and response is not None:
             self._stored = self._records.record(self.lookup, self._vectors)
 
@@ -130,7 +124,7 @@ class AsyncEmbeddingFunction:
     async def fetch(self, lease: EmbeddingMiss, sink: ChunkSink) -> Fetched:
         return Fetched(await self._fn(_sent(lease)))
 
-    def produced_by(self, lease: EmbeddingMiss, response: Response) -> str | None:
+    def observe(self, lease: EmbeddingMiss, response: Response) -> None:
         return None
 
 

@@ -26,6 +26,7 @@ from infercache.gateway.across_replicas import AcrossReplicas
 from infercache.gateway.app import create_app
 from infercache.gateway.auth import Auth
 from infercache.gateway.config import GatewayConfig
+from infercache.gateway.fingerprints import SwapWindow
 from infercache.gateway.local_embeddings import MODEL_ID as MINILM_ID
 from infercache.gateway.local_embeddings import LocalEmbeddings
 from infercache.gateway.requestlog import RequestLog
@@ -80,7 +81,11 @@ def build(
     # each for at most its budget.
     workers = min(8, os.cpu_count() or 2)
     cache = Cache(settings, clock=clock, backend=backend, store_workers=workers)
-    tracker = ModelVersionTracker(cache, use_fingerprints=config.use_fingerprints)
+    tracker = ModelVersionTracker(
+        cache,
+        use_fingerprints=config.use_fingerprints,
+        window=SwapWindow(config.fingerprint_swap_s, config.fingerprint_swap_answers),
+    )
     engine_here = upstreams is None and not config.upstreams  # the built-in engine, in-process
     if upstreams is None:
         upstreams = _upstreams(settings, config, cache, engine_config)

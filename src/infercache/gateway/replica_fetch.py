@@ -13,7 +13,7 @@ protocol (miss_flight.py), which does the rest (settle, store, close).
         replica that fails before any chunk is ejected and the call tried once more on another
       after: the answer shared with other replicas; the prefix reuse an HTTP upstream
              reports, counted (prefix_usage.py)
-    produced_by(miss, response): swap detection (versions.py); store I/O, run by the protocol
+    observe(miss, response): swap detection (versions.py); store I/O, run by the protocol
       where store_guard.py says, with the store write
 """
 
@@ -78,9 +78,9 @@ class ReplicaFetch:
             raise
         return Fetched(response, after=_After(self, joined, upstream, response))
 
-    def produced_by(self, miss: Miss, response: Response) -> str | None:
+    def observe(self, miss: Miss, response: Response) -> None:
         seen = miss.lookup.view if miss.lookup is not None else None
-        return self.tracker.observe_response(miss.request.model, response, seen)
+        self.tracker.observe_response(miss.request.model, response, seen)
 
     async def _call_replicas(
         self, miss: Miss, sink: ChunkSink, bearer: str | None
@@ -141,8 +141,8 @@ class CallerSource:
     async def fetch(self, miss: Miss, sink: ChunkSink) -> Fetched:
         return await self._fetch.fetch(miss, sink, self._bearer)
 
-    def produced_by(self, miss: Miss, response: Response) -> str | None:
-        return self._fetch.produced_by(miss, response)
+    def observe(self, miss: Miss, response: Response) -> None:
+        self._fetch.observe(miss, response)
 
 
 class _After:

@@ -113,5 +113,5 @@ class AsyncSend:
             await response.aclose()
         return Fetched(recorder.answer())
 
-    def produced_by(self, miss: Miss, response: Response) -> str | None:
+    def observe(self, miss: Miss, response: Response) -> None:
         return None
