@@ -64,7 +64,13 @@ def layer_headers(
 
 
 def completion_headers(done: Completion) -> dict[str, str]:
-    """`layer_headers` of a whole answer."""
-    return layer_headers(
-        done.layer, age_s=done.age_s, coalesced=done.coalesced, similarity=done.similarity
-    )
+    """`layer_headers` of a whole answer (on every request: its fields read once)."""
+    layer = done.layer
+    headers = {"x-infercache": LAYER_HEADER[layer]}
+    if layer is Layer.EXACT or layer is Layer.SEMANTIC:
+        headers["age"] = str(int(done.age_s or 0))
+    if done.coalesced:
+        headers["x-infercache-coalesced"] = "true"
+    if done.similarity is not None:
+        headers["x-infercache-similarity"] = f"{done.similarity:.4f}"
+    return headers

@@ -84,12 +84,14 @@ class ExactCache:
             unavailable = isinstance(exc, StoreUnavailableError)
             why = MissReason.STORE_UNAVAILABLE if unavailable else MissReason.STORE_ERROR
             return Lookup(key, None, None, why)
-        now_s = self._clock.now_s()
-        reason = stale_reason(entry, view, now_s) if entry is not None else MissReason.ABSENT
-        if entry is not None and reason is not None:
-            self._delete(key)
-        elif entry is not None and too_old(entry, now_s, request.directives.max_age_s):
-            reason = MissReason.EXPIRED  # fresh for others (kept), too old for this caller
+        reason: MissReason | None = MissReason.ABSENT
+        if entry is not None:
+            now_s = self._clock.now_s()
+            reason = stale_reason(entry, view, now_s)
+            if reason is not None:
+                self._delete(key)
+            elif too_old(entry, now_s, request.directives.max_age_s):
+                reason = MissReason.EXPIRED  # fresh for others (kept), too old for this caller
         self._metrics.overhead(self._clock.monotonic_s() - started)
         return Lookup(key, view, entry if reason is None else None, reason)
 

@@ -75,7 +75,7 @@ class Flight(Generic[T]):
         self._error: BaseException | None = None
         self._wakers: list[_Waker] = []
         self._interested = 0
-        self._cancel: Callable[[], object] | None = None
+        self._cancel: asyncio.Task[object] | Callable[[], object] | None = None
         self._waiters = 0
         self._table: FlightTable[T] | None = None
 
@@ -113,7 +113,7 @@ class Flight(Generic[T]):
     def cancel_when_idle(self, cancel: asyncio.Task[object] | Callable[[], object]) -> None:
         """When the last reader leaves before the flight settled, cancel the task (from any
         thread: a reader may be a thread), or call `cancel` in the leaving reader's thread."""
-        self._cancel = _canceller(cancel) if isinstance(cancel, asyncio.Task) else cancel
+        self._cancel = cancel
 
     # -- what anyone may read --
 
@@ -277,7 +277,10 @@ class Flight(Generic[T]):
             cancel = self._cancel
         self._moved()
         if idle and cancel is not None:
-            cancel()
+            if isinstance(cancel, asyncio.Task):
+                _cancel_task(cancel)
+            else:
+                cancel()
 
     def _moved(self) -> None:
         """Outside the lock: tell the table's observer, if anyone watches."""
@@ -286,20 +289,17 @@ class Flight(Generic[T]):
             table.observer.changed()
 
 
-def _canceller(task: asyncio.Task[object]) -> Callable[[], None]:
+def _cancel_task(task: asyncio.Task[object]) -> None:
+    """Cancel `task` from any thread."""
     loop = task.get_loop()
-
-    def cancel() -> None:
-        try:
-            running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
-        except RuntimeError:
-            running = None
-        if running is loop:
-            task.cancel()
-        elif not loop.is_closed():
-            loop.call_soon_threadsafe(task.cancel)
-
-    return cancel
+    try:
+        running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+    except RuntimeError:
+        running = None
+    if running is loop:
+        task.cancel()
+    elif not loop.is_closed():
+        loop.call_soon_threadsafe(task.cancel)
 
 
 class FlightTable(Generic[T]):

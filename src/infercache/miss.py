@@ -49,7 +49,10 @@ class MissLedger:
             if stored_under is not None and self.semantic is not None:
                 self.semantic.store(req, stored_under, lookup.key, miss.probe)
             if stored_under is not None:
-                self._remember(req, response, (lookup.key,))
+                keys = (lookup.key,)
+                self._served.remember(
+                    req.directives.tenant, response.get("id"), ServedBy.FETCHED, keys
+                )
         return miss.answer(response, upstream_s)
 
     def abandoned(self, miss: Miss) -> None:
@@ -67,7 +70,8 @@ class MissLedger:
         )
         self._metrics.count("coalesced")
         if leader.key is not None:
-            self._remember(miss.request, leader.response, (leader.key,))
+            tenant, keys = miss.request.directives.tenant, (leader.key,)
+            self._served.remember(tenant, leader.response.get("id"), ServedBy.FETCHED, keys)
         return Completion(leader.response, Layer.EXACT, age_s=0.0, key=leader.key, coalesced=True)
 
     def store_failed(self, exc: StoreError) -> None:
@@ -77,9 +81,6 @@ class MissLedger:
         self._metrics.prompt_tokens(prompt_tokens)
         if miss.probe is not None and self.semantic is not None:
             self.semantic.metrics.prompt_tokens(prompt_tokens)  # the semantic layer looked too
-
-    def _remember(self, req: ChatRequest, response: Response, keys: tuple[str, ...]) -> None:
-        self._served.remember(req.directives.tenant, response.get("id"), ServedBy.FETCHED, keys)
 
 
 class Miss:

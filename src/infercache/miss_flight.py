@@ -121,44 +121,6 @@ class SyncSource(Protocol[LC]):
 # -- the leader's side --
 
 
-class _Leading:
-    """One leader's fetch: settles its flight and closes its lease, each exactly once."""
-
-    __slots__ = ("_clock", "_started_s", "done", "error", "flight", "lease")
-
-    def __init__(self, lease: MissLease[Any], flight: Flight[Completion], clock: Clock) -> None:
-        self.lease, self.flight, self._clock = lease, flight, clock
-        self.done: Completion | None = None
-        self.error: BaseException | None = None
-        self._started_s = clock.monotonic_s()
-
-    def answered(self, fetched: Fetched) -> float | None:
-        """Settle every reader with the answer; the upstream seconds when the lease is still to
-        be closed with it (None: answered elsewhere, closed now as a coalesced hit)."""
-        if fetched.elsewhere:
-            shared = self.lease.close_shared(self.lease.answer(fetched.response, 0.0))
-            self.done = _first(shared)
-            self.flight.settle(self.done, None)
-            return None
-        upstream_s = self._clock.monotonic_s() - self._started_s
-        self.done = self.lease.answer(fetched.response, upstream_s)
-        self.flight.settle(self.done, None)
-        return upstream_s
-
-    def failed(self, exc: BaseException) -> None:
-        """Call from an `except` block."""
-        if self.done is not None:  # the readers have the answer: storing it failed (a bug)
-            log.exception("storing the answer for %s failed", self.lease.flight_key)
-            return
-        self.error = exc
-        if not isinstance(exc, UpstreamAbortedError):
-            log.info("upstream call for %s ended without an answer: %r", self.lease.flight_key, exc)
-
-    def end(self) -> None:
-        self.lease.close(None)  # no-op unless the call, the store or the close failed
-        self.flight.settle(self.done, self.error)
-
-
 async def lead(
     lease: L,
     flight: Flight[Completion],
@@ -166,25 +128,32 @@ async def lead(
     store_io: StoreIO,
     clock: Clock,
 ) -> None:
-    """The leader's fetch, a task of its own (module docstring)."""
-    leading = _Leading(lease, flight, clock)
+    """The leader's fetch, a task of its own (module docstring): it settles the flight and
+    closes the lease, each exactly once."""
+    done: Completion | None = None
+    error: BaseException | None = None
+    started_s = clock.monotonic_s()
     try:
         fetched = await source.fetch(lease, flight)
-        upstream_s = leading.answered(fetched)
-        if upstream_s is None:
+        if fetched.elsewhere:  # a coalesced hit: nothing to store
+            done = _first(lease.close_shared(lease.answer(fetched.response, 0.0)))
             return
+        upstream_s = clock.monotonic_s() - started_s
+        done = lease.answer(fetched.response, upstream_s)
+        flight.settle(done, None)  # every reader has its answer; storing can take its time
         if fetched.after is not None:
             await fetched.after()
         await store_io.write(
             _record, lease, source, fetched.response, upstream_s, failed=lease.store_failed
         )
     except asyncio.CancelledError:
-        leading.failed(UpstreamAbortedError("every client left before the answer completed"))
+        error = _failed(lease, done, UpstreamAbortedError("every client left before the answer"))
         raise
     except Exception as exc:  # noqa: BLE001 - handed to every reader through the flight
-        leading.failed(exc)
+        error = _failed(lease, done, exc)
     finally:
-        leading.end()
+        lease.close(None)  # no-op unless the call, the store or the close failed
+        flight.settle(done, error)
 
 
 def _record(lease: L, source: Source[L], response: Response, upstream_s: float) -> None:
@@ -203,17 +172,34 @@ def lead_sync(
 ) -> None:
     """`lead` for threads: the fetch, settle and close in the calling thread. With
     `abandoned`, a publish after every reader left ends the fetch."""
-    leading = _Leading(lease, flight, clock)
+    done: Completion | None = None
+    error: BaseException | None = None
+    started_s = clock.monotonic_s()
     try:
         sink: ChunkSink = flight if abandoned is None else _Abandonable(flight, abandoned)
         fetched = source.fetch(lease, sink)
-        upstream_s = leading.answered(fetched)
-        if upstream_s is not None:
-            lease.close(fetched.response, upstream_s=upstream_s)
+        upstream_s = clock.monotonic_s() - started_s
+        done = lease.answer(fetched.response, upstream_s)
+        flight.settle(done, None)
+        lease.close(fetched.response, upstream_s=upstream_s)
     except Exception as exc:  # noqa: BLE001 - handed to every reader through the flight
-        leading.failed(exc)
+        error = _failed(lease, done, exc)
     finally:
-        leading.end()
+        lease.close(None)
+        flight.settle(done, error)
+
+
+def _failed(
+    lease: MissLease[Any], done: Completion | None, exc: BaseException
+) -> BaseException | None:
+    """The error the flight settles with (None: the readers have the answer already, and
+    storing it failed: a bug, logged). Call from an `except` block."""
+    if done is not None:
+        log.exception("storing the answer for %s failed", lease.flight_key)
+        return None
+    if not isinstance(exc, UpstreamAbortedError):
+        log.info("upstream call for %s ended without an answer: %r", lease.flight_key, exc)
+    return exc
 
 
 class _Abandonable:

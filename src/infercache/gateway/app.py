@@ -45,6 +45,7 @@ from infercache.gateway.routes import AppState
 from infercache.gateway.service import Gateway
 from infercache.gateway.store_size import StoreSize
 from infercache.http_errors import exception_handlers, middleware
+from infercache.request import Endpoint
 
 log = logging.getLogger(__name__)
 
@@ -61,12 +62,12 @@ def create_app(
     gateway.cache.metrics.export(StoreSize(gateway.cache.backend, gateway.cache.clock))
     state = AppState(gateway, auth, max_body_bytes)
 
-    def bound(handler: Any) -> Any:
-        return functools.partial(handler, state)
+    def bound(handler: Any, *args: Any) -> Any:
+        return functools.partial(handler, state, *args)
 
     table = [
-        Route("/v1/chat/completions", bound(routes.chat), methods=["POST"]),
-        Route("/v1/completions", bound(routes.completions), methods=["POST"]),
+        Route("/v1/chat/completions", bound(routes.cached, Endpoint.CHAT), methods=["POST"]),
+        Route("/v1/completions", bound(routes.cached, Endpoint.COMPLETIONS), methods=["POST"]),
         Route("/v1/embeddings", bound(routes.embeddings), methods=["POST"]),
         Route("/v1/feedback", bound(feedback), methods=["POST"]),
         Route("/v1/models", bound(routes.models), methods=["GET"]),

@@ -47,8 +47,8 @@ class CachedEndpoint:
     end: bytes = SSE_DONE
 
 
-async def _chat(upstream: Upstream, body: Body, tenant: str, api_key: str | None) -> Body:
-    return await upstream.complete(body, tenant=tenant, api_key=api_key)
+def _chat(upstream: Upstream, body: Body, tenant: str, api_key: str | None) -> Awaitable[Body]:
+    return upstream.complete(body, tenant=tenant, api_key=api_key)
 
 
 def _chat_stream(
@@ -63,8 +63,8 @@ def _text_upstream(upstream: Upstream) -> TextCompletions:
     return upstream
 
 
-async def _text(upstream: Upstream, body: Body, tenant: str, api_key: str | None) -> Body:
-    return await _text_upstream(upstream).complete_text(body, tenant=tenant, api_key=api_key)
+def _text(upstream: Upstream, body: Body, tenant: str, api_key: str | None) -> Awaitable[Body]:
+    return _text_upstream(upstream).complete_text(body, tenant=tenant, api_key=api_key)
 
 
 def _text_stream(

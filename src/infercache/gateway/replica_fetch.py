@@ -6,21 +6,22 @@ protocol (miss_flight.py), which does the rest (settle, store, close).
         → SharedAnswer: another replica fetched it: its chunks published; a coalesced hit
                         here (an error it shared is raised)           (across_replicas.py)
         → FlightLease: this replica fetches; once the local readers have the answer it is
-                       shared (`Fetched.after`), on failure the lease is handed over
+                       shared (`Fetched.after`); on failure the lease is handed over
         → None: fetch alone (no shared Redis, or it failed)
       router.lease → a replica, counted in flight while the call runs          (router.py)
         the endpoint's call, streamed or not (endpoints.py); every chunk published; a
         replica that fails before any chunk is ejected and the call tried once more on another
-      after: the answer shared with other replicas; the prefix reuse an HTTP upstream
-             reports, counted (prefix_usage.py)
+      the prefix reuse an HTTP upstream reports, counted (prefix_usage.py)
     observe(miss, response): swap detection (versions.py); store I/O, run by the protocol
       where store_guard.py says, with the store write
 """
 
 from __future__ import annotations
 
+import functools
 import logging
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
+from typing import Any
 
 from infercache.chat import chunks_from_completion
 from infercache.completion import Response
@@ -76,11 +77,11 @@ class ReplicaFetch:
             if joined is not None:
                 await AcrossReplicas.fail(joined, _failure(exc))
             raise
-        return Fetched(response, after=_After(self, joined, upstream, response))
-
-    def observe(self, miss: Miss, response: Response) -> None:
-        seen = miss.lookup.view if miss.lookup is not None else None
-        self.tracker.observe_response(miss.request.model, response, seen)
+        if not upstream.records_prefix_metrics:
+            self._prefix_usage.count(response)  # the prefix reuse the upstream reports
+        if joined is None:
+            return Fetched(response)
+        return Fetched(response, after=functools.partial(_share, joined, response))
 
     async def _call_replicas(
         self, miss: Miss, sink: ChunkSink, bearer: str | None
@@ -138,38 +139,22 @@ class CallerSource:
         self._fetch = fetch
         self._bearer = bearer
 
-    async def fetch(self, miss: Miss, sink: ChunkSink) -> Fetched:
-        return await self._fetch.fetch(miss, sink, self._bearer)
+    def fetch(self, miss: Miss, sink: ChunkSink) -> Coroutine[Any, Any, Fetched]:
+        return self._fetch.fetch(miss, sink, self._bearer)
 
     def observe(self, miss: Miss, response: Response) -> None:
-        self._fetch.observe(miss, response)
+        seen = miss.lookup.view if miss.lookup is not None else None
+        self._fetch.tracker.observe_response(miss.request.model, response, seen)
 
 
-class _After:
-    """What follows an answer once every local reader has it."""
-
-    __slots__ = ("_fetch", "_lease", "_response", "_upstream")
-
-    def __init__(
-        self,
-        fetch: ReplicaFetch,
-        lease: FlightLease | None,
-        upstream: Upstream,
-        response: Response,
-    ) -> None:
-        self._fetch, self._lease = fetch, lease
-        self._upstream, self._response = upstream, response
-
-    async def __call__(self) -> None:
-        lease = self._lease
-        if lease is not None:
-            try:
-                await AcrossReplicas.publish(lease, self._response)
-            finally:
-                if not lease.closed:
-                    await AcrossReplicas.fail(lease, UpstreamAbortedError("no answer"))
-        if not self._upstream.records_prefix_metrics:
-            self._fetch._prefix_usage.count(self._response)
+async def _share(lease: FlightLease, response: Response) -> None:
+    """Once every local reader has the answer: share it with the other gateway replicas (or
+    hand the lease over when that fails)."""
+    try:
+        await AcrossReplicas.publish(lease, response)
+    finally:
+        if not lease.closed:
+            await AcrossReplicas.fail(lease, UpstreamAbortedError("no answer"))
 
 
 def _failure(exc: BaseException) -> BaseException:

@@ -55,15 +55,8 @@ class AppState:
 # -- the cached endpoints --
 
 
-async def chat(state: AppState, request: Request) -> Response:
-    return await _cached(state, request, Endpoint.CHAT)
-
-
-async def completions(state: AppState, request: Request) -> Response:
-    return await _cached(state, request, Endpoint.COMPLETIONS)
-
-
-async def _cached(state: AppState, request: Request, endpoint: Endpoint) -> Response:
+async def cached(state: AppState, endpoint: Endpoint, request: Request) -> Response:
+    """`/v1/chat/completions`, `/v1/completions`: JSON, or a stream of server-sent events."""
     tenant, bearer, body = await _caller_body(state, request)
     reply = await state.gateway.chat(body, tenant=tenant, bearer=bearer, endpoint=endpoint)
     if isinstance(reply, JSONReply):
