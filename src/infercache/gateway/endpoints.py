@@ -1,29 +1,37 @@
 """The gateway's cached endpoints as adapters: what differs between `/v1/chat/completions` and
 `/v1/completions` (and the endpoints to come) is a value here; the path a request takes
-(service.py) and the one miss protocol (miss_flight.py) are the same for all.
+(service.py), the way a miss reaches the upstreams (replica_fetch.py) and the one miss protocol
+(miss_flight.py) are the same for all.
 
     CachedEndpoint
       endpoint, operation         the request model's endpoint (request.py), the log's name
       complete(upstream, body)    one call for the whole answer
       stream(upstream, body)      the answer's chunks as they come (refused: raises before any)
       assembler()                 folds streamed chunks into the answer that is stored
-      replay(response, usage)     a stored answer as the chunks a stream would have carried
-      event(chunk), end           the SSE framing of a chunk, and what closes the stream
+      chunks(response)            a whole answer as the chunks a stream carries (published to
+                                  the flight when the upstream answered at once)
+      writer(body)                how this client reads a stream (`StreamWriter`): a stored
+                                  answer replayed, each chunk framed as it asked, an error,
+                                  the end
 
-An upstream that does not serve an endpoint is a 404 naming it.
+Chat and legacy completions share OpenAI's framing (`ChatStreamWriter`: `data: {json}` events,
+usage only with `stream_options.include_usage`, then `data: [DONE]`). An upstream that does not
+serve an endpoint is a 404 naming it.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from infercache.chat import (
     SSE_DONE,
     CompletionAssembler,
     StreamChunk,
     chunks_from_completion,
+    for_client,
+    include_usage,
     sse_event,
 )
 from infercache.errors import NotFoundError
@@ -35,6 +43,49 @@ Complete = Callable[[Upstream, Body, str, str | None], Awaitable[Body]]
 Stream = Callable[[Upstream, Body, str, str | None], AsyncIterator[StreamChunk]]
 
 
+class StreamWriter(Protocol):
+    """The bytes one client reads of a streamed answer."""
+
+    def replay(self, response: Body) -> Iterator[bytes]:
+        """A stored answer, whole, as the stream's events (without the end)."""
+        ...
+
+    def event(self, chunk: StreamChunk) -> bytes | None:
+        """One fetched chunk as this client asked for it (None: nothing to send)."""
+        ...
+
+    def error(self, body: Body) -> bytes:
+        """An error (an OpenAI-shaped body) that ends the stream."""
+        ...
+
+    end: bytes
+
+
+class ChatStreamWriter:
+    """OpenAI's framing: usage only with `stream_options.include_usage`, then `[DONE]`."""
+
+    __slots__ = ("_usage",)
+    end = SSE_DONE
+
+    def __init__(self, body: Mapping[str, Any]) -> None:
+        self._usage = include_usage(body)
+
+    def replay(self, response: Body) -> Iterator[bytes]:
+        for chunk in chunks_from_completion(response, include_usage=self._usage):
+            yield sse_event(chunk)
+
+    def event(self, chunk: StreamChunk) -> bytes | None:
+        out = for_client(chunk, self._usage)
+        return sse_event(out) if out is not None else None
+
+    def error(self, body: Body) -> bytes:
+        return sse_event(body)
+
+
+def _whole_answer(answer: Body) -> Iterator[StreamChunk]:
+    return chunks_from_completion(answer, include_usage=True)
+
+
 @dataclass(frozen=True, slots=True)
 class CachedEndpoint:
     endpoint: Endpoint
@@ -42,9 +93,8 @@ class CachedEndpoint:
     complete: Complete
     stream: Stream
     assembler: Callable[[], CompletionAssembler] = CompletionAssembler
-    replay: Callable[..., Iterator[StreamChunk]] = chunks_from_completion
-    event: Callable[[Body], bytes] = sse_event
-    end: bytes = SSE_DONE
+    chunks: Callable[[Body], Iterator[StreamChunk]] = _whole_answer
+    writer: Callable[[Mapping[str, Any]], StreamWriter] = ChatStreamWriter
 
 
 def _chat(upstream: Upstream, body: Body, tenant: str, api_key: str | None) -> Awaitable[Body]:

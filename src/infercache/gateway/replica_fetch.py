@@ -118,7 +118,7 @@ class ReplicaFetch:
             body.pop("stream", None)
             body.pop("stream_options", None)
             response = await adapter.complete(upstream, body, tenant, bearer)
-            sink.publish(*adapter.replay(response, include_usage=True))
+            sink.publish(*adapter.chunks(response))
             return response
         body["stream_options"] = {"include_usage": True}
         assembler = adapter.assembler()

@@ -30,7 +30,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from infercache.cache import Cache
-from infercache.chat import for_client, include_usage
 from infercache.completion import LAYER_HEADER, Completion, Layer, completion_headers, layer_headers
 from infercache.embeddings.embedding_cache import EmbeddingCache
 from infercache.embeddings.embedding_miss import AsyncEmbeddingFunction
@@ -187,12 +186,12 @@ class Gateway:
         headers = completion_headers(done)
         if body.get("stream") is not True:
             return JSONReply(200, done.response, headers, done.raw)
-        usage = include_usage(body)
+        writer = adapter.writer(body)
 
         async def replay() -> AsyncIterator[bytes]:
-            for chunk in adapter.replay(done.response, include_usage=usage):
-                yield adapter.event(chunk)
-            yield adapter.end
+            for event in writer.replay(done.response):
+                yield event
+            yield writer.end
 
         return StreamReply(headers, replay())
 
@@ -210,23 +209,23 @@ class Gateway:
     async def _events(
         self, miss: Miss, flight: MissFlight[Completion], entry: LogEntry, adapter: CachedEndpoint
     ) -> AsyncIterator[bytes]:
-        """The flight's chunks as this client asked for them (usage only with
-        `stream_options.include_usage`), then the end; an error event when the answer fails."""
-        usage = include_usage(miss.request.body)
+        """The flight's chunks as this client asked for them (the endpoint's writer), then the
+        end; an error event when the answer fails."""
+        writer = adapter.writer(miss.request.body)
         done: Completion | None = None
         try:
             async with aclosing(flight.chunks()) as chunks:
                 async for chunk in chunks:
-                    out = for_client(chunk, usage)
-                    if out is not None:
-                        yield adapter.event(out)
+                    event = writer.event(chunk)
+                    if event is not None:
+                        yield event
             done = flight.flight.outcome()
-            yield adapter.end
+            yield writer.end
         except UpstreamError as exc:  # cut off upstream, or every other reader left
-            yield adapter.event(exc.to_openai())
+            yield writer.error(exc.to_openai())
         except Exception:  # logged; the client gets an error event
             log.exception("the answer for %s failed mid-stream", miss.flight_key)
-            yield adapter.event(internal_error_body())
+            yield writer.error(internal_error_body())
         finally:
             entry.close(
                 status=200 if done is not None else 499,
