@@ -13,10 +13,13 @@ from typing import Any
 import pytest
 
 from infercache.cache import Cache
+from infercache.chat import chunks_from_completion
 from infercache.clock import ManualClock
 from infercache.completion import Completion, Layer
 from infercache.flight import Flight, FlightTable
+from infercache.function_source import FunctionSource
 from infercache.miss import Miss
+from infercache.miss_flight import coalesce_sync
 from infercache.request import parse_request
 from infercache.settings import Settings
 from tests.conftest import CountingUpstream, chat
@@ -163,12 +166,12 @@ def test_a_miss_closes_once_whatever_the_order_of_calls(
     cache = make_cache(tmp_path, clock)
     miss = cache.begin(chat())
     assert isinstance(miss, Miss)
-    done = miss.close(upstream(chat()), upstream_s=0.5)
-    assert done is not None
-    assert done.layer is Layer.MISS
-    assert miss.close(None) is None
-    assert miss.close(upstream(chat())) is None
-    assert miss.close_shared(done) is None
+    response = upstream(chat())
+    assert miss.close(response, upstream_s=0.5)
+    assert miss.answer(response, 0.5).layer is Layer.MISS
+    assert not miss.close(None)
+    assert not miss.close(upstream(chat()))
+    assert miss.close_shared(miss.answer(response, 0.5)) is None
     snap = exact(cache)
     assert (snap["lookups"], snap["counters"]["stored"]) == (1, 1)
     cache.close()
@@ -208,6 +211,31 @@ def test_a_close_that_raises_still_answers_every_caller_and_closes_every_miss_on
     snap = exact(cache)
     assert snap["lookups"] == 3  # every Miss closed exactly once
     assert snap["counters"].get("stored", 0) == 0
+    cache.close()
+
+
+def test_a_streaming_reader_gets_an_answer_that_came_whole_as_chunks(
+    tmp_path: Path, clock: ManualClock, upstream: CountingUpstream
+) -> None:
+    cache = make_cache(tmp_path, clock)
+    upstream.gate = threading.Event()
+    led: list[Completion] = []
+    leader = threading.Thread(target=lambda: led.append(cache.complete(chat(), upstream)))
+    leader.start()
+    assert FlightWatch(cache.flights).flights(1)  # a non-streaming leader, its call held
+    miss = cache.begin(chat())
+    assert isinstance(miss, Miss)
+    reader = coalesce_sync(miss, cache.flights, FunctionSource(upstream), clock, stream=True)
+    assert not reader.leader
+    upstream.gate.set()
+    assert reader.start_sync_stream()  # a coalesced answer
+    chunks = list(reader.iter_chunks(lambda answer: chunks_from_completion(answer)))
+    leader.join(30)
+    text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"])
+    assert text == led[0].response["choices"][0]["message"]["content"]
+    assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+    assert upstream.calls == 1
+    assert exact(cache)["counters"]["coalesced"] == 1
     cache.close()
 
 

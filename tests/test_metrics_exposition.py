@@ -232,9 +232,9 @@ def test_the_librarys_token_hit_rates_are_shares(tmp_path: Path, clock: ManualCl
     first, second = (cache.begin(chat("Where is my parcel?")) for _ in range(2))
     assert isinstance(first, Miss)
     assert isinstance(second, Miss)
-    leader = first.close(upstream(first.request.body), upstream_s=0.5)
-    assert leader is not None
-    shared = second.close_shared(leader)
+    response = upstream(first.request.body)
+    assert first.close(response, upstream_s=0.5)
+    shared = second.close_shared(first.answer(response, 0.5))
     assert shared is not None
     assert shared.coalesced
     embeddings = EmbeddingCache.of(cache)

@@ -1,14 +1,13 @@
 """The library's upstream: a function from a chat-completions body (directives stripped) to a
 response body, as the Source of the one miss protocol (miss_flight.py) — blocking for
-`Cache.complete`, a coroutine function for `Cache.acomplete`. The answer is published whole, so
-a streaming reader of the same key in flight (the wrapped client's) gets its chunks."""
+`Cache.complete`, a coroutine function for `Cache.acomplete`. The answer comes whole: no chunk
+is published (a streaming reader of the same key in flight replays it)."""
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from infercache.chat import chunks_from_completion
 from infercache.completion import Response
 from infercache.miss import Miss
 from infercache.miss_flight import ChunkSink, Fetched
@@ -21,9 +20,7 @@ class FunctionSource:
         self._fn = fn
 
     def fetch(self, lease: Miss, sink: ChunkSink) -> Fetched:
-        response = self._fn(dict(lease.request.body))
-        sink.publish(*chunks_from_completion(response, include_usage=True))
-        return Fetched(response)
+        return Fetched(self._fn(dict(lease.request.body)))
 
 
 class AsyncFunctionSource:
@@ -33,9 +30,7 @@ class AsyncFunctionSource:
         self._fn = fn
 
     async def fetch(self, lease: Miss, sink: ChunkSink) -> Fetched:
-        response = await self._fn(dict(lease.request.body))
-        sink.publish(*chunks_from_completion(response, include_usage=True))
-        return Fetched(response)
+        return Fetched(await self._fn(dict(lease.request.body)))
 
     def observe(self, lease: Miss, response: Response) -> None:
         return None

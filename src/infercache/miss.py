@@ -39,7 +39,7 @@ class MissLedger:
         self._prices = metrics.prices
         self._served = served
 
-    def fetched(self, miss: Miss, response: Response, upstream_s: float) -> Completion:
+    def fetched(self, miss: Miss, response: Response, upstream_s: float) -> None:
         self._prompt_tokens(miss, usage_tokens(response)[0])
         lookup, req = miss.lookup, miss.request
         if miss.layer is Layer.MISS and lookup is not None:
@@ -53,7 +53,6 @@ class MissLedger:
                 self._served.remember(
                     req.directives.tenant, response.get("id"), ServedBy.FETCHED, keys
                 )
-        return miss.answer(response, upstream_s)
 
     def abandoned(self, miss: Miss) -> None:
         if miss.layer is Layer.MISS and miss.lookup is not None:
@@ -133,14 +132,15 @@ class Miss:
             first, self._closed = not self._closed, True
             return first
 
-    def close(self, response: Response | None, *, upstream_s: float = 0.0) -> Completion | None:
-        """The upstream answered (`response`) or did not (None)."""
+    def close(self, response: Response | None, *, upstream_s: float = 0.0) -> bool:
+        """The upstream answered (`response`) or did not (None); False when closed before."""
         if not self._claim():
-            return None
+            return False
         if response is None:
             self._ledger.abandoned(self)
-            return None
-        return self._ledger.fetched(self, response, upstream_s)
+        else:
+            self._ledger.fetched(self, response, upstream_s)
+        return True
 
     def close_shared(self, leader: Completion | None) -> Completion | None:
         """An identical request in flight fetched `leader` for this one (None: it failed)."""

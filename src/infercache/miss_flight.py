@@ -8,7 +8,10 @@ completions, embeddings/embedding_miss.py).
     mf = coalesce(lease, flights, source, store_io, clock)                    (asyncio)
       flights.lead_or_join(lease.flight_key)                                  (flight.py)
       leader: `lead` starts as a task of its own, which owns the leader's lease:
-          fetched = await source.fetch(lease, flight)   the upstream call, every chunk published
+          fetched = await source.fetch(lease, flight)   the upstream call, a stream's chunks
+                                                        published as they come (an answer
+                                                        that came whole: none; a streaming
+                                                        reader replays it)
           flight.settle(lease.answer(fetched))          every reader has its answer now
           await fetched.after()                         the source's follow-up, if any (the
                                                         gateway: tell other replicas, count
@@ -41,7 +44,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import AsyncGenerator, Awaitable, Callable, Generator
+from collections.abc import AsyncGenerator, Awaitable, Callable, Generator, Iterable
 from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 
 from infercache.chat import StreamChunk
@@ -58,6 +61,8 @@ R = TypeVar("R", covariant=True)
 L = TypeVar("L", bound="MissLease[Any]")
 LC = TypeVar("LC", contravariant=True)
 T = TypeVar("T")
+# How a reader streams an answer that came whole (its source published no chunk).
+Whole = Callable[[Response], Iterable[StreamChunk]]
 
 
 class MissLease(Protocol[R]):
@@ -137,6 +142,7 @@ async def lead(
         fetched = await source.fetch(lease, flight)
         if fetched.elsewhere:  # a coalesced hit: nothing to store
             done = _first(lease.close_shared(lease.answer(fetched.response, 0.0)))
+            flight.settle(done, None)
             return
         upstream_s = clock.monotonic_s() - started_s
         done = lease.answer(fetched.response, upstream_s)
@@ -153,7 +159,8 @@ async def lead(
         error = _failed(lease, done, exc)
     finally:
         lease.close(None)  # no-op unless the call, the store or the close failed
-        flight.settle(done, error)
+        if done is None:
+            flight.settle(None, error)
 
 
 def _record(lease: L, source: Source[L], response: Response, upstream_s: float) -> None:
@@ -186,7 +193,8 @@ def lead_sync(
         error = _failed(lease, done, exc)
     finally:
         lease.close(None)
-        flight.settle(done, error)
+        if done is None:
+            flight.settle(None, error)
 
 
 def _failed(
@@ -221,7 +229,9 @@ class _Abandonable:
 
 def close_fetched(miss: Miss, response: Response, upstream_s: float) -> Completion:
     """Close `miss` with an answer fetched outside any flight (a replayed log)."""
-    return _first(miss.close(response, upstream_s=upstream_s))
+    if not miss.close(response, upstream_s=upstream_s):
+        raise RuntimeError("a lease was closed twice")
+    return miss.answer(response, upstream_s)
 
 
 # -- joining: one request's lease on its flight --
@@ -311,14 +321,20 @@ class MissFlight(Generic[R]):
         await self.flight.first_event()
         return self._started()
 
-    async def chunks(self) -> AsyncGenerator[StreamChunk, None]:
-        """Every chunk from the first, then raises the flight's error; the leader's answer is
-        stored before the last chunk's iteration ends."""
+    async def chunks(self, whole: Whole) -> AsyncGenerator[StreamChunk, None]:
+        """Every chunk from the first (`whole(answer)`'s when the source published none: the
+        answer came whole), then raises the flight's error; the leader's answer is stored
+        before the last chunk's iteration ends."""
         done: Completion | None = None
         try:
+            seen = 0
             async for chunk in self.flight.chunks():
+                seen += 1
                 yield chunk
             done = self.flight.outcome()
+            if not seen:
+                for chunk in whole(done.response):
+                    yield chunk
             await self._fetch_ended()
         finally:
             if not self.leader:
@@ -335,10 +351,9 @@ class MissFlight(Generic[R]):
 
     def wait(self) -> R:
         """`answer` for a thread."""
-        if self.leader:
-            fetched = self.flight.wait()
+        if self.leader:  # its fetch has settled the flight, in this thread or its own
             self._join()
-            return self.lease.reply(fetched)
+            return self.lease.reply(self.flight.outcome())
         try:
             return _first(self.lease.close_shared(self.flight.wait()))
         finally:
@@ -349,12 +364,17 @@ class MissFlight(Generic[R]):
         self.flight.wait_first_event()
         return self._started()
 
-    def iter_chunks(self) -> Generator[StreamChunk, None, None]:
+    def iter_chunks(self, whole: Whole) -> Generator[StreamChunk, None, None]:
         """`chunks` for a thread."""
         done: Completion | None = None
         try:
-            yield from self.flight.iter_chunks()
+            seen = 0
+            for chunk in self.flight.iter_chunks():
+                seen += 1
+                yield chunk
             done = self.flight.outcome()
+            if not seen:
+                yield from whole(done.response)
             self._join()
         finally:
             if not self.leader:

@@ -8,8 +8,8 @@
       complete(upstream, body)    one call for the whole answer
       stream(upstream, body)      the answer's chunks as they come (refused: raises before any)
       assembler()                 folds streamed chunks into the answer that is stored
-      chunks(response)            a whole answer as the chunks a stream carries (published to
-                                  the flight when the upstream answered at once)
+      chunks(response)            a whole answer as the chunks a stream carries (what a
+                                  streaming reader reads when the upstream answered at once)
       writer(body)                how this client reads a stream (`StreamWriter`): a stored
                                   answer replayed, each chunk framed as it asked, an error,
                                   the end

@@ -3,14 +3,15 @@ protocol (miss_flight.py), which does the rest (settle, store, close).
 
     fetch(miss, sink):
       across.join(miss)                      one call per key across gateway replicas
-        → SharedAnswer: another replica fetched it: its chunks published; a coalesced hit
-                        here (an error it shared is raised)           (across_replicas.py)
+        → SharedAnswer: another replica fetched it: a coalesced hit here (an error it
+                        shared is raised)                             (across_replicas.py)
         → FlightLease: this replica fetches; once the local readers have the answer it is
                        shared (`Fetched.after`); on failure the lease is handed over
         → None: fetch alone (no shared Redis, or it failed)
       router.lease → a replica, counted in flight while the call runs          (router.py)
-        the endpoint's call, streamed or not (endpoints.py); every chunk published; a
-        replica that fails before any chunk is ejected and the call tried once more on another
+        the endpoint's call, streamed or not (endpoints.py); a stream's chunks published as
+        they come; a replica that fails before any chunk is ejected and the call tried once
+        more on another
       the prefix reuse an HTTP upstream reports, counted (prefix_usage.py)
     observe(miss, response): swap detection (versions.py); store I/O, run by the protocol
       where store_guard.py says, with the store write
@@ -23,7 +24,6 @@ import logging
 from collections.abc import Coroutine, Sequence
 from typing import Any
 
-from infercache.chat import chunks_from_completion
 from infercache.completion import Response
 from infercache.errors import UpstreamAbortedError, UpstreamError, UpstreamUnavailableError
 from infercache.gateway.across_replicas import AcrossReplicas
@@ -69,7 +69,6 @@ class ReplicaFetch:
                 error = body.get("error")
                 message = str(error.get("message")) if isinstance(error, dict) else "upstream error"
                 raise UpstreamError(message, status_code=joined.status, body=body)
-            sink.publish(*chunks_from_completion(body, include_usage=True))
             return Fetched(body, elsewhere=True)
         try:
             upstream, response = await self._call_replicas(miss, sink, bearer)
@@ -117,9 +116,7 @@ class ReplicaFetch:
         if not miss.request.stream:
             body.pop("stream", None)
             body.pop("stream_options", None)
-            response = await adapter.complete(upstream, body, tenant, bearer)
-            sink.publish(*adapter.chunks(response))
-            return response
+            return await adapter.complete(upstream, body, tenant, bearer)  # whole: no chunk
         body["stream_options"] = {"include_usage": True}
         assembler = adapter.assembler()
         async for chunk in adapter.stream(upstream, body, tenant, bearer):

@@ -214,7 +214,7 @@ class Gateway:
         writer = adapter.writer(miss.request.body)
         done: Completion | None = None
         try:
-            async with aclosing(flight.chunks()) as chunks:
+            async with aclosing(flight.chunks(adapter.chunks)) as chunks:
                 async for chunk in chunks:
                     event = writer.event(chunk)
                     if event is not None:

@@ -29,12 +29,19 @@ from __future__ import annotations
 
 import functools
 import json
+from collections.abc import Iterator
 from typing import Any
 
 import orjson
 
 from infercache.cache import Cache
-from infercache.chat import SSE_DONE, chunks_from_completion, include_usage, sse_event
+from infercache.chat import (
+    SSE_DONE,
+    StreamChunk,
+    chunks_from_completion,
+    include_usage,
+    sse_event,
+)
 from infercache.completion import Completion, Layer, completion_headers, layer_headers
 from infercache.embeddings.embedding_cache import EmbeddingCache
 from infercache.embeddings.embedding_miss import AsyncEmbeddingFunction, EmbeddingFunction
@@ -142,6 +149,12 @@ class CachingRouter:
         return self.reply(request, result.response, headers)
 
 
+def _whole(answer: dict[str, Any]) -> Iterator[StreamChunk]:
+    """An answer that came whole, as the chunks a streaming reader reads (usage included:
+    each reader then gets it as it asked)."""
+    return chunks_from_completion(answer, include_usage=True)
+
+
 def _passed_headers(upstream: Any) -> dict[str, str]:
     return {k: v for k, v in upstream.headers.items() if k.lower() not in _FRAMING}
 
@@ -181,7 +194,7 @@ def _sync_chat(router: CachingRouter, request: Any, body: dict[str, Any], source
     if not stream:
         return router.answer(request, flight.wait(), source.response)
     coalesced = flight.start_sync_stream()  # raises an upstream refusal
-    events = FlightBytes(flight.iter_chunks(), include_usage(body))
+    events = FlightBytes(flight.iter_chunks(_whole), include_usage(body))
     return router.streamed(request, outcome, coalesced, source.response, events)
 
 
@@ -219,5 +232,5 @@ async def _async_chat(
     if not outcome.request.stream:
         return router.answer(request, await flight.answer(), source.response)
     coalesced = await flight.start_stream()  # raises an upstream refusal
-    events = AsyncFlightBytes(flight.chunks(), include_usage(body))
+    events = AsyncFlightBytes(flight.chunks(_whole), include_usage(body))
     return router.streamed(request, outcome, coalesced, source.response, events)

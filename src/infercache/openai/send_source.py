@@ -3,8 +3,8 @@ miss of the wrapped client reaches the provider, from a thread (`SyncSend`) or a
 (`AsyncSend`). The protocol does the rest: one call per key in flight, the readers, the store.
 
     fetch(miss, sink):
-      not streaming: the request, directives stripped, sent as is; the answer's chunks published
-                     (a streaming reader of the same key may be waiting)
+      not streaming: the request, directives stripped, sent as is (the answer comes whole: a
+                     streaming reader of the same key in flight replays it)
       streaming:     sent with `stream_options.include_usage` (the stored answer needs its
                      usage; each reader gets it only if it asked); the SSE bytes read into
                      chunks (sse_streams.StreamRecorder), each published as it comes
@@ -20,7 +20,6 @@ import contextlib
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from infercache.chat import chunks_from_completion
 from infercache.completion import Response
 from infercache.miss import Miss
 from infercache.miss_flight import ChunkSink, Fetched
@@ -72,9 +71,7 @@ class SyncSend:
 
     def fetch(self, miss: Miss, sink: ChunkSink) -> Fetched:
         if not miss.request.stream:
-            answer = self.call(_body(miss))
-            sink.publish(*chunks_from_completion(answer, include_usage=True))
-            return Fetched(answer)
+            return Fetched(self.call(_body(miss)))
         self.response = response = self._send(self._forward(_body(miss)), True)
         if response.status_code != 200:
             response.read()
@@ -98,9 +95,7 @@ class AsyncSend:
 
     async def fetch(self, miss: Miss, sink: ChunkSink) -> Fetched:
         if not miss.request.stream:
-            answer = await self.call(_body(miss))
-            sink.publish(*chunks_from_completion(answer, include_usage=True))
-            return Fetched(answer)
+            return Fetched(await self.call(_body(miss)))
         self.response = response = await self._send(self._forward(_body(miss)), True)
         if response.status_code != 200:
             await response.aread()
