@@ -6,11 +6,18 @@ is published (a streaming reader of the same key in flight replays it)."""
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Protocol
 
 from infercache.completion import Response
-from infercache.miss import Miss
 from infercache.miss_flight import ChunkSink, Fetched
+from infercache.request import ChatRequest
+
+
+class ChatLease(Protocol):
+    """What a function source needs of a lease: the request (a `Miss`, miss.py)."""
+
+    @property
+    def request(self) -> ChatRequest: ...
 
 
 class FunctionSource:
@@ -19,7 +26,7 @@ class FunctionSource:
     def __init__(self, fn: Callable[[dict[str, Any]], Response]) -> None:
         self._fn = fn
 
-    def fetch(self, lease: Miss, sink: ChunkSink) -> Fetched:
+    def fetch(self, lease: ChatLease, sink: ChunkSink) -> Fetched:
         return Fetched(self._fn(dict(lease.request.body)))
 
 
@@ -29,8 +36,8 @@ class AsyncFunctionSource:
     def __init__(self, fn: Callable[[dict[str, Any]], Awaitable[Response]]) -> None:
         self._fn = fn
 
-    async def fetch(self, lease: Miss, sink: ChunkSink) -> Fetched:
+    async def fetch(self, lease: ChatLease, sink: ChunkSink) -> Fetched:
         return Fetched(await self._fn(dict(lease.request.body)))
 
-    def observe(self, lease: Miss, response: Response) -> None:
+    def observe(self, lease: ChatLease, response: Response) -> None:
         return None

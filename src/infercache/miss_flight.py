@@ -52,7 +52,6 @@ from infercache.clock import Clock
 from infercache.completion import Completion, Response
 from infercache.errors import StoreError, UpstreamAbortedError
 from infercache.flight import Flight, FlightTable
-from infercache.miss import Miss
 from infercache.store_guard import StoreIO
 
 log = logging.getLogger(__name__)
@@ -80,8 +79,8 @@ class MissLease(Protocol[R]):
         """What the leader's caller gets (pure)."""
         ...
 
-    def close(self, response: Response | None, *, upstream_s: float = ...) -> object:
-        """The leader's close: count, store if allowed (None: no answer)."""
+    def close(self, response: Response | None, *, upstream_s: float = ...) -> bool:
+        """The leader's: count, store if allowed (None: no answer); False if closed before."""
         ...
 
     def close_shared(self, leader: Completion | None) -> R | None:
@@ -118,9 +117,9 @@ class Source(Protocol[LC]):
 
 
 class SyncSource(Protocol[LC]):
-    """How one caller reaches its upstream for a lease, from a thread."""
-
-    def fetch(self, lease: LC, sink: ChunkSink) -> Fetched: ...
+    def fetch(self, lease: LC, sink: ChunkSink) -> Fetched:
+        """How one caller reaches its upstream for a lease, from a thread."""
+        ...
 
 
 # -- the leader's side --
@@ -227,11 +226,11 @@ class _Abandonable:
         return self._flight.published
 
 
-def close_fetched(miss: Miss, response: Response, upstream_s: float) -> Completion:
-    """Close `miss` with an answer fetched outside any flight (a replayed log)."""
-    if not miss.close(response, upstream_s=upstream_s):
+def close_fetched(lease: MissLease[Any], response: Response, upstream_s: float) -> Completion:
+    """Close `lease` with an answer fetched outside any flight (a replayed log)."""
+    if not lease.close(response, upstream_s=upstream_s):
         raise RuntimeError("a lease was closed twice")
-    return miss.answer(response, upstream_s)
+    return lease.answer(response, upstream_s)
 
 
 # -- joining: one request's lease on its flight --
@@ -273,12 +272,8 @@ def coalesce_sync(
         return MissFlight(lease, flight, True)
     abandoned = threading.Event()
     flight.cancel_when_idle(abandoned.set)
-    thread = threading.Thread(
-        target=lead_sync,
-        args=(lease, flight, source, clock, abandoned),
-        name="infercache-fetch",
-        daemon=True,
-    )
+    fetch = (lease, flight, source, clock, abandoned)
+    thread = threading.Thread(target=lead_sync, args=fetch, name="infercache-fetch", daemon=True)
     thread.start()
     return MissFlight(lease, flight, True, thread=thread)
 

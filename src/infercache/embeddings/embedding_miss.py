@@ -73,9 +73,12 @@ class EmbeddingMiss:
     def reply(self, fetched: Completion) -> EmbeddingResult:
         return self._records.merged(self.lookup, self._vectors, fetched.response, self._stored)
 
-    def close(self, response: Response | None, *, upstream_s: float = 0.0) -> None:
-        if self._claim() and response is not None:
+    def close(self, response: Response | None, *, upstream_s: float = 0.0) -> bool:
+        if not self._claim():
+            return False
+        if response is not None:
             self._stored = self._records.record(self.lookup, self._vectors)
+        return True
 
     def close_shared(self, leader: Completion | None) -> EmbeddingResult | None:
         if not self._claim() or leader is None:
