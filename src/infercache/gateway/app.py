@@ -2,7 +2,7 @@
 
     POST /v1/chat/completions        the cached path (service.py); streaming and not
     POST /v1/completions             the legacy API, cached on the same path and policy
-    POST /v1/embeddings              cached per input (embedding_cache.py)
+    POST /v1/embeddings              cached per input (embeddings/)
     POST /v1/feedback                {"id": ID, "wrong": true}: retire a wrong answer (feedback.py)
     GET  /v1/models, /v1/models/ID   what the upstreams serve
     *    /v1/...                     any other path and method: passed through to an upstream

@@ -13,7 +13,7 @@
           not streaming: await its answer → JSON
           streaming: wait for its first event (a refusal keeps its own HTTP status), then SSE
       entry.close(status, answer)
-    embeddings(body, tenant, bearer)        per input (embedding_cache.py), the missing inputs
+    embeddings(body, tenant, bearer)        per input (../embeddings/), the missing inputs
                                             fetched through the same protocol
 
 What differs between the cached endpoints (chat, completions) is an adapter (endpoints.py).
