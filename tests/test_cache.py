@@ -14,7 +14,8 @@ from infercache.clock import ManualClock
 from infercache.completion import Layer
 from infercache.errors import NotCachedError, UpstreamError
 from infercache.settings import Settings
-from tests.conftest import CountingUpstream, chat
+from tests.harness.upstreams import CountingUpstream
+from tests.harness.vocabulary import chat
 
 MakeCache = Callable[..., Cache]
 

@@ -15,7 +15,8 @@ from infercache.cli import main
 from infercache.clock import ManualClock
 from infercache.completion import Layer
 from infercache.settings import Settings
-from tests.conftest import CountingUpstream, chat
+from tests.harness.upstreams import CountingUpstream
+from tests.harness.vocabulary import chat
 
 
 def cli_exe() -> list[str]:

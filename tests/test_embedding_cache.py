@@ -14,7 +14,7 @@ from infercache.clock import ManualClock
 from infercache.embeddings.embedding_request import apportion, parse_embedding_request
 from infercache.errors import InvalidRequestError, NotCachedError, StoreError, UpstreamError
 from infercache.stores.memory import MemoryStore
-from tests.flight_watch import FlightWatch
+from tests.harness.flight_watch import FlightWatch
 
 
 class Embedder:

@@ -15,7 +15,8 @@ from infercache.completion import Layer
 from infercache.miss import Miss
 from infercache.request import parse_request
 from infercache.settings import Settings
-from tests.conftest import CountingUpstream, chat
+from tests.harness.upstreams import CountingUpstream
+from tests.harness.vocabulary import chat
 
 
 @pytest.fixture

@@ -22,8 +22,9 @@ from infercache.miss import Miss
 from infercache.miss_flight import coalesce_sync
 from infercache.request import parse_request
 from infercache.settings import Settings
-from tests.conftest import CountingUpstream, chat
-from tests.flight_watch import FlightWatch
+from tests.harness.flight_watch import FlightWatch
+from tests.harness.upstreams import CountingUpstream
+from tests.harness.vocabulary import chat
 
 pytestmark = pytest.mark.concurrency
 

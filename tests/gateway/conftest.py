@@ -16,7 +16,9 @@ from infercache.gateway.build import Built, build
 from infercache.gateway.config import GatewayConfig
 from infercache.gateway.http_server import server_config
 from infercache.settings import Settings
-from tests.gateway.servers import FakeUpstream, serve
+from tests.harness.servers import serve
+from tests.harness.upstreams import FakeUpstream
+from tests.harness.vocabulary import chat
 from tests.observed_gateway import assert_token_hit_rates_at_most_one
 
 
@@ -81,13 +83,4 @@ def make_gateway(tmp_path: Path, fake: tuple[FakeUpstream, str]) -> Iterator[Mak
 
 
 def body(content: str = "What is 2+2?", **fields: Any) -> dict[str, Any]:
-    out: dict[str, Any] = {
-        "model": "test-model",
-        "messages": [
-            {"role": "system", "content": "You are a calculator."},
-            {"role": "user", "content": content},
-        ],
-        "temperature": 0,
-    }
-    out.update(fields)
-    return out
+    return chat(content, system="You are a calculator.", **fields)

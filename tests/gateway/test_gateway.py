@@ -297,8 +297,7 @@ def test_an_unreachable_upstream_is_a_502(tmp_path: Path) -> None:
     from infercache.gateway.config import GatewayConfig
     from infercache.gateway.upstream import HTTPUpstream
     from infercache.settings import Settings
-    from tests.conftest import free_port
-    from tests.gateway.servers import serve
+    from tests.harness.servers import free_port, serve
 
     dead = f"http://127.0.0.1:{free_port()}/v1"
     built = build(
@@ -429,7 +428,8 @@ def test_requests_sharing_a_prefix_go_to_the_replica_where_it_is_warm(tmp_path: 
     from infercache.gateway.config import GatewayConfig
     from infercache.gateway.upstream import HTTPUpstream
     from infercache.settings import Settings
-    from tests.gateway.servers import FakeUpstream, serve
+    from tests.harness.servers import serve
+    from tests.harness.upstreams import FakeUpstream
 
     replicas = [FakeUpstream(), FakeUpstream()]
     system_a = "You answer questions about ACME widgets. " * 30

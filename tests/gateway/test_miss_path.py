@@ -10,8 +10,8 @@ import httpx
 import pytest
 
 from infercache.gateway.stats import gateway_stats
-from tests.flight_watch import FlightWatch
 from tests.gateway.conftest import MakeGateway, Running, body
+from tests.harness.flight_watch import FlightWatch
 
 pytestmark = pytest.mark.concurrency
 

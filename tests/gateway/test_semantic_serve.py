@@ -25,10 +25,10 @@ import pytest
 from infercache.cli import build_parser, main
 from infercache.errors import ConfigError
 from infercache.gateway.cli import serve_settings
-from tests.conftest import free_port
 from tests.gateway.conftest import body
-from tests.gateway.servers import FakeUpstream, serve
-from tests.processes import start, stop
+from tests.harness.processes import start, stop
+from tests.harness.servers import free_port, serve
+from tests.harness.upstreams import FakeUpstream
 from tests.semantic.support_bot import CORES
 
 OPENERS = ["", "hi, ", "hello, ", "quick question: ", "please tell me ", "can you explain "]

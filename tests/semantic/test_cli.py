@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import random
 import tomllib
 from pathlib import Path
 
@@ -14,50 +13,15 @@ from infercache.semantic.calibrate import evaluate, score_pairs
 from infercache.semantic.embedder import StaticEmbedder
 from infercache.semantic.guards import default_guards
 from infercache.semantic.pairs import read_pairs
+from tests.harness.vocabulary import write_pairs
 from tests.semantic.conftest import HARD_CASES
-
-WORDS = [
-    "card",
-    "payment",
-    "transfer",
-    "account",
-    "balance",
-    "refund",
-    "fee",
-    "limit",
-    "password",
-    "login",
-    "phone",
-    "address",
-    "travel",
-    "holiday",
-    "weather",
-    "music",
-    "alarm",
-    "timer",
-    "recipe",
-    "dinner",
-    "flight",
-    "hotel",
-    "train",
-    "ticket",
-    "movie",
-]
 
 
 @pytest.fixture(scope="module")
 def pairs_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """120 near-duplicate positives and 240 unrelated negatives, as a TSV."""
-    rng = random.Random(3)
-    lines = ["a\tb\tsame"]
-    for _ in range(120):
-        words = rng.sample(WORDS, 6)
-        lines.append(f"{' '.join(words)}\t{' '.join([*words[:5], rng.choice(WORDS)])}\t1")
-    for _ in range(240):
-        lines.append(f"{' '.join(rng.sample(WORDS, 6))}\t{' '.join(rng.sample(WORDS, 6))}\t0")
     path = tmp_path_factory.mktemp("pairs") / "pairs.tsv"
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return path
+    return write_pairs(path, positives=120, negatives=240, seed=3)
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
-from concurrent.futures import Executor, Future
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +20,9 @@ from infercache.semantic.guards import build_guards
 from infercache.semantic.layer import SemanticConfig
 from infercache.semantic.verify import FalseHitMonitor, Verifier
 from infercache.settings import Settings
-from tests.conftest import CountingUpstream
+from tests.harness.upstreams import CountingUpstream
+from tests.harness.vocabulary import chat
+from tests.semantic.support_bot import InlineExecutor
 
 THRESHOLD = 0.70  # for the n-gram twin embedder; the real models are calibrated by `tune`
 EMBEDDER = HashingEmbedder(dim=512)
@@ -31,25 +32,7 @@ TWIN_GUARDS = ["numbers", "dates", "negation", "currencies", "entities:conflict"
 
 
 def ask(question: str, *, system: str = "You are a support bot.", **fields: Any) -> dict[str, Any]:
-    body: dict[str, Any] = {
-        "model": "test-model",
-        "messages": [
-            {"role": "system", "content": system},
-            {"role": "user", "content": question},
-        ],
-        "temperature": 0,
-    }
-    body.update(fields)
-    return body
-
-
-class InlineExecutor(Executor):
-    """Runs background work at once, so a test sees its effect without waiting."""
-
-    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
-        future: Future[Any] = Future()
-        future.set_result(fn(*args, **kwargs))
-        return future
+    return chat(question, system=system, **fields)
 
 
 def make_cache(

@@ -19,7 +19,9 @@ from infercache.completion import Layer
 from infercache.semantic.records import record_key
 from infercache.semantic.replica_sync import ReplicaSync, attach, tail_before_rebuild
 from infercache.stores.feed import FeedEvent, FeedKind, open_feed
-from tests.conftest import CountingUpstream, RedisClusterServers, RedisServer, free_port
+from tests.conftest import RedisClusterServers, RedisServer
+from tests.harness.servers import free_port
+from tests.harness.upstreams import CountingUpstream
 from tests.semantic.test_layer import ORIGINAL, REPHRASED, ask, make_cache
 
 Replica = tuple[Cache, ReplicaSync]

@@ -35,9 +35,8 @@ import bisect
 from collections import Counter
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
-from infercache.analyze.intervals import wilson_interval
 from infercache.analyze.kv_sweep import BudgetSweep
 from infercache.analyze.near_duplicates import NearCheck
 from infercache.analyze.options import AnalyzeOptions
@@ -48,6 +47,7 @@ from infercache.analyze.simulated_prefix_cache import (
     SimulatedPrefixCache,
     kv_namespace,
 )
+from infercache.intervals import wilson_interval
 
 OTHER = "(other)"
 # Reuse distances: 4 bins a decade, 0.1 s to ~37 days, then everything longer.
@@ -113,9 +113,6 @@ class Bins:
 
     def add(self, value: float) -> None:
         self.counts[bisect.bisect_left(self.bounds, value)] += 1
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"bounds": list(self.bounds), "counts": list(self.counts)}
 
 
 @dataclass
@@ -191,18 +188,6 @@ class Tally:
         low, high = wilson_interval(self.near, self.checked, confidence)
         scale = self.non_exact / self.requests
         return low * scale, high * scale
-
-    def to_dict(self) -> dict[str, Any]:
-        n = self.requests or 1
-        shared = self.classes[Class.SHARED_PREFIX]
-        return {
-            "requests": self.requests,
-            "census": self.shares(),
-            "prompt_tokens": self.prompt_tokens,
-            "prefix_token_share": self.prefix_token_share,
-            "shared_prefix_mean_tokens": self.shared_tokens / shared if shared else None,
-            "not_cacheable_share": self.not_cacheable / n,
-        }
 
 
 @dataclass

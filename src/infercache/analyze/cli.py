@@ -47,13 +47,14 @@ from infercache.analyze.flags import (
     rules_from,
 )
 from infercache.analyze.options import AnalyzeOptions
-from infercache.analyze.tokenizing.tokenizers import TOKENIZER_HELP
 from infercache.errors import ConfigError, InfercacheError
 from infercache.extras import available, require
 from infercache.settings import Settings
+from infercache.tokenizing.tokenizers import TOKENIZER_HELP
 
 if TYPE_CHECKING:
     from infercache.analyze.analysis import Analysis
+    from infercache.analyze.reports.document import Report
 
 __all__ = ["parse_capacity", "parse_size", "register"]
 
@@ -221,7 +222,7 @@ def _analyse(
     logs: list[Path], args: argparse.Namespace, settings: Settings, options: AnalyzeOptions
 ) -> Analysis:
     from infercache.analyze.analysis import Analyzer
-    from infercache.analyze.tokenizing.tokenizers import load_tokenizer
+    from infercache.tokenizing.tokenizers import load_tokenizer
 
     embedder, candidates = embedders(options, settings)
     size = sum(p.stat().st_size for p in logs if p.is_file())
@@ -270,7 +271,8 @@ def _compare(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
         if report is None:
             settings, options, off = _configure(args, environ)
             analysis = _analyse([path], args, settings, options)
-            report = build_report(analysis, semantic_off=off or None, rules=rules_from(args))
+            built = build_report(analysis, semantic_off=off or None, rules=rules_from(args))
+            report = built.to_dict()
         reports.append(report)
     old, new = args.compare
     comparison = compare(reports[0], reports[1], names=(str(old), str(new)))
@@ -291,7 +293,7 @@ def _with_progress(analyzer: Any, logs: list[Path], args: argparse.Namespace) ->
         return analyzer.run(logs, progress=lambda n: bar.advance(task, n))
 
 
-def _write(report: dict[str, Any], args: argparse.Namespace) -> None:
+def _write(report: Report, args: argparse.Namespace) -> None:
     _emit(
         args,
         lambda out: _render(report, args.format, out, color=None if args.out is None else False),
@@ -309,9 +311,9 @@ def _emit(args: argparse.Namespace, render: Any) -> None:
         raise ConfigError(f"cannot write {args.out}: {exc.strerror or exc}") from exc
 
 
-def _render(report: dict[str, Any], fmt: str, out: IO[str], *, color: bool | None) -> None:
+def _render(report: Report, fmt: str, out: IO[str], *, color: bool | None) -> None:
     if fmt == "json":
-        json.dump(report, out, indent=2, ensure_ascii=False)
+        json.dump(report.to_dict(), out, indent=2, ensure_ascii=False)
         out.write("\n")
     elif fmt == "html":
         from infercache.analyze.reports.html_page import render_html

@@ -35,9 +35,10 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from infercache.analyze.tokenizing.byte_level_words import ByteLevelWords, TokenIds
-from infercache.analyze.tokenizing.cached_runs import CachedRunEncoder
-from infercache.analyze.tokenizing.chat_frames import (
+from infercache.errors import ConfigError
+from infercache.tokenizing.byte_level_words import ByteLevelWords, TokenIds
+from infercache.tokenizing.cached_runs import CachedRunEncoder
+from infercache.tokenizing.chat_frames import (
     CHATML_SPECIALS,
     ChatMLRenderer,
     Renderer,
@@ -45,7 +46,6 @@ from infercache.analyze.tokenizing.chat_frames import (
     Turn,
     turns_of,
 )
-from infercache.errors import ConfigError
 
 _CHARS4_PARTIAL_BASE = 1 << 32  # ids of a 1-3 byte tail: never equal to a full 4-byte piece
 _CHARS4_SPECIAL_BASE = 1 << 34

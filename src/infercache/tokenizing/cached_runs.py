@@ -23,7 +23,7 @@ import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import NamedTuple
 
-from infercache.analyze.tokenizing.byte_level_words import TokenIds
+from infercache.tokenizing.byte_level_words import TokenIds
 
 
 class _Literal(NamedTuple):

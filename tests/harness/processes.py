@@ -1,5 +1,7 @@
 """Real `infercache` processes for end-to-end tests: started exactly as a user starts them, and
-waited on through their own output (no polling, no sleeping)."""
+waited on through their own output (no polling, no sleeping). `engine_server(args)` is the
+engine's OpenAI server (`infercache engine serve`) on a free loopback port, its stderr drained
+while it runs so its log never fills the pipe."""
 
 from __future__ import annotations
 
@@ -7,10 +9,15 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
+
+from tests.harness.servers import free_port
+
+UVICORN_STARTED = "Uvicorn running on"
 
 
 def infercache_exe() -> str:
@@ -56,6 +63,28 @@ def stop(process: subprocess.Popen[str]) -> tuple[str, str]:
         process.terminate()
     out, err = process.communicate(timeout=60)
     return out, err
+
+
+@contextmanager
+def engine_server(args: list[str], *, env: dict[str, str] | None = None) -> Iterator[str]:
+    """`infercache engine serve ARGS... --port P`, yielding `http://127.0.0.1:P` once uvicorn
+    says it runs; stopped with SIGTERM at the end, which it must take as a clean exit."""
+    port = free_port()
+    process, _ = start(
+        ["engine", "serve", *args, "--port", str(port)], UVICORN_STARTED, on_stderr=True, env=env
+    )
+    pipes = [pipe for pipe in (process.stdout, process.stderr) if pipe is not None]
+    drains = [threading.Thread(target=pipe.read, daemon=True) for pipe in pipes]
+    for drain in drains:
+        drain.start()
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        process.terminate()
+        assert process.wait(30) == 0
+        for drain, pipe in zip(drains, pipes, strict=True):
+            drain.join(10)
+            pipe.close()
 
 
 @contextmanager
