@@ -18,6 +18,8 @@ naming it.
     metrics_top_tenants = 20             # INFERCACHE_METRICS_TOP_TENANTS: tenants with their
     metrics_top_models = 20              #   own /metrics series, the rest `other` (and models:
                                          #   INFERCACHE_METRICS_TOP_MODELS)
+    hit_usage = "zero"                   # INFERCACHE_HIT_USAGE: the usage a hit reports:
+                                         #   zero | cached | original (hit_usage.py)
 
     [prices."gpt-4o-mini"]               # INFERCACHE_PRICES='{"gpt-4o-mini": [0.15, 0.6, 0.075]}'
     input_usd_per_mtok = 0.15
@@ -57,6 +59,7 @@ from pathlib import Path
 from typing import Any
 
 from infercache.errors import ConfigError
+from infercache.hit_usage import DEFAULT_HIT_USAGE, HitUsage
 from infercache.keys import IGNORABLE_FIELDS
 from infercache.metrics import Price, PriceTable
 from infercache.policy import CachePolicy
@@ -149,9 +152,11 @@ class Settings:
     feedback_ttl_s: float = 86_400.0  # how long after it was served an answer can be reported
     metrics_top_tenants: int = 20  # tenants with their own /metrics series; the rest `other`
     metrics_top_models: int = 20  # the same bound for the `model` label
+    hit_usage: HitUsage = DEFAULT_HIT_USAGE  # the usage a hit reports (hit_usage.py)
     semantic: SemanticSettings = field(default_factory=SemanticSettings)
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "hit_usage", HitUsage.of(str(self.hit_usage)))
         if not self.default_ttl_s > 0:
             raise ConfigError(f"default_ttl_s must be > 0, got {self.default_ttl_s}")
         if self.max_ttl_s < self.default_ttl_s:
@@ -236,6 +241,7 @@ class Settings:
             "INFERCACHE_FEEDBACK_TTL_S": "feedback_ttl_s",
             "INFERCACHE_METRICS_TOP_TENANTS": "metrics_top_tenants",
             "INFERCACHE_METRICS_TOP_MODELS": "metrics_top_models",
+            "INFERCACHE_HIT_USAGE": "hit_usage",
         }
         raw = {field_name: environ[var] for var, field_name in names.items() if var in environ}
         changes = _cache_section(raw, "environment", from_strings=True)
@@ -269,6 +275,7 @@ _CACHE_FIELDS: dict[str, tuple[str, type]] = {
     "feedback_ttl_s": ("feedback_ttl_s", float),
     "metrics_top_tenants": ("metrics_top_tenants", int),
     "metrics_top_models": ("metrics_top_models", int),
+    "hit_usage": ("hit_usage", str),
 }
 
 

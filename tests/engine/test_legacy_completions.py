@@ -125,7 +125,8 @@ def test_max_tokens_defaults_to_16_as_openai(engine: Engine) -> None:
     [
         ({"prompt": ""}, 400, None, "prompt"),
         ({"prompt": [0, 10**6]}, 400, None, "prompt"),
-        ({"max_tokens": 250}, 400, "context_length_exceeded", "prompt"),
+        ({"max_tokens": 250}, 400, "context_length_exceeded", "max_tokens"),
+        ({"prompt": "hi " * 300}, 400, "context_length_exceeded", "prompt"),
         ({"model": "gpt-9"}, 404, "model_not_found", "model"),
         ({"echo": True, "stream": True}, 400, None, "echo"),
     ],

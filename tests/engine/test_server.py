@@ -83,7 +83,15 @@ def test_malformed_json_is_a_400(client: TestClient) -> None:
         ({"max_tokens": "ten"}, 400, None, "max_tokens"),
         ({"messages": [{"role": "user"}]}, 400, None, "messages[0].content"),
         ({"model": "gpt-9"}, 404, "model_not_found", "model"),
-        ({"max_tokens": 250}, 400, "context_length_exceeded", "messages"),
+        # The prompt fits: the completion asked for is what to shorten (issue 26 item 9).
+        ({"max_tokens": 250}, 400, "context_length_exceeded", "max_tokens"),
+        ({"max_completion_tokens": 250}, 400, "context_length_exceeded", "max_completion_tokens"),
+        (
+            {"messages": [{"role": "user", "content": "hi " * 300}]},
+            400,
+            "context_length_exceeded",
+            "messages",
+        ),
         ({"stream": True, "model": "gpt-9"}, 404, "model_not_found", "model"),
     ],
 )

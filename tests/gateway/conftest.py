@@ -57,20 +57,23 @@ def make_gateway(tmp_path: Path, fake: tuple[FakeUpstream, str]) -> Iterator[Mak
             store_url: str | None = None,
             environ: dict[str, str] | None = None,
             clock: Clock | None = None,
+            settings: dict[str, Any] | None = None,
             **config: Any,
         ) -> Running:
-            """A gateway built as `infercache serve` builds it, in front of the stand-in."""
-            settings = Settings(
+            """A gateway built as `infercache serve` builds it, in front of the stand-in;
+            `settings` overrides cache settings, `config` the gateway's."""
+            cache_settings = Settings(
                 data_dir=tmp_path,
                 store_url=store_url or f"sqlite:///{tmp_path / 'gateway.db'}",
                 default_ttl_s=600,
+                **(settings or {}),
             )
             config.setdefault("upstreams", (f"{upstream_url}/v1",))
             # A roomy store budget: this 2-core box under a full test run can take over 50 ms
             # for a SQLite write. The fault tests set the real default (0.05 s) themselves.
             config.setdefault("store_budget_s", 0.5)
             gateway_config = GatewayConfig(**config).with_env(environ or {})
-            built = build(settings, gateway_config, clock=clock)
+            built = build(cache_settings, gateway_config, clock=clock)
             built_gateways.append(built)
             server = server_config(built.app)  # as `infercache serve` configures uvicorn
             server.pop("app")

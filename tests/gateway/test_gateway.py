@@ -16,6 +16,8 @@ import pytest
 from tests.conftest import start_redis
 from tests.gateway.conftest import MakeGateway, Running, body
 
+ZERO_USAGE = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
+
 
 def post(running: Running, payload: Any, key: str | None = None, **kw: Any) -> httpx.Response:
     with running.client(key) as client:
@@ -41,7 +43,9 @@ def wait_until(running: Running, condition: Any, attempts: int = 20_000) -> None
 
 
 def test_a_repeat_is_an_exact_hit_with_an_age(make_gateway: MakeGateway) -> None:
-    running = make_gateway()
+    # hit_usage "original": the stored answer as it is (the default reports the usage as
+    # saved: tests/gateway/test_hit_usage.py)
+    running = make_gateway(settings={"hit_usage": "original"})
     first = post(running, body())
     second = post(running, body())
     assert first.status_code == second.status_code == 200
@@ -89,7 +93,13 @@ def test_a_streamed_hit_replays_a_valid_openai_sse_sequence(make_gateway: MakeGa
     assert finishes[-1] == "stop"
     assert all(f is None for f in finishes[:-1])
     assert chunks[-1]["choices"] == []
-    assert chunks[-1]["usage"] == stored["usage"]
+    # a hit's usage as hit_usage "zero" (the default) says it: nothing billed, the original's
+    # tokens in the header as saved
+    assert chunks[-1]["usage"] == {**ZERO_USAGE, "prompt_tokens_details": {"cached_tokens": 0}}
+    saved = stored["usage"]
+    assert replay.headers["x-infercache-saved-tokens"] == (
+        f"prompt={saved['prompt_tokens']}, completion={saved['completion_tokens']}"
+    )
     # and the official client parses it
     client = openai.OpenAI(api_key="sk-any", base_url=f"{running.url}/v1")
     stream = client.chat.completions.create(
@@ -115,7 +125,7 @@ def test_a_stream_is_stored_and_serves_a_non_streaming_request(make_gateway: Mak
         if json.loads(e)["choices"]
     )
     assert plain.json()["choices"][0]["message"]["content"] == text
-    assert plain.json()["usage"]["prompt_tokens"] == 30
+    assert plain.headers["x-infercache-saved-tokens"] == "prompt=30, completion=6"  # stored
     assert running.fake.calls == 1
 
 

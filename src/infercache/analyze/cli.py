@@ -74,8 +74,20 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
             "turn on."
         ),
     )
-    p.add_argument("logs", nargs="*", type=Path, metavar="LOG")
-    p.add_argument("--format", choices=FORMATS, default="text")
+    p.add_argument(
+        "logs",
+        nargs="*",
+        type=Path,
+        metavar="LOG",
+        help="request logs: OpenAI bodies, the gateway's --request-log (redacted too) or "
+        "block-hash traces, one JSON a line; .gz too",
+    )
+    p.add_argument(
+        "--format",
+        choices=FORMATS,
+        default="text",
+        help="report format; alerts: Prometheus alerting rules (default text)",
+    )
     p.add_argument("--out", type=Path, default=None, metavar="PATH", help="default: stdout")
     p.add_argument(
         "--compare",
@@ -83,10 +95,14 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         type=Path,
         default=None,
         metavar=("OLD", "NEW"),
-        help="two reports (--format json) or logs: which recommendation changed, and why",
+        help="two reports (--format json) or logs: which recommendation changed, and why "
+        "(default: analyze LOG instead)",
     )
     p.add_argument(
-        "--config", type=Path, default=None, help="TOML settings (cache, prices, semantic)"
+        "--config",
+        type=Path,
+        default=None,
+        help="TOML settings: [cache], [prices], [semantic] (`tune --write-config`) (default: none)",
     )
     p.add_argument(
         "--progress",
@@ -116,23 +132,34 @@ def _replay_arguments(p: argparse.ArgumentParser) -> None:
         help="exact=BYTES, prefix=TOKENS (or bytes with a unit; default unbounded), "
         "semantic=VECTORS",
     )
-    p.add_argument("--kv-bytes-per-token", type=int, default=SMOLLM2_KV_BYTES_PER_TOKEN)
+    p.add_argument(
+        "--kv-bytes-per-token",
+        type=int,
+        default=SMOLLM2_KV_BYTES_PER_TOKEN,
+        help="KV cache bytes a token takes, for prefix capacities in bytes (default "
+        f"{SMOLLM2_KV_BYTES_PER_TOKEN}, SmolLM2-135M in float32)",
+    )
     p.add_argument(
         "--price",
         action="append",
         default=[],
         metavar="MODEL=IN,OUT[,CACHED]",
-        help="USD per 1M tokens (CACHED: prompt tokens served from a prefix cache); MODEL * "
-        "sets the default",
+        help="USD per 1M tokens (CACHED: prompt tokens served from a prefix cache), repeatable; "
+        "MODEL * prices every model not named (default: none, money figures are 0)",
     )
-    p.add_argument("--upstream-profile", default="auto", help=PROFILE_HELP)
+    p.add_argument("--upstream-profile", default="auto", help=f"{PROFILE_HELP} (default auto)")
     p.add_argument(
         "--sweep",
         action=argparse.BooleanOptionalAction,
         default=None,
         help="replay at several TTLs and exact-store sizes (default: on for html)",
     )
-    p.add_argument("--by", choices=("day", "hour"), default=None, help="figures per window")
+    p.add_argument(
+        "--by",
+        choices=("day", "hour"),
+        default=None,
+        help="figures per window (default: one window, the whole log)",
+    )
 
 
 def _semantic_arguments(p: argparse.ArgumentParser) -> None:
@@ -145,8 +172,15 @@ def _semantic_arguments(p: argparse.ArgumentParser) -> None:
         "packaged public calibration",
     )
     group.add_argument("--no-semantic", action="store_true", help="skip near-duplicates")
-    p.add_argument("--embedder", choices=("minilm", "static"), default=None)
-    p.add_argument("--seed", type=int, default=0, help="of the near-duplicate sample")
+    p.add_argument(
+        "--embedder",
+        choices=("minilm", "static"),
+        default=None,
+        help="near-duplicate embedder (default: --config's, else minilm)",
+    )
+    p.add_argument(
+        "--seed", type=int, default=0, help="seed of the near-duplicate sample (default 0)"
+    )
 
 
 def _census_arguments(p: argparse.ArgumentParser) -> None:
@@ -159,28 +193,37 @@ def _census_arguments(p: argparse.ArgumentParser) -> None:
         "--min-prefix-share",
         type=float,
         default=0.5,
-        help="a request reusing at least this share of its prompt is shared_prefix",
+        help="a request reusing at least this share of its prompt is shared_prefix (default 0.5)",
     )
     p.add_argument(
         "--min-prefix-saving",
         type=float,
         default=0.10,
         help="recommend KV reuse when it saves at least this share of prompt tokens or "
-        "upstream time",
+        "upstream time (default 0.1)",
     )
-    p.add_argument("--block-tokens", type=int, default=512, help="tokens per hash_ids block")
-    p.add_argument("--share-prefix-across-tenants", action="store_true")
+    p.add_argument(
+        "--block-tokens",
+        type=int,
+        default=512,
+        help="tokens per hash_ids block of a block-hash trace (default 512)",
+    )
+    p.add_argument(
+        "--share-prefix-across-tenants",
+        action="store_true",
+        help="count prefix reuse across tenants (default: within a tenant, as served)",
+    )
     p.add_argument(
         "--census-max-tokens",
         type=int,
         default=100_000_000,
-        help="memory bound of the census prefix tree, in tokens",
+        help="memory bound of the census prefix tree, in tokens (default 100000000)",
     )
     p.add_argument(
         "--census-max-identities",
         type=int,
         default=8_000_000,
-        help="memory bound of the census's exact identities (~110 bytes each)",
+        help="memory bound of the census's exact identities, ~110 bytes each (default 8000000)",
     )
 
 

@@ -11,7 +11,7 @@
     GET  /metrics                    Prometheus text: per strategy (prometheus.py), per request
                                      with model and tenant (traffic.py), the store's size
     GET  /stats                      JSON: per strategy, the store, the upstreams
-    GET  /healthz                    liveness
+    GET  /healthz, /health           liveness; `degraded` while the store does not answer
     POST /admin/invalidate           {"tags": [...]}                  (admin token)
     POST /admin/model-version        {"model": M, "version": V}       (admin token)
 
@@ -74,7 +74,8 @@ def create_app(
         Route("/v1/models/{model:path}", bound(routes.model), methods=["GET"]),
         Route("/metrics", bound(routes.metrics), methods=["GET"]),
         Route("/stats", bound(routes.stats), methods=["GET"]),
-        Route("/healthz", routes.healthz, methods=["GET"]),
+        Route("/healthz", bound(routes.healthz), methods=["GET"]),
+        Route("/health", bound(routes.healthz), methods=["GET"]),
         Route("/admin/invalidate", bound(routes.admin_invalidate), methods=["POST"]),
         Route("/admin/model-version", bound(routes.admin_model_version), methods=["POST"]),
         Route("/v1/{rest:path}", bound(routes.pass_through), methods=PASS_THROUGH_METHODS),

@@ -41,6 +41,7 @@ from infercache.stores import Backend, open_store
 from infercache.stores.memory import MemoryStore
 from infercache.stores.redis_connect import is_redis_url
 from infercache.stores.replica_flight import FlightTimings, open_flights
+from infercache.stores.start_check import StoreAtStart, check_at_start
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +51,7 @@ class Built:
     app: Starlette
     gateway: Gateway
     cache: Cache
+    store: StoreAtStart | None = None  # what the start-up check found (stores/start_check.py)
 
 
 def build(
@@ -74,6 +76,7 @@ def build(
         max_bytes=settings.max_store_bytes,
         timeout_s=config.store_budget_s,
     )
+    store = check_at_start(backend, optional=config.store_optional)  # before the engine loads
     if not isinstance(backend, MemoryStore):  # in-process memory never stalls
         backend = GuardedBackend(backend, clock=clock, budget_s=config.store_budget_s)
     # Store I/O off the event loop on as many threads as cores: more only add GIL hand-offs
@@ -123,7 +126,7 @@ def build(
         max_body_bytes=config.max_body_bytes,
         version_poll_s=config.version_poll_s,
     )
-    return Built(app, gateway, cache)
+    return Built(app, gateway, cache, store)
 
 
 def _embedder(cache: Cache, upstreams: list[Upstream]) -> EmbeddingsUpstream:

@@ -20,6 +20,7 @@ secrets from the environment (`INFERCACHE_UPSTREAM_API_KEY`, `INFERCACHE_ADMIN_T
     fingerprint_swap_answers = 20               # are a model swap (gateway/fingerprints.py)
     upstream_timeout_s = 600
     store_budget_s = 0.05                       # a store call over this is a counted miss
+    store_optional = false                      # start (degraded) when the store is unreachable
     share_flights = true                        # Redis store: one call per key across gateways
     replica_lease_s = 10                        # a dead gateway's call is taken over after it
 
@@ -115,6 +116,7 @@ class GatewayConfig:
     fingerprint_swap_answers: int = 20
     upstream_timeout_s: float = 600.0
     store_budget_s: float = 0.05
+    store_optional: bool = False  # start degraded, not refuse, when the store does not answer
     share_flights: bool = True  # with a Redis store: one upstream call per key across gateways
     replica_lease_s: float = 10.0  # a dead gateway's call is taken over after this long
     otel: bool = False  # a span per request to OTEL_EXPORTER_OTLP_ENDPOINT (tracing.py)

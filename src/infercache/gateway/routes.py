@@ -19,6 +19,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from infercache.errors import InvalidRequestError, ModelNotFoundError, NotFoundError
 from infercache.gateway.auth import Auth, resolve_tenant
 from infercache.gateway.forwarding import presented_secrets
+from infercache.gateway.health import health
 from infercache.gateway.service import Gateway, JSONReply
 from infercache.gateway.stats import gateway_stats
 from infercache.gateway.upstream import PassThrough
@@ -164,8 +165,8 @@ async def stats(state: AppState, request: Request) -> Response:
     return JSONResponse(await state.gateway.store_io.off_loop(gateway_stats, state.gateway))
 
 
-async def healthz(request: Request) -> Response:
-    return JSONResponse({"status": "ok"})
+async def healthz(state: AppState, request: Request) -> Response:
+    return JSONResponse(await health(state.gateway))  # health.py
 
 
 async def admin_invalidate(state: AppState, request: Request) -> Response:

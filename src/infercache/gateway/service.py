@@ -45,6 +45,7 @@ from infercache.gateway.tracing import NoTracer, RequestTracer
 from infercache.gateway.traffic import RequestMetrics
 from infercache.gateway.upstream import EmbeddingsUpstream, Upstream
 from infercache.gateway.versions import ModelVersionTracker
+from infercache.hit_usage import served_hit
 from infercache.http_errors import internal_error_body
 from infercache.miss import Miss
 from infercache.miss_flight import MissFlight, coalesce
@@ -152,7 +153,7 @@ class Gateway:
                 return await self._stream(outcome, flight, entry, adapter)
             done: Completion = await flight.answer()
             entry.close(status=200, response=done.response, upstream_s=done.upstream_s)
-            return JSONReply(200, done.response, completion_headers(done))
+            return self._replay(done, body, adapter)
         except BaseException as exc:
             entry.close(status=_status_of(exc))
             raise
@@ -183,13 +184,19 @@ class Gateway:
     def _replay(
         self, done: Completion, body: dict[str, Any], adapter: CachedEndpoint
     ) -> JSONReply | StreamReply:
+        """An answer as a reply: JSON, or a hit's replay as the endpoint's stream; a hit
+        (coalesced answers too) reports the usage the `hit_usage` setting says (hit_usage.py)."""
         headers = completion_headers(done)
+        response, raw = done.response, done.raw
+        if done.layer in (Layer.EXACT, Layer.SEMANTIC):
+            response, saved, raw = served_hit(response, self.cache.settings.hit_usage, raw)
+            headers.update(saved)
         if body.get("stream") is not True:
-            return JSONReply(200, done.response, headers, done.raw)
+            return JSONReply(200, response, headers, raw)
         writer = adapter.writer(body)
 
         async def replay() -> AsyncIterator[bytes]:
-            for event in writer.replay(done.response):
+            for event in writer.replay(response):
                 yield event
             yield writer.end
 
@@ -203,19 +210,27 @@ class Gateway:
             headers = layer_headers(Layer.EXACT, age_s=0.0, coalesced=True)
         else:
             headers = layer_headers(miss.layer)
-        events = self._events(miss, flight, entry, adapter)
+        events = self._events(miss, flight, entry, adapter, coalesced)
         return StreamReply(headers, events)
 
     async def _events(
-        self, miss: Miss, flight: MissFlight[Completion], entry: LogEntry, adapter: CachedEndpoint
+        self,
+        miss: Miss,
+        flight: MissFlight[Completion],
+        entry: LogEntry,
+        adapter: CachedEndpoint,
+        coalesced: bool,
     ) -> AsyncIterator[bytes]:
         """The flight's chunks as this client asked for them (the endpoint's writer), then the
-        end; an error event when the answer fails."""
+        end; an error event when the answer fails. A coalesced reader's usage is a hit's."""
         writer = adapter.writer(miss.request.body)
+        hit_usage = self.cache.settings.hit_usage
         done: Completion | None = None
         try:
             async with aclosing(flight.chunks(adapter.chunks)) as chunks:
                 async for chunk in chunks:
+                    if coalesced and chunk.get("usage") is not None:
+                        chunk = served_hit(chunk, hit_usage).response
                     event = writer.event(chunk)
                     if event is not None:
                         yield event

@@ -48,6 +48,7 @@ from infercache.embeddings.embedding_miss import AsyncEmbeddingFunction, Embeddi
 from infercache.embeddings.embedding_request import EmbeddingResult
 from infercache.errors import InfercacheError
 from infercache.header_controls import apply_header_controls
+from infercache.hit_usage import served_hit
 from infercache.miss import Miss
 from infercache.miss_flight import coalesce, coalesce_sync
 from infercache.openai.send_source import ASend, AsyncSend, Send, SyncSend, UpstreamStatus
@@ -113,10 +114,10 @@ class CachingRouter:
 
     def hit(self, request: Any, done: Completion, body: dict[str, Any]) -> Any:
         """A cached answer: JSON, or the SSE stream the upstream would have sent."""
-        headers = completion_headers(done)
+        answer, headers = self.served(done)
         if not body.get("stream"):
-            return self.reply(request, done.response, headers)
-        chunks = chunks_from_completion(done.response, include_usage=include_usage(body))
+            return self.reply(request, answer, headers)
+        chunks = chunks_from_completion(answer, include_usage=include_usage(body))
         events = b"".join(sse_event(c) for c in chunks) + SSE_DONE
         headers = {"content-type": "text/event-stream", **headers}
         return self.http.Response(200, headers=headers, content=events, request=request)
@@ -124,11 +125,17 @@ class CachingRouter:
     def answer(self, request: Any, done: Completion, upstream: Any) -> Any:
         """A non-streaming answer of a miss: the upstream's own response when this call
         fetched it, else a JSON response from the flight."""
-        headers = completion_headers(done)
         if upstream is not None and not done.coalesced and done.layer is not Layer.EXACT:
-            upstream.headers.update(headers)
+            upstream.headers.update(completion_headers(done))
             return upstream
-        return self.reply(request, done.response, headers)
+        answer, headers = self.served(done)
+        return self.reply(request, answer, headers)
+
+    def served(self, done: Completion) -> tuple[dict[str, Any], dict[str, str]]:
+        """A cached answer (a hit, or an identical call's answer) as served, and its headers:
+        the usage the `hit_usage` setting says (hit_usage.py)."""
+        hit = served_hit(done.response, self.cache.settings.hit_usage)
+        return hit.response, {**completion_headers(done), **hit.headers}
 
     def streamed(
         self, request: Any, miss: Miss, coalesced: bool, upstream: Any, events: Any

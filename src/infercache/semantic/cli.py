@@ -61,7 +61,12 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
             "to labelled texts."
         ),
     )
-    parser.add_argument("files", nargs="+", metavar="PAIRS", help="pairs or labelled-text files")
+    parser.add_argument(
+        "files",
+        nargs="+",
+        metavar="PAIRS",
+        help="pairs (a,b,same) or labelled-text (text,label) files: TSV, CSV or JSONL",
+    )
     parser.add_argument(
         "--target-false-hit",
         type=float,
@@ -69,36 +74,72 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         metavar="P",
         help="highest acceptable false-hit rate, as a 95%% upper bound (tune; default 0.01)",
     )
-    parser.add_argument("--threshold", type=float, default=None, help="a threshold (eval only)")
-    parser.add_argument("--config", type=Path, default=None, help="a written config (eval only)")
+    parser.add_argument(
+        "--threshold",
+        type=float,
+        default=None,
+        help="eval only: the threshold to measure (default: the one --config holds)",
+    )
+    parser.add_argument(
+        "--config",
+        type=Path,
+        default=None,
+        help="eval only: a config `tune --write-config` wrote, measured as served (default: none)",
+    )
     parser.add_argument(
         "--target",
         type=float,
         default=None,
         metavar="P",
-        help="eval only: mark a 95%% upper bound on the false-hit rate above P, and exit 1",
+        help="eval only: mark a 95%% upper bound on the false-hit rate above P, and exit 1 "
+        "(default: no target, exit 0)",
     )
     parser.add_argument("--fit", action="store_true", help="fit a matcher to labelled texts")
-    parser.add_argument("--out", type=Path, default=None, help="where --fit writes the matcher")
-    parser.add_argument("--epochs", type=int, default=30, help="adapter training passes (--fit)")
-    parser.add_argument("--format", choices=("text", "json"), default="text")
-    parser.add_argument("--plot", type=Path, default=None, metavar="FILE.png")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="where --fit writes the matcher (default: a folder named for its inputs under "
+        "<data dir>/matchers/)",
+    )
+    parser.add_argument(
+        "--epochs", type=int, default=30, help="adapter training passes, with --fit (default 30)"
+    )
+    parser.add_argument(
+        "--format", choices=("text", "json"), default="text", help="output (default text)"
+    )
+    parser.add_argument(
+        "--plot",
+        type=Path,
+        default=None,
+        metavar="FILE.png",
+        help="draw the hit and false-hit rates against the threshold (default: no plot)",
+    )
     parser.add_argument(
         "--write-config",
         type=Path,
         default=None,
         metavar="FILE",
-        help="write the tuned [semantic] settings as TOML (tune only)",
+        help="write the tuned [semantic] settings as TOML, for `serve --config` (tune only; "
+        "default: not written)",
     )
-    parser.add_argument("--embedder", choices=EMBEDDERS, default="minilm")
     parser.add_argument(
-        "--threads", type=int, default=None, help="torch threads for the minilm embedder"
+        "--embedder",
+        choices=EMBEDDERS,
+        default="minilm",
+        help="the packaged all-MiniLM-L6-v2, or a static model (faster, coarser) (default minilm)",
+    )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch threads for the minilm embedder (default: torch's, every core)",
     )
     parser.add_argument(
         "--guards",
         default="default",
         help="'default', 'none' or a comma list of NAME[:differ|conflict] "
-        "(numbers, dates, currencies, negation, entities)",
+        "(numbers, dates, currencies, negation, entities) (default: 'default')",
     )
     parser.set_defaults(handler=handle)
 
