@@ -124,7 +124,7 @@ def build(
         endpoints=_endpoints(config, clock, conversations),
     )
     if settings.semantic.enabled:
-        from infercache.semantic.setup import enable_from_settings
+        from infercache.gateway.semantic_setup import enable_from_settings
 
         enable_from_settings(
             cache,

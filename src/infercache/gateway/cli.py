@@ -122,6 +122,9 @@ def _serve(args: argparse.Namespace) -> int:
         if built.store is not None
         else mask_credentials(built.cache.backend.url)
     )
+    if semantic is not None:
+        on = settings.semantic.calibrated_on or "nothing recorded (no `tune` line in the config)"
+        print(f"infercache serve: semantic {mode}, calibrated on: {on}", flush=True)
     ready_line = (
         f"infercache gateway ready on http://{config.host}:{config.port}/v1 "
         f"(upstream: {upstream}; store: {store}; semantic: {mode})"
@@ -146,12 +149,6 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         "built-in engine runs in this process (the embedded default).",
     )
     add_store_options(p)
-    p.add_argument(
-        "--store-optional",
-        action="store_true",
-        help="start even when the store does not answer: degraded, caching nothing until it "
-        "does (the ready line and /healthz say so); default: refuse to start, naming the cause",
-    )
     _upstream_options(p)
     _access_options(p)
     _engine_options(p)
@@ -159,7 +156,14 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
 
 
 def _upstream_options(p: argparse.ArgumentParser) -> None:
-    """Where the gateway listens, and what it calls on a miss."""
+    """Where the gateway listens, what it calls on a miss, and whether it starts without its
+    store."""
+    p.add_argument(
+        "--store-optional",
+        action="store_true",
+        help="start even when the store does not answer: degraded, caching nothing until it "
+        "does (the ready line and /healthz say so); default: refuse to start, naming the cause",
+    )
     p.add_argument("--host", help="interface to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, help="TCP port to listen on (default 8080)")
     p.add_argument(

@@ -196,8 +196,8 @@ class Gateway:
     def _replay(
         self, done: Completion, body: dict[str, Any], adapter: CachedEndpoint
     ) -> JSONReply | StreamReply:
-        """An answer as a reply: JSON, or a hit's SSE replay; a hit (coalesced answers too)
-        reports the usage the `hit_usage` setting says (hit_usage.py)."""
+        """An answer as a reply: JSON, or a hit's replay as the endpoint's stream; a hit
+        (coalesced answers too) reports the usage the `hit_usage` setting says (hit_usage.py)."""
         headers = completion_headers(done)
         response, raw = done.response, done.raw
         if done.layer in (Layer.EXACT, Layer.SEMANTIC):
@@ -234,14 +234,15 @@ class Gateway:
         coalesced: bool,
     ) -> AsyncIterator[bytes]:
         """The flight's chunks as this client asked for them (the endpoint's writer), then the
-        end; an error event when the answer fails."""
+        end; an error event when the answer fails. A coalesced reader's usage is a hit's."""
         writer = adapter.writer(miss.request.body)
+        hit_usage = self.cache.settings.hit_usage
         done: Completion | None = None
         try:
             async with aclosing(flight.chunks(adapter.chunks)) as chunks:
                 async for chunk in chunks:
                     if coalesced:  # a hit: its usage as the hit_usage setting says
-                        chunk = adapter.hit_chunk(chunk, self.cache.settings.hit_usage)
+                        chunk = adapter.hit_chunk(chunk, hit_usage)
                     event = writer.event(chunk)
                     if event is not None:
                         yield event
