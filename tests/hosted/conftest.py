@@ -70,13 +70,14 @@ def make_hosted(tmp_path: Path, clock: ManualClock) -> Iterator[MakeHosted]:
     with ExitStack() as stack:
         count = 0
 
-        def make(upstream: str, kind: str, **config: Any) -> Hosted:
-            """A gateway in front of one stand-in (`kind`: anthropic or openai), its own store."""
+        def make(upstream: str, kind: str, store_url: str | None = None, **config: Any) -> Hosted:
+            """A gateway in front of one stand-in (`kind`: anthropic or openai), its own store
+            (SQLite unless `store_url`)."""
             nonlocal count
             count += 1
             settings = Settings(
                 data_dir=tmp_path,
-                store_url=f"sqlite:///{tmp_path / f'gateway{count}.db'}",
+                store_url=store_url or f"sqlite:///{tmp_path / f'gateway{count}.db'}",
                 default_ttl_s=600,
                 prices=PRICES,
             )

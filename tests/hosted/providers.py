@@ -66,6 +66,7 @@ class AnthropicStandIn:
         self.headers: list[dict[str, str]] = []
         self._cache: dict[bytes, float] = {}  # prefix digest -> expiry (wall clock)
         self.stop_reason = "end_turn"  # "max_tokens": every answer cut off
+        self.usages: list[dict[str, int]] = []  # each answer's usage, as billed
         self.app = Starlette(routes=[Route("/v1/messages", self.messages, methods=["POST"])])
 
     def _pieces(self, body: dict[str, Any]) -> list[tuple[str, bool]]:
@@ -109,8 +110,10 @@ class AnthropicStandIn:
                 self._cache[prefix] = now + TTL_S
                 written = max(written, length)
         write = max(0, written - read)
-        return {"input_tokens": total - read - write, "output_tokens": 5,
-                "cache_read_input_tokens": read, "cache_creation_input_tokens": write}  # fmt: skip
+        usage = {"input_tokens": total - read - write, "output_tokens": 5,
+                 "cache_read_input_tokens": read, "cache_creation_input_tokens": write}  # fmt: skip
+        self.usages.append(usage)
+        return usage
 
     async def messages(self, request: Request) -> Response:
         body = json.loads(await request.body())
