@@ -20,8 +20,7 @@ from tests.hosted.conftest import Hosted, MakeHosted
 from tests.hosted.providers import AnthropicStandIn, OpenAIStandIn, tokens
 
 MODEL = "claude-sonnet-4-5"
-QUESTIONS = 200  # as the issue asks, for the two cases it names a count for
-FEW = 50  # the others (pass, the loss): their figures do not depend on the count
+QUESTIONS = 200
 EPHEMERAL = {"type": "ephemeral"}
 MEMORY = "memory://"  # the store is not what these measure
 
@@ -120,7 +119,7 @@ def test_pass_without_client_markers_neither_reads_nor_writes(
 ) -> None:
     standin, url = anthropic_standin
     gateway = make_hosted(url, "anthropic", MEMORY, anthropic_breakpoints="pass")
-    ask_all(claude(gateway.url), [system_prompt("ACME")] * FEW)
+    ask_all(claude(gateway.url), [system_prompt("ACME")] * QUESTIONS)
     assert billed(standin)["written"] == billed(standin)["read"] == 0
     figures = prompt_cache(gateway)
     assert figures["input_tokens"] == billed(standin)["all"]
@@ -144,7 +143,7 @@ def test_a_write_premium_never_read_back_is_shown_as_a_loss(
                 "cache_control": {"type": "ephemeral"},
             }
         ]
-        for i in range(FEW)
+        for i in range(QUESTIONS)
     ]
     ask_all(claude(gateway.url), marked)
     bill = billed(standin)
