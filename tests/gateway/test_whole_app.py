@@ -1,6 +1,6 @@
 """A whole OpenAI app behind the gateway (the official client): chat and Responses are cached,
-every other /v1 endpoint reaches the upstream as is — with the upstream's credentials, never a gateway key
-— and model lookups work."""
+every other /v1 endpoint reaches the upstream as is — with the upstream's credentials, never a
+gateway key — and model lookups work."""
 
 from __future__ import annotations
 
