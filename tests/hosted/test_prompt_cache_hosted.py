@@ -212,3 +212,25 @@ def test_each_tenant_gets_its_own_derived_prompt_cache_key(
     # a2, b2 and the Responses call each read the shared prompt, in whole 128-token steps
     assert figures["read_tokens"] == 3 * (1024 + 128 * ((tokens(shared) - 1024) // 128))
     assert figures["write_tokens"] == 0
+
+
+def test_a_prefix_breaker_in_live_traffic_is_reported_in_stats(
+    claude: Callable[[str], anthropic.Anthropic],
+    make_hosted: MakeHosted,
+    anthropic_standin: tuple[AnthropicStandIn, str],
+) -> None:
+    """A timestamp ahead of the shared prompt: the provider's cache never reads it back, and
+    /stats says so in the analyzer's words."""
+    standin, url = anthropic_standin
+    gateway = make_hosted(url, "anthropic", MEMORY)
+    shared = system_prompt("ACME")
+    ask_all(claude(gateway.url), [f"Now: 2026-12-06 10:{i:02d}:00. {shared}" for i in range(6)])
+    assert billed(standin)["read"] == 0  # every prompt differs from its first characters
+    with httpx.Client(base_url=gateway.url) as http:
+        lines = http.get("/stats").json()["prefix_breakers"]
+    assert len(lines) == 1
+    assert lines[0].startswith("prefix breaker (tenant 'key:")  # open mode: a key's digest
+    assert (
+        f", model '{MODEL}'): the system message varies at character 20 with a timestamp "
+        "('10:01:00.', '10:02:00.'); moving it to the end would let 5 requests reuse "
+    ) in lines[0]

@@ -12,7 +12,8 @@ protocol (miss_flight.py), which does the rest (settle, store, close).
         the endpoint's call, streamed or not (endpoints.py); a stream's chunks published as
         they come; a replica that fails before any chunk is ejected and the call tried once
         more on another
-      the prefix reuse an HTTP upstream reports, counted per upstream (prefix_usage.py)
+      the prefix reuse an HTTP upstream reports, counted per upstream (prefix_usage.py); the
+      request's first message offered to the live prefix-breaker finder (live_breakers.py)
     observe(miss, response): swap detection (versions.py), then what the endpoint keeps of
       the answer (a Responses conversation); store I/O, run by the protocol where
       store_guard.py says, with the store write
@@ -29,6 +30,7 @@ from infercache.completion import Response
 from infercache.errors import UpstreamAbortedError, UpstreamError, UpstreamUnavailableError
 from infercache.gateway.across_replicas import AcrossReplicas
 from infercache.gateway.endpoints import CachedEndpoint, UpstreamCall
+from infercache.gateway.live_breakers import LiveBreakers
 from infercache.gateway.prefix_usage import UpstreamPrefixUsage
 from infercache.gateway.router import PrefixRouter
 from infercache.gateway.upstream import Upstream
@@ -53,8 +55,10 @@ class ReplicaFetch:
         prefix_usage: UpstreamPrefixUsage,
         across: AcrossReplicas | None,
         endpoints: Mapping[Endpoint, CachedEndpoint],
+        breakers: LiveBreakers | None = None,
     ) -> None:
         self.endpoints = endpoints
+        self.breakers = breakers or LiveBreakers()
         self.upstreams = list(upstreams)
         self.router = router
         self.tracker = tracker
@@ -80,6 +84,7 @@ class ReplicaFetch:
             if joined is not None:
                 await AcrossReplicas.fail(joined, _failure(exc))
             raise
+        self.breakers.observe(miss.request)  # a layout defeating the upstream's prefix cache
         if not upstream.records_prefix_metrics:
             self._prefix_usage.count(upstream.name, response)  # the reuse it reports
         if joined is None:

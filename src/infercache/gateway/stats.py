@@ -1,5 +1,6 @@
 """`GET /stats`: the gateway's JSON snapshot — per strategy, the store, the upstreams (each with
-its prompt cache's tokens, read share and net money: prefix_usage.py), flights,
+its prompt cache's tokens, read share and net money: prefix_usage.py), prefix breakers seen in
+live traffic (live_breakers.py), flights,
 model versions (each change with its evidence, each model's fingerprints: versions.py),
 the semantic layer's mode (shadow or calibrated: pairs judged, would-be hit rate, the current
 false-hit bound, serving or not) and the complaints received per layer that answered.
@@ -44,6 +45,7 @@ def gateway_stats(gateway: Gateway) -> dict[str, Any]:
         figures = prompt_caches.get(upstream["name"])
         if figures is not None:  # its prompt cache, as its answers reported it
             upstream["prompt_cache"] = figures.to_json()
+    out["prefix_breakers"] = gateway.replicas.breakers.lines()  # the analyzer's words
     out["model_swaps"] = gateway.tracker.swaps
     out["versions"] = gateway.tracker.snapshot()  # what counts as a change, with its evidence
     if isinstance(backend, GuardedBackend):
