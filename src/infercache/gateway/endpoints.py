@@ -60,7 +60,7 @@ class UpstreamCall(NamedTuple):
 
 
 Complete = Callable[[Upstream, Body, UpstreamCall], Awaitable[Body]]
-Stream = Callable[[Upstream, Body, UpstreamCall], AsyncIterator[StreamChunk]]
+StreamCall = Callable[[Upstream, Body, UpstreamCall], AsyncIterator[StreamChunk]]
 
 
 class StreamWriter(Protocol):
@@ -139,7 +139,7 @@ class CachedEndpoint:
     endpoint: Endpoint
     operation: str
     complete: Complete
-    stream: Stream
+    stream: StreamCall
     sent: Callable[[Body, bool], Body] = _chat_sent
     assembler: Callable[[], Assembler] = CompletionAssembler
     chunks: Callable[[Body], Iterator[StreamChunk]] = _whole_answer
