@@ -16,8 +16,8 @@ since a Python client costs more per request than the gateway does; async httpx 
 - hits per endpoint (wrk only): the same question as chat, Anthropic's `/v1/messages`
   (translated to the upstream's chat on its miss) and OpenAI's `/v1/responses` (sent to the
   upstream natively), each stored once, then exact hits from 1 and `--concurrency`
-  connections, the endpoints alternated over `--rounds` rounds; each endpoint's median rate
-  against chat's (issue 25: within 20%).
+  connections, the endpoints alternated over `--rounds` rounds (each going first in turn);
+  each endpoint's median rate against chat's (issue 25: within 20%).
 Client and servers share the same 2 cores, so throughput is a floor, not a ceiling.
 `--without` runs the gateway with per-request features off (bench/without.py lists them), to
 measure what they cost.
@@ -268,9 +268,12 @@ def endpoint_hits(gw: str, concurrency: int, seconds: int, rounds: int) -> None:
         assert stored.status_code == 200, stored.text
         again = httpx.post(f"{gw}{path}", json=payload, timeout=30)
         assert again.headers["x-infercache"] == "exact-hit", (name, again.headers)
-    for _ in range(rounds):
+    names = list(ENDPOINT_BODIES)
+    for r in range(rounds):
+        order = names[r % len(names) :] + names[: r % len(names)]  # each goes first in turn
         for connections in (1, concurrency):
-            for name, (path, payload) in ENDPOINT_BODIES.items():
+            for name in order:
+                path, payload = ENDPOINT_BODIES[name]
                 script = HIT_LUA.replace("BODY", json.dumps(payload))
                 result = wrk(f"{gw}{path}", script, connections, seconds)
                 assert result["others"] == 0, f"{name}: not every response was a hit: {result}"
