@@ -27,7 +27,13 @@ from infercache.versions import Versions
 
 
 def add_store_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--store", metavar="URL", help="memory://, sqlite:///PATH or redis://...")
+    parser.add_argument(
+        "--store",
+        metavar="URL",
+        help="memory://, sqlite:///PATH, redis://HOST:PORT/DB (one server) or "
+        "redis+cluster://HOST:PORT,HOST:PORT (a Redis Cluster; rediss:// and rediss+cluster:// "
+        "for TLS)",
+    )
     parser.add_argument("--config", metavar="FILE", type=Path, help="TOML settings file")
 
 

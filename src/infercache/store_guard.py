@@ -28,6 +28,9 @@ breaker opened meanwhile by another thread's failure skips the call, as off the 
 way unless the breaker is closed and the store can take its write lock at once. Bulk reads
 (`scan`, for rebuilding an index at start) and `close` are not budgeted. Thread-safe; the
 clock is injected.
+
+A `NodeUnavailableError` (one node of a Redis Cluster failing while the others serve) is not
+held against the whole store: the cluster store has a breaker per node (cluster_breaker.py).
 """
 
 from __future__ import annotations
@@ -40,7 +43,12 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from infercache.clock import Clock
-from infercache.errors import StoreError, StoreUnavailableError, StoreWouldBlockError
+from infercache.errors import (
+    NodeUnavailableError,
+    StoreError,
+    StoreUnavailableError,
+    StoreWouldBlockError,
+)
 from infercache.stores.base import Backend, Entry, InlineReads, InlineWrites, StoreStats
 from infercache.urls import mask_credentials
 
@@ -186,6 +194,8 @@ class GuardedBackend:
         started = clock.monotonic_s()
         try:
             result = fn(*args)
+        except NodeUnavailableError:
+            raise  # one cluster node: the store skips it itself (stores/cluster_breaker.py)
         except StoreError:
             breaker.record(False)
             raise

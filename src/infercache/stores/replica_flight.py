@@ -29,6 +29,13 @@ OpenAI-shaped body. Partial streams are never published: a leader whose stream w
 publishes an error or hands over.
 
 Failure: every redis-py error becomes `StoreError` (a caller falls back to fetching alone).
+Each Lua call is bounded by `FlightTimings.call_ms` (the store budget; the blocking wait by its
+own `block_ms`). On a Redis Cluster the store's per-node breakers (cluster_breaker.py) are
+shared: a flight whose key lives on a node that is skipped is refused at once
+(`NodeUnavailableError`), and a flight call that fails on a node opens that node's breaker for
+the store too. The cluster client reads its slot map (and redis-py its command table, 50-100 ms)
+in the background, at the first join and after a node failure; joins meanwhile are refused
+(`StoreUnavailableError`: the caller fetches alone) rather than waiting for it.
 A renewal that fails is retried at the next tick; one that finds another token sets
 `FlightLease.lost` (this leader stalled past its lease and was presumed dead; its answer is
 still published if none is there yet). All waits are awaits: nothing blocks the event loop.
@@ -40,15 +47,20 @@ import asyncio
 import contextlib
 import logging
 import secrets
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
+import redis
+import redis.asyncio.cluster
 from redis.commands.core import AsyncScript
+from redis.crc import key_slot
+from redis.exceptions import ClusterDownError, SlotNotCoveredError
 
 from infercache.clock import Clock
-from infercache.errors import StoreError
+from infercache.errors import NodeUnavailableError, StoreError, StoreUnavailableError
+from infercache.stores.cluster_breaker import NodeBreakers
 from infercache.stores.redis_connect import (
     REDIS_ERRORS,
     AsyncClient,
@@ -57,6 +69,8 @@ from infercache.stores.redis_connect import (
 )
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 # KEYS: lease, answer, wake; ARGV: token, lease_ms.
 _JOIN = """
@@ -128,9 +142,11 @@ class FlightTimings:
     answer_ttl_ms: int = 30_000  # how long a late joiner can still pick the answer up
     error_ttl_ms: int = 1_000
     max_block_ms: int = 5_000  # longest single XREAD (the client's socket timeout must exceed)
+    call_ms: int | None = None  # one Lua call's deadline (the store budget); None: no deadline
 
     def __post_init__(self) -> None:
-        if min(self.lease_ms, self.answer_ttl_ms, self.error_ttl_ms, self.max_block_ms) < 1:
+        timings = (self.lease_ms, self.answer_ttl_ms, self.error_ttl_ms, self.max_block_ms)
+        if min(*timings, self.call_ms or 1) < 1:
             raise ValueError(f"every timing must be >= 1 ms: {self}")
 
 
@@ -147,12 +163,16 @@ class ReplicaFlights:
         prefix: str = "infercache:",
         timings: FlightTimings | None = None,
         mint_token: Callable[[], str] = _mint_token,
+        breakers: NodeBreakers | None = None,
     ) -> None:
         self._client = client
         self._clock = clock
         self._prefix = prefix
         self.timings = timings or FlightTimings()
         self._mint_token = mint_token
+        self._cluster = client if isinstance(client, redis.asyncio.cluster.RedisCluster) else None
+        self._breakers = breakers if self._cluster is not None else None
+        self._connecting: asyncio.Task[Any] | None = None
         self._join = AsyncScript(client, _JOIN)
         self._renew = AsyncScript(client, _RENEW)
         self._publish = AsyncScript(client, _PUBLISH)
@@ -165,16 +185,72 @@ class ReplicaFlights:
         tag = f"{self._prefix}{{fl:{key}}}"
         return f"{tag}lease", f"{tag}answer", f"{tag}wake"
 
+    def _node_of(self, redis_key: str) -> str | None:
+        """The cluster node serving `redis_key`, when its breaker is to be asked."""
+        if self._breakers is None:
+            return None
+        assert isinstance(self._client, redis.asyncio.cluster.RedisCluster)
+        try:
+            node = self._client.nodes_manager.get_node_from_slot(key_slot(redis_key.encode()))
+        except (KeyError, SlotNotCoveredError):
+            return None  # the client has not read the slot map yet: its first call does
+        return str(node.name)
+
+    async def connect(self) -> None:
+        """Read the cluster's slot map now (a no-op on one server)."""
+        if self._cluster is not None:
+            await self._cluster.initialize()
+
+    def _connected(self) -> bool:
+        """Is the cluster client ready? If not, it connects in the background."""
+        cluster = self._cluster
+        if cluster is None or not getattr(cluster, "_initialize", False):
+            return True
+        if self._connecting is None or self._connecting.done():
+            self._connecting = asyncio.ensure_future(cluster.initialize())
+            self._connecting.add_done_callback(_log_failure)
+        return False
+
+    def _admit(self, node: str | None, key: str) -> None:
+        if node is not None and self._breakers is not None and not self._breakers.allow(node):
+            raise NodeUnavailableError(f"replica flight {key}: node {node} is skipped")
+
+    async def _bounded(self, node: str | None, call: Awaitable[T]) -> T:
+        """One call within `call_ms`; a node failing it is held against the node."""
+        limit_s = None if self.timings.call_ms is None else self.timings.call_ms / 1000
+        try:
+            async with asyncio.timeout(limit_s):
+                result = await call
+        except (TimeoutError, redis.TimeoutError) as exc:
+            if node is not None and self._breakers is not None:
+                self._breakers.failed(node, definite=False, why=exc or "timeout")
+            raise StoreError(f"no answer within {limit_s} s from node {node}") from exc
+        except (redis.ConnectionError, ClusterDownError) as exc:
+            if node is not None and self._breakers is not None:
+                self._breakers.failed(node, definite=True, why=exc)
+            raise
+        if node is not None and self._breakers is not None:
+            self._breakers.succeeded(node)
+        return result
+
     async def join(self, key: str, *, timeout_s: float) -> SharedAnswer | FlightLease:
         """The answer for `key`, or the lease to fetch it. `StoreError` at the deadline or
         when Redis fails."""
+        if not self._connected():
+            raise StoreUnavailableError("replica flights: reading the cluster's slot map")
         lease_key, answer_key, wake_key = self._keys(key)
+        node = self._node_of(lease_key)
+        self._admit(node, key)
         token = self._mint_token()
         deadline_s = self._clock.monotonic_s() + timeout_s
         try:
             while True:
-                reply = await self._join(
-                    keys=[lease_key, answer_key, wake_key], args=[token, self.timings.lease_ms]
+                reply = await self._bounded(
+                    node,
+                    self._join(
+                        keys=[lease_key, answer_key, wake_key],
+                        args=[token, self.timings.lease_ms],
+                    ),
                 )
                 what = reply[0].decode()
                 if what == "answer":
@@ -213,10 +289,11 @@ class FlightLease:
                 await asyncio.wait_for(self._stop.wait(), every_s)
                 return
             try:
-                held = await flights._renew(
-                    keys=[lease_key], args=[self.token, flights.timings.lease_ms]
+                held = await flights._bounded(
+                    flights._node_of(lease_key),
+                    flights._renew(keys=[lease_key], args=[self.token, flights.timings.lease_ms]),
                 )
-            except REDIS_ERRORS as exc:
+            except (StoreError, *REDIS_ERRORS) as exc:
                 log.warning("could not renew the lease of flight %s: %s", self.key, exc)
                 continue
             if not held:
@@ -240,17 +317,20 @@ class FlightLease:
         flights = self._flights
         lease_key, answer_key, wake_key = flights._keys(self.key)
         timings = flights.timings
+        node = flights._node_of(lease_key)
         try:
+            flights._admit(node, self.key)
             if answer is None:
-                await flights._release(
+                call = flights._release(
                     keys=[lease_key, wake_key], args=[self.token, timings.answer_ttl_ms]
                 )
             else:
                 ttl_ms = timings.answer_ttl_ms if answer.ok else timings.error_ttl_ms
-                await flights._publish(
+                call = flights._publish(
                     keys=[lease_key, answer_key, wake_key],
                     args=[self.token, answer.status, answer.body, ttl_ms, timings.answer_ttl_ms],
                 )
+            await flights._bounded(node, call)
         except REDIS_ERRORS as exc:
             raise StoreError(f"replica flight {self.key}: {exc}") from exc
         return True
@@ -273,13 +353,22 @@ class FlightLease:
         self._stop.set()
 
 
+def _log_failure(task: asyncio.Task[Any]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.debug("replica flights: no slot map yet: %s", task.exception())
+
+
 def open_flights(
-    store_url: str, *, clock: Clock, timings: FlightTimings | None = None
+    store_url: str,
+    *,
+    clock: Clock,
+    timings: FlightTimings | None = None,
+    breakers: NodeBreakers | None = None,
 ) -> ReplicaFlights:
     """Flights beside the Redis store `store_url` names (as given to `open_store`, with its
-    `?prefix=`), on their own asyncio client (no connection is made until the first join).
-    Close with `aclose()`."""
+    `?prefix=`), on their own asyncio client (no connection is made until the first join);
+    `breakers`: the cluster store's, to share. Close with `aclose()`."""
     url, prefix = split_store_url(store_url)
     timings = timings or FlightTimings()
     client = async_client(url, socket_timeout_s=timings.max_block_ms / 1000 + 2.0)
-    return ReplicaFlights(client, clock=clock, prefix=prefix, timings=timings)
+    return ReplicaFlights(client, clock=clock, prefix=prefix, timings=timings, breakers=breakers)
