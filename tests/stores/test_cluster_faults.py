@@ -151,7 +151,7 @@ def test_a_flight_on_a_skipped_node_is_refused_at_once_and_a_stalled_one_within_
         f"{fault_cluster.url()}?prefix={store._prefix}",
         clock=clock,
         timings=FlightTimings(call_ms=int(BUDGET_S * 1000)),
-        breakers=store.breakers,
+        nodes=store.connected_nodes,
     )
     on_victim = next(  # a flight key whose lease lives on the victim
         f"f{i}" for i in range(1000) if store.nodes.node_of(f"{{fl:f{i}}}").port == victim
@@ -166,7 +166,6 @@ def test_a_flight_on_a_skipped_node_is_refused_at_once_and_a_stalled_one_within_
         return time.monotonic() - started, result
 
     async def scenario() -> list[tuple[float, Any]]:
-        await flights.connect()  # reads the slot map
         first = await join("warm")
         os.kill(fault_cluster.pid(victim), signal.SIGSTOP)
         try:

@@ -149,9 +149,9 @@ def _across_replicas(
     )
     guard = backend if isinstance(backend, GuardedBackend) else None
     inner = guard.inner if guard is not None else backend
-    breakers = inner.breakers if isinstance(inner, RedisClusterStore) else None
+    nodes = inner.connected_nodes if isinstance(inner, RedisClusterStore) else None
     return AcrossReplicas(
-        open_flights(url, clock=clock, timings=timings, breakers=breakers),
+        open_flights(url, clock=clock, timings=timings, nodes=nodes),
         guard=guard,
         wait_s=config.upstream_timeout_s,
     )

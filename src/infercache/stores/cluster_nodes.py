@@ -269,6 +269,9 @@ class ClusterNodes:
             if node is not None:
                 try:
                     client = self.client.get_redis_connection(node)
+                    # Its pooled connections died with it (or with the network): new ones,
+                    # or each would fail once more on the node's first calls back.
+                    client.connection_pool.disconnect()
                     if client.cluster("INFO").get("cluster_state") != "ok":
                         continue
                     self._check(name, client)

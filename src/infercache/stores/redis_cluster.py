@@ -136,6 +136,11 @@ class RedisClusterStore:
     def nodes(self) -> ClusterNodes:
         return self._ready()[0]
 
+    def connected_nodes(self) -> ClusterNodes | None:
+        """The nodes once connected, else None; never connects (for replica flights, on an
+        event loop)."""
+        return None if self._connected is None else self._connected[0]
+
     def _node_opened(self) -> None:
         """A node's breaker opened (here, or in replica flights sharing `breakers`)."""
         if self._connected is not None:

@@ -30,12 +30,10 @@ publishes an error or hands over.
 
 Failure: every redis-py error becomes `StoreError` (a caller falls back to fetching alone).
 Each Lua call is bounded by `FlightTimings.call_ms` (the store budget; the blocking wait by its
-own `block_ms`). On a Redis Cluster the store's per-node breakers (cluster_breaker.py) are
-shared: a flight whose key lives on a node that is skipped is refused at once
-(`NodeUnavailableError`), and a flight call that fails on a node opens that node's breaker for
-the store too. The cluster client reads its slot map (and redis-py its command table, 50-100 ms)
-in the background, at the first join and after a node failure; joins meanwhile are refused
-(`StoreUnavailableError`: the caller fetches alone) rather than waiting for it.
+own `block_ms`). On a Redis Cluster, flights given the cluster store's `route` (async_nodes.py)
+go straight to the node serving their slot, through its per-node breaker: a flight whose key
+lives on a skipped node is refused at once (`NodeUnavailableError`), and one that fails on a
+node counts against that node for the store too.
 A renewal that fails is retried at the next tick; one that finds another token sets
 `FlightLease.lost` (this leader stalled past its lease and was presumed dead; its answer is
 still published if none is there yet). All waits are awaits: nothing blocks the event loop.
@@ -45,32 +43,30 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import secrets
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 import orjson
-import redis
-import redis.asyncio.cluster
-from redis.commands.core import AsyncScript
-from redis.crc import key_slot
-from redis.exceptions import ClusterDownError, SlotNotCoveredError
+from redis.exceptions import NoScriptError
 
 from infercache.clock import Clock
-from infercache.errors import NodeUnavailableError, StoreError, StoreUnavailableError
-from infercache.stores.cluster_breaker import NodeBreakers
+from infercache.errors import StoreError
+from infercache.stores.async_nodes import AsyncNodes
+from infercache.stores.cluster_nodes import ClusterNodes
 from infercache.stores.redis_connect import (
     REDIS_ERRORS,
     AsyncClient,
     async_client,
+    is_cluster_url,
+    parse_cluster_url,
     split_store_url,
 )
 
 log = logging.getLogger(__name__)
-
-T = TypeVar("T")
 
 # KEYS: lease, answer, wake; ARGV: token, lease_ms.
 _JOIN = """
@@ -154,104 +150,96 @@ def _mint_token() -> str:
     return secrets.token_hex(16)
 
 
+class _Lua:
+    """A script run by its SHA, loaded on the node that lacks it (after a restart, say)."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.sha = hashlib.sha1(text.encode()).hexdigest()
+
+    async def __call__(self, client: AsyncClient, keys: list[str], args: list[Any]) -> Any:
+        try:
+            return await client.evalsha(self.sha, len(keys), *keys, *args)
+        except NoScriptError:
+            await client.script_load(self.text)
+            return await client.evalsha(self.sha, len(keys), *keys, *args)
+
+
+_JOIN_LUA, _RENEW_LUA = _Lua(_JOIN), _Lua(_RENEW)
+_PUBLISH_LUA, _RELEASE_LUA = _Lua(_PUBLISH), _Lua(_RELEASE)
+
+
 class ReplicaFlights:
+    """On `client` (one server, or any cluster client), or through `route` (a cluster store's
+    nodes: async_nodes.py); exactly one of the two."""
+
     def __init__(
         self,
-        client: AsyncClient,
+        client: AsyncClient | None = None,
         *,
         clock: Clock,
         prefix: str = "infercache:",
         timings: FlightTimings | None = None,
         mint_token: Callable[[], str] = _mint_token,
-        breakers: NodeBreakers | None = None,
+        route: AsyncNodes | None = None,
     ) -> None:
+        if (client is None) == (route is None):
+            raise ValueError("give ReplicaFlights a client or a route, not both or neither")
         self._client = client
+        self._route = route
         self._clock = clock
         self._prefix = prefix
         self.timings = timings or FlightTimings()
         self._mint_token = mint_token
-        self._cluster = client if isinstance(client, redis.asyncio.cluster.RedisCluster) else None
-        self._breakers = breakers if self._cluster is not None else None
-        self._connecting: asyncio.Task[Any] | None = None
-        self._join = AsyncScript(client, _JOIN)
-        self._renew = AsyncScript(client, _RENEW)
-        self._publish = AsyncScript(client, _PUBLISH)
-        self._release = AsyncScript(client, _RELEASE)
 
     async def aclose(self) -> None:
-        await self._client.aclose()
+        if self._client is not None:
+            await self._client.aclose()
+        if self._route is not None:
+            await self._route.aclose()
 
     def _keys(self, key: str) -> tuple[str, str, str]:
         tag = f"{self._prefix}{{fl:{key}}}"
         return f"{tag}lease", f"{tag}answer", f"{tag}wake"
 
-    def _node_of(self, redis_key: str) -> str | None:
-        """The cluster node serving `redis_key`, when its breaker is to be asked."""
-        if self._breakers is None:
-            return None
-        assert isinstance(self._client, redis.asyncio.cluster.RedisCluster)
-        try:
-            node = self._client.nodes_manager.get_node_from_slot(key_slot(redis_key.encode()))
-        except (KeyError, SlotNotCoveredError):
-            return None  # the client has not read the slot map yet: its first call does
-        return str(node.name)
+    def _node(self, key: str) -> tuple[str | None, AsyncClient]:
+        """(the node's name when routed, its client) for the flight `key`. Raises
+        `StoreError` when the node is skipped, or the route has no slot map yet."""
+        if self._route is None:
+            assert self._client is not None
+            return None, self._client
+        return self._route(self._keys(key)[0])
 
-    async def connect(self) -> None:
-        """Read the cluster's slot map now (a no-op on one server)."""
-        if self._cluster is not None:
-            await self._cluster.initialize()
-
-    def _connected(self) -> bool:
-        """Is the cluster client ready? If not, it connects in the background."""
-        cluster = self._cluster
-        if cluster is None or not getattr(cluster, "_initialize", False):
-            return True
-        if self._connecting is None or self._connecting.done():
-            self._connecting = asyncio.ensure_future(cluster.initialize())
-            self._connecting.add_done_callback(_log_failure)
-        return False
-
-    def _admit(self, node: str | None, key: str) -> None:
-        if node is not None and self._breakers is not None and not self._breakers.allow(node):
-            raise NodeUnavailableError(f"replica flight {key}: node {node} is skipped")
-
-    async def _bounded(self, node: str | None, call: Awaitable[T]) -> T:
-        """One call within `call_ms`; a node failing it is held against the node."""
+    async def _run(self, node: str | None, script: _Lua, client: AsyncClient,
+                   keys: list[str], args: list[Any]) -> Any:  # fmt: skip
+        """One Lua call within `call_ms`; a failure on a routed node counts against it."""
         limit_s = None if self.timings.call_ms is None else self.timings.call_ms / 1000
         try:
             async with asyncio.timeout(limit_s):
-                result = await call
-        except (TimeoutError, redis.TimeoutError) as exc:
-            if node is not None and self._breakers is not None:
-                self._breakers.failed(node, definite=False, why=exc or "timeout")
-            raise StoreError(f"no answer within {limit_s} s from node {node}") from exc
-        except (redis.ConnectionError, ClusterDownError) as exc:
-            if node is not None and self._breakers is not None:
-                self._breakers.failed(node, definite=True, why=exc)
+                result = await script(client, keys, args)
+        except (TimeoutError, *REDIS_ERRORS) as exc:
+            if node is not None and self._route is not None:
+                self._route.failed(node, exc)
+            if isinstance(exc, TimeoutError):
+                raise StoreError(f"no answer within {limit_s} s from node {node}") from exc
             raise
-        if node is not None and self._breakers is not None:
-            self._breakers.succeeded(node)
+        if node is not None and self._route is not None:
+            self._route.succeeded(node)
         return result
 
     async def join(self, key: str, *, timeout_s: float) -> SharedAnswer | FlightLease:
         """The answer for `key`, or the lease to fetch it. `StoreError` at the deadline or
         when Redis fails."""
-        if not self._connected():
-            raise StoreUnavailableError("replica flights: reading the cluster's slot map")
+        node, client = self._node(key)
         lease_key, answer_key, wake_key = self._keys(key)
-        node = self._node_of(lease_key)
-        self._admit(node, key)
         token = self._mint_token()
         deadline_s = self._clock.monotonic_s() + timeout_s
         try:
             while True:
-                reply = await self._bounded(
-                    node,
-                    self._join(
-                        keys=[lease_key, answer_key, wake_key],
-                        args=[token, self.timings.lease_ms],
-                    ),
-                )
+                reply = await self._run(
+                    node, _JOIN_LUA, client,
+                    [lease_key, answer_key, wake_key], [token, self.timings.lease_ms],
+                )  # fmt: skip
                 what = reply[0].decode()
                 if what == "answer":
                     return SharedAnswer(int(reply[1]), bytes(reply[2]))
@@ -262,7 +250,7 @@ class ReplicaFlights:
                     raise StoreError(f"no answer for flight {key} within {timeout_s} s")
                 lease_left_ms = max(int(reply[1]), 1)  # -2: expired just now; -1: impossible
                 block_ms = min(lease_left_ms + 1, left_ms, self.timings.max_block_ms)
-                await self._client.xread({wake_key: reply[2]}, count=1, block=block_ms)
+                await client.xread({wake_key: reply[2]}, count=1, block=block_ms)
         except REDIS_ERRORS as exc:
             raise StoreError(f"replica flight {key}: {exc}") from exc
 
@@ -289,9 +277,9 @@ class FlightLease:
                 await asyncio.wait_for(self._stop.wait(), every_s)
                 return
             try:
-                held = await flights._bounded(
-                    flights._node_of(lease_key),
-                    flights._renew(keys=[lease_key], args=[self.token, flights.timings.lease_ms]),
+                node, client = flights._node(self.key)
+                held = await flights._run(
+                    node, _RENEW_LUA, client, [lease_key], [self.token, flights.timings.lease_ms]
                 )
             except (StoreError, *REDIS_ERRORS) as exc:
                 log.warning("could not renew the lease of flight %s: %s", self.key, exc)
@@ -317,20 +305,19 @@ class FlightLease:
         flights = self._flights
         lease_key, answer_key, wake_key = flights._keys(self.key)
         timings = flights.timings
-        node = flights._node_of(lease_key)
         try:
-            flights._admit(node, self.key)
+            node, client = flights._node(self.key)
             if answer is None:
-                call = flights._release(
-                    keys=[lease_key, wake_key], args=[self.token, timings.answer_ttl_ms]
-                )
+                await flights._run(
+                    node, _RELEASE_LUA, client,
+                    [lease_key, wake_key], [self.token, timings.answer_ttl_ms],
+                )  # fmt: skip
             else:
                 ttl_ms = timings.answer_ttl_ms if answer.ok else timings.error_ttl_ms
-                call = flights._publish(
-                    keys=[lease_key, answer_key, wake_key],
-                    args=[self.token, answer.status, answer.body, ttl_ms, timings.answer_ttl_ms],
-                )
-            await flights._bounded(node, call)
+                await flights._run(
+                    node, _PUBLISH_LUA, client, [lease_key, answer_key, wake_key],
+                    [self.token, answer.status, answer.body, ttl_ms, timings.answer_ttl_ms],
+                )  # fmt: skip
         except REDIS_ERRORS as exc:
             raise StoreError(f"replica flight {self.key}: {exc}") from exc
         return True
@@ -353,22 +340,22 @@ class FlightLease:
         self._stop.set()
 
 
-def _log_failure(task: asyncio.Task[Any]) -> None:
-    if not task.cancelled() and task.exception() is not None:
-        log.debug("replica flights: no slot map yet: %s", task.exception())
-
-
 def open_flights(
     store_url: str,
     *,
     clock: Clock,
     timings: FlightTimings | None = None,
-    breakers: NodeBreakers | None = None,
+    nodes: Callable[[], ClusterNodes | None] | None = None,
 ) -> ReplicaFlights:
     """Flights beside the Redis store `store_url` names (as given to `open_store`, with its
-    `?prefix=`), on their own asyncio client (no connection is made until the first join);
-    `breakers`: the cluster store's, to share. Close with `aclose()`."""
+    `?prefix=`), on their own asyncio connections (none made until the first join). On a
+    cluster, `nodes` gives the cluster store's nodes (`RedisClusterStore.connected_nodes`) to
+    route through them; without it, an asyncio cluster client. Close with `aclose()`."""
     url, prefix = split_store_url(store_url)
     timings = timings or FlightTimings()
-    client = async_client(url, socket_timeout_s=timings.max_block_ms / 1000 + 2.0)
-    return ReplicaFlights(client, clock=clock, prefix=prefix, timings=timings, breakers=breakers)
+    socket_timeout_s = timings.max_block_ms / 1000 + 2.0
+    if nodes is not None and is_cluster_url(url):
+        route = AsyncNodes(nodes, address=parse_cluster_url(url), socket_timeout_s=socket_timeout_s)
+        return ReplicaFlights(clock=clock, prefix=prefix, timings=timings, route=route)
+    client = async_client(url, socket_timeout_s=socket_timeout_s)
+    return ReplicaFlights(client, clock=clock, prefix=prefix, timings=timings)
