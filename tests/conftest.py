@@ -211,8 +211,9 @@ def _cluster_is_ok(cli: str, ports: list[int]) -> bool:
 class RedisClusterServers:
     """A real Redis Cluster on loopback: masters, and `replicas` replicas per master, each node
     in its own directory so it can be killed and restarted with its cluster config and no
-    data. `full_coverage=False` is `cluster-require-full-coverage no` (what production should
-    run: a dead master then fails only its own slots)."""
+    data (`persist`: with its append-only file). `full_coverage=False` is
+    `cluster-require-full-coverage no` (what production should run: a dead master then fails
+    only its own slots)."""
 
     def __init__(
         self,
@@ -224,6 +225,7 @@ class RedisClusterServers:
         replicas: int = 0,
         full_coverage: bool = True,
         node_timeout_ms: int = 5000,
+        persist: bool = False,
     ) -> None:
         self.ports = ports
         self._workdir = workdir
@@ -235,6 +237,7 @@ class RedisClusterServers:
             "--cluster-node-timeout", str(node_timeout_ms),
             "--cluster-require-full-coverage", "yes" if full_coverage else "no",
             "--repl-diskless-sync-delay", "0",  # a replica syncs at once (default: waits 5 s)
+            *(["--appendonly", "yes"] if persist else []),  # a killed node restarts with data
         ]  # fmt: skip
         self._running: dict[int, tuple[subprocess.Popen[str], threading.Thread]] = {}
 
@@ -312,7 +315,7 @@ class RedisClusterServers:
         return self._running[port][0].pid
 
     def kill(self, port: int) -> None:
-        """SIGKILL one node, as a crash would (its data is lost: no persistence here)."""
+        """SIGKILL one node, as a crash would (its data is lost unless `persist`)."""
         process, drain = self._running.pop(port)
         process.kill()
         process.wait(10)
@@ -321,8 +324,8 @@ class RedisClusterServers:
         process.stdout.close()
 
     def restart(self, port: int) -> None:
-        """Start a killed node again (its nodes.conf: same id and slots, no data), until every
-        node says `cluster_state:ok`."""
+        """Start a killed node again (its nodes.conf: same id and slots; no data unless
+        `persist`), until every node says `cluster_state:ok`."""
         self._start_node(port)
         self.wait_ok()
 
@@ -347,6 +350,7 @@ def start_redis_cluster(
     replicas: int = 0,
     full_coverage: bool = True,
     node_timeout_ms: int = 5000,
+    persist: bool = False,
 ) -> Iterator[RedisClusterServers]:
     """`masters` servers (and `replicas` per master) with `--cluster-enabled yes` on free
     ports, joined by `redis-cli --cluster create ... --cluster-replicas N`, once every node
@@ -360,6 +364,7 @@ def start_redis_cluster(
         replicas=replicas,
         full_coverage=full_coverage,
         node_timeout_ms=node_timeout_ms,
+        persist=persist,
     )
     try:
         cluster._create()
