@@ -88,6 +88,7 @@ class RedisClusterStore:
             self._ready()
         except StoreError as exc:
             if isinstance(exc.__cause__, ConfigError):
+                self.close()
                 raise exc.__cause__ from None
             log.warning("redis cluster %s unreachable at start, checked later: %s", self, exc)
 
@@ -111,14 +112,16 @@ class RedisClusterStore:
                 return self._connected
             try:
                 client = sync_client(self.url, socket_timeout_s=self._socket_timeout_s)
-                assert isinstance(client, RedisCluster)
-                nodes = ClusterNodes(
-                    client, self.breakers, check_node=partial(_check_node, url=self.url)
-                )
-                down = nodes.check_primaries()
             except REDIS_ERRORS as exc:
                 raise StoreError(f"redis cluster store: {exc}") from exc
+            assert isinstance(client, RedisCluster)
+            nodes = ClusterNodes(
+                client, self.breakers, check_node=partial(_check_node, url=self.url)
+            )
+            try:
+                down = nodes.check_primaries()
             except ConfigError as exc:
+                nodes.close()
                 raise StoreError(str(exc)) from exc
             if down:
                 log.warning("redis cluster %s: nodes %s down at start, checked later", self, down)
