@@ -208,6 +208,8 @@ def test_a_dead_cluster_master_costs_its_keys_hits_on_two_gateways_never_seconds
     try:
         during = make_gateway(store_url=store_url, store_budget_s=0.05)  # starts without it
         seen = [a for _ in range(3) for a in ask_all([before, during], questions)]
+        with during.client() as client:
+            nodes = client.get("/stats").json()["store"]["cluster"]["nodes"]
     finally:
         fault_cluster.restart(victim)
     back = time.monotonic()
@@ -220,6 +222,8 @@ def test_a_dead_cluster_master_costs_its_keys_hits_on_two_gateways_never_seconds
     assert {layer for q, _, _, layer in seen if q not in dead} == {"exact-hit"}
     assert {layer for q, _, _, layer in seen if q in dead} == {"miss"}
     assert during.exact()["misses"]["store_unavailable"] >= 3 * len(dead)
+    assert nodes[f"127.0.0.1:{victim}"]["breaker"] == "open"  # /stats names the node
+    assert nodes[f"127.0.0.1:{victim}"]["skipped"] >= 3 * len(dead)
     # Back (and empty): its questions miss once, are stored, then hit through both gateways.
     while not all(layer == "exact-hit" for *_, layer in ask_all([before, during], questions)):
         assert time.monotonic() - back < 5.0, "hits did not resume within 5 s"
