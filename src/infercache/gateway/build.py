@@ -145,7 +145,9 @@ def _across_replicas(
     timings = FlightTimings(
         lease_ms=int(config.replica_lease_s * 1000),
         answer_ttl_ms=5_000,
-        call_ms=max(1, int(config.store_budget_s * 1000)),
+        # The store budget, but at least 250 ms: an asyncio deadline also counts the time the
+        # call waits for the event loop, which a busy gateway makes long.
+        call_ms=max(250, int(config.store_budget_s * 1000)),
     )
     guard = backend if isinstance(backend, GuardedBackend) else None
     inner = guard.inner if guard is not None else backend

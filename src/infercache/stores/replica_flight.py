@@ -29,11 +29,12 @@ OpenAI-shaped body. Partial streams are never published: a leader whose stream w
 publishes an error or hands over.
 
 Failure: every redis-py error becomes `StoreError` (a caller falls back to fetching alone).
-Each Lua call is bounded by `FlightTimings.call_ms` (the store budget; the blocking wait by its
-own `block_ms`). On a Redis Cluster, flights given the cluster store's `route` (async_nodes.py)
-go straight to the node serving their slot, through its per-node breaker: a flight whose key
-lives on a skipped node is refused at once (`NodeUnavailableError`), and one that fails on a
-node counts against that node for the store too.
+Each Lua call is bounded by `FlightTimings.call_ms` (the gateway gives the store budget, at
+least 250 ms; the blocking wait is bounded by its own `block_ms`). On a Redis Cluster, flights
+given the cluster store's `route` (async_nodes.py) go straight to the node serving their slot,
+through its per-node breaker: a flight whose key lives on a skipped node is refused at once
+(`NodeUnavailableError`), and one that fails on a node counts against that node for the store
+too.
 A renewal that fails is retried at the next tick; one that finds another token sets
 `FlightLease.lost` (this leader stalled past its lease and was presumed dead; its answer is
 still published if none is there yet). All waits are awaits: nothing blocks the event loop.
