@@ -19,10 +19,11 @@ import pytest
 
 from infercache.store_guard import GuardedBackend
 from infercache.stores.redis_cluster import RedisClusterStore
-from tests.conftest import RedisClusterServers, free_port, start_redis
+from tests.conftest import RedisClusterServers, start_redis
 from tests.gateway.conftest import MakeGateway, Running, body
-from tests.gateway.servers import FakeUpstream, serve
-from tests.processes import infercache_exe, sqlite_lock_held
+from tests.harness.processes import infercache_exe, sqlite_lock_held
+from tests.harness.servers import free_port, serve
+from tests.harness.upstreams import FakeUpstream
 
 FAULT_S = 2.0  # how long each fault lasts here (bench/faults.py: 10 s)
 
