@@ -20,7 +20,9 @@ Writes (`write`, `incr`) — O(buckets), independent of the number of entries:
 4. commit bucket 0 last. `read` of meta outside a lookup reads bucket 0, so a write that failed
    half-way (a StoreError) is still seen as not done, and a retry (e.g. `set_model_version`
    with the same version) repeats it. Until a failed write is retried, buckets it reached
-   and buckets it did not may disagree; both are readable only when their node is.
+   and buckets it did not may disagree; both are readable only when their node is. While
+   home's node is skipped (no write can run then), `read` answers from the first bucket on a
+   node in use, as lookups do: a gateway's start-up check and its version reads go on.
 When a write returns, every copy holds its value: every process's next lookup sees it.
 
 Lost copies. A node restarted empty, or flushed, loses the entries and meta copies of its
@@ -181,7 +183,32 @@ class BucketMeta:
             blob, values = self._nodes.call(entry_key, op)
         return blob, self._named(names, values)
 
-    def read(self, names: Sequence[str], bucket: int = 0) -> dict[str, str]:
+    def read(self, names: Sequence[str], bucket: int | None = None) -> dict[str, str]:
+        """`bucket`'s copy of `names`; without one, home's, or while home's node is skipped
+        the first bucket's on a node in use (module docstring: reads outside a lookup)."""
+        if bucket is not None:
+            return self._read(names, bucket)
+        try:
+            return self._read(names, 0)
+        except NodeUnavailableError:
+            other = self._bucket_elsewhere()
+            if other is None:
+                raise
+            return self._read(names, other)
+
+    def _bucket_elsewhere(self) -> int | None:
+        """The first bucket on a node in use other than home's; None if there is none."""
+        try:
+            home: str | None = self._nodes.node_of(self._values(0)).name
+        except NodeUnavailableError:  # nobody serves home's slot
+            home = None
+        for b in range(1, self.buckets):
+            key = self._values(b)
+            if self._nodes.allows(key) and self._nodes.node_of(key).name != home:
+                return b
+        return None
+
+    def _read(self, names: Sequence[str], bucket: int) -> dict[str, str]:
         fields = [*names, EPOCH_META]
         key = self._values(bucket)
         values = self._nodes.call(key, lambda node: node.hmget(key, fields))
