@@ -2,11 +2,12 @@
 cluster, a paced load through both, one master killed and restarted; what it costs clients.
 
     .venv/bin/python bench/cluster_faults.py [--replicas 0|1] [--restart aof|empty]
-        [--duration-s 60] [--kill-at-s 20] [--restart-at-s 40] [--rate 10] [--questions 12]
+        [--full-coverage no|yes] [--reads-when-down no|yes] [--duration-s 60]
+        [--kill-at-s 20] [--restart-at-s 40] [--rate 10] [--questions 12]
 
 Processes, as a user runs them: the cluster (tests/conftest.py's `start_redis_cluster`, with
-`cluster-require-full-coverage no` unless `--full-coverage yes`, and a 5 s
-`cluster-node-timeout`; with `--replicas 1` each
+`cluster-require-full-coverage no` unless `--full-coverage yes`, `cluster-allow-reads-when-down
+yes` with `--reads-when-down yes`, and a 5 s `cluster-node-timeout`; with `--replicas 1` each
 master has a replica), the stand-in upstream of bench/faults.py, and two `infercache serve
 --store redis+cluster://...` gateways. The load is open-loop: `--rate` requests per second,
 sent on schedule whatever the answers take, alternating the gateways, cycling over
@@ -18,7 +19,8 @@ Reported: failed requests (not a 200); latency p50, p99 and max over the whole r
 phase; per phase, the hit rate of the questions on the killed master ("dead") and on the others
 ("live"); from when on every request on a dead question was a hit again, counted from the
 restart command and from the node serving again (a master stays in `cluster_state:fail` ~2 s
-after it starts: Redis' own rejoin delay); with replicas, the failover time (kill until the
+after it starts: Redis' own rejoin delay; with `--reads-when-down yes` it serves reads
+meanwhile); with replicas, the failover time (kill until the
 replica is master) and from when on every dead question was a hit again after the kill.
 """
 
@@ -208,6 +210,11 @@ def report(samples: list[Sample], dead: set[str], timeline: Timeline) -> dict[st
 
     # From then on every request on a dead question was a hit.
     out["dead_all_hits_from_restart_s"] = round(last_dead_miss(ev["restart"]) - ev["restart"], 2)
+    out["dead_first_hit_after_restart_s"] = round(
+        min((s.started_s for s in samples if s.question in dead
+             and s.started_s >= ev["restart"] and s.layer == "exact-hit"), default=float("nan"))
+        - ev["restart"], 2,
+    )  # fmt: skip
     out["dead_all_hits_from_node_ok_s"] = round(
         max(0.0, last_dead_miss(ev["restart"]) - ev["node ok"]), 2
     )
@@ -281,6 +288,12 @@ def main() -> int:
         default="no",
         help="cluster-require-full-coverage (Redis' default is yes)",
     )
+    parser.add_argument(
+        "--reads-when-down",
+        choices=("no", "yes"),
+        default="no",
+        help="cluster-allow-reads-when-down (Redis' default is no)",
+    )
     parser.add_argument("--duration-s", type=float, default=60.0)
     parser.add_argument("--kill-at-s", type=float, default=20.0)
     parser.add_argument("--restart-at-s", type=float, default=40.0)
@@ -290,7 +303,7 @@ def main() -> int:
     args = parser.parse_args()
     print(
         f"replicas {args.replicas}, restart {args.restart}, full coverage "
-        f"{args.full_coverage}, {args.rate:g} req/s for "
+        f"{args.full_coverage}, reads when down {args.reads_when_down}, {args.rate:g} req/s for "
         f"{args.duration_s:g} s, kill at {args.kill_at_s:g} s, restart at "
         f"{args.restart_at_s:g} s; load average {os.getloadavg()[0]:.1f}"
     )
@@ -301,6 +314,7 @@ def main() -> int:
             replicas=args.replicas,
             full_coverage=args.full_coverage == "yes",
             persist=args.restart == "aof",
+            reads_when_down=args.reads_when_down == "yes",
         ) as cluster,
     ):
         asyncio.run(run(args, cluster, Path(tmp)))

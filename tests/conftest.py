@@ -149,6 +149,8 @@ class RedisClusterServers:
         full_coverage: bool = True,
         node_timeout_ms: int = 5000,
         persist: bool = False,
+        reads_when_down: bool = False,
+        fsync: str = "everysec",
     ) -> None:
         self.ports = ports
         self._workdir = workdir
@@ -160,7 +162,11 @@ class RedisClusterServers:
             "--cluster-node-timeout", str(node_timeout_ms),
             "--cluster-require-full-coverage", "yes" if full_coverage else "no",
             "--repl-diskless-sync-delay", "0",  # a replica syncs at once (default: waits 5 s)
-            *(["--appendonly", "yes"] if persist else []),  # a killed node restarts with data
+            # a killed node restarts with data (`fsync`: everysec, Redis' default, may lose the
+            # last second or two of writes to a kill; always loses none)
+            *(["--appendonly", "yes", "--appendfsync", fsync] if persist else []),
+            # a node whose cluster state is not ok still serves reads on its slots
+            *(["--cluster-allow-reads-when-down", "yes"] if reads_when_down else []),
         ]  # fmt: skip
         self._running: dict[int, tuple[subprocess.Popen[str], threading.Thread]] = {}
 
@@ -246,11 +252,18 @@ class RedisClusterServers:
         assert process.stdout is not None
         process.stdout.close()
 
-    def restart(self, port: int) -> None:
+    def restart(self, port: int, *, wait: bool = True) -> None:
         """Start a killed node again (its nodes.conf: same id and slots; no data unless
-        `persist`), until every node says `cluster_state:ok`."""
+        `persist`), until every node says `cluster_state:ok` (unless not `wait`)."""
         self._start_node(port)
-        self.wait_ok()
+        if wait:
+            self.wait_ok()
+
+    def cluster_state(self, port: int) -> str:
+        """The node's own `cluster_state` (ok or fail)."""
+        out = self._cli_out(port, "cluster", "info")
+        return next(line.split(":", 1)[1].strip() for line in out.splitlines() if
+                    line.startswith("cluster_state:"))  # fmt: skip
 
     def restart_empty(self, port: int) -> None:
         """Stop one node and start it again: same slots (its nodes.conf), no data."""
@@ -274,6 +287,8 @@ def start_redis_cluster(
     full_coverage: bool = True,
     node_timeout_ms: int = 5000,
     persist: bool = False,
+    reads_when_down: bool = False,
+    fsync: str = "everysec",
 ) -> Iterator[RedisClusterServers]:
     """`masters` servers (and `replicas` per master) with `--cluster-enabled yes` on free
     ports, joined by `redis-cli --cluster create ... --cluster-replicas N`, once every node
@@ -288,6 +303,8 @@ def start_redis_cluster(
         full_coverage=full_coverage,
         node_timeout_ms=node_timeout_ms,
         persist=persist,
+        reads_when_down=reads_when_down,
+        fsync=fsync,
     )
     try:
         cluster._create()
@@ -325,6 +342,18 @@ def failover_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Redis
     workdir = tmp_path_factory.mktemp("failover-cluster")
     with start_redis_cluster(
         workdir, replicas=1, full_coverage=False, node_timeout_ms=1000
+    ) as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="session")
+def rejoin_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisClusterServers]:
+    """3 masters as production should run them without replicas: `cluster-require-full-coverage
+    no`, `cluster-allow-reads-when-down yes`, append-only files (a killed master comes back
+    with its data; fsync always, so with a test's writes of a moment ago too)."""
+    workdir = tmp_path_factory.mktemp("rejoin-cluster")
+    with start_redis_cluster(
+        workdir, full_coverage=False, persist=True, reads_when_down=True, fsync="always"
     ) as cluster:
         yield cluster
 

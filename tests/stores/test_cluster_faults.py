@@ -227,3 +227,41 @@ def test_a_replica_that_takes_over_a_dead_master_brings_its_keys_back(
     assert_never_stalled(seconds)
     assert guard.breaker.state == "closed"
     assert all(guard.get(k) is not None for k in KEYS)  # nothing lost: the replica had it all
+
+
+def test_a_restarted_master_serving_reads_is_used_before_it_rejoins(
+    rejoin_cluster: RedisClusterServers, make_store: MakeStore, clock: ManualClock
+) -> None:
+    """A restarted master stays in `cluster_state:fail` ~2 s (Redis' rejoin delay); with
+    `cluster-allow-reads-when-down yes` it serves reads meanwhile, and its keys hit again as
+    soon as it answers: within 2 s of the restart (issue 30 item 1). A write to it then fails
+    alone and does not take the node out of use."""
+    store = make_store(rejoin_cluster)
+    guard = GuardedBackend(store, clock=clock, budget_s=BUDGET_S)
+    store.write_meta("model:m", "1:v1")
+    for key in KEYS:
+        guard.put(key, entry(clock, key))
+    victim = port_of(store, KEYS[0])
+    node = f"127.0.0.1:{victim}"
+    dead = [k for k in KEYS if port_of(store, k) == victim]
+    rejoin_cluster.kill(victim)
+    assert isinstance(timed(lambda: store.get(dead[0]))[1], NodeUnavailableError)
+    restarted = time.monotonic()
+    rejoin_cluster.restart(victim, wait=False)
+    try:
+        assert store.breakers.wait_closed(node, timeout_s=10)  # the watcher: it serves reads
+        answers = [timed(lambda k=k: store.get_with_meta(k, META)) for k in dead]
+        served_s = time.monotonic() - restarted
+        state = rejoin_cluster.cluster_state(victim)
+        _, write = timed(lambda: store.put(dead[0], entry(clock, "again")))
+        in_use = not store.breakers.is_open(node)
+    finally:
+        rejoin_cluster.wait_ok()
+    assert not [got for _, got in answers if isinstance(got, StoreError)], answers[:2]
+    assert [got[0].response for _, got in answers] == [k.encode() for k in dead]
+    assert all(got[1] == {"model:m": "1:v1"} for _, got in answers)
+    assert served_s < 2.0, served_s
+    if state == "fail":  # still rejoining (on a stalled box it may have finished): writes wait
+        assert isinstance(write, StoreError)
+        assert not isinstance(write, NodeUnavailableError)
+        assert in_use

@@ -28,7 +28,7 @@ import redis.asyncio
 from redis.exceptions import ClusterDownError, MovedError
 
 from infercache.errors import NodeUnavailableError, StoreUnavailableError
-from infercache.stores.cluster_nodes import ClusterNodes
+from infercache.stores.cluster_nodes import ClusterNodes, serves_reads_only
 from infercache.stores.redis_connect import ClusterAddress
 
 # What a node failing looks like (anything else is the call's own error: a bad script, say).
@@ -75,7 +75,9 @@ class AsyncNodes:
             return
         if isinstance(exc, MovedError):
             nodes.want_refresh()
-        elif isinstance(exc, FAILING):
+        elif isinstance(exc, FAILING) and not (
+            isinstance(exc, ClusterDownError) and serves_reads_only(exc)
+        ):  # a node serving reads only refused this write: it is not down
             nodes.breakers.failed(name, definite=False, why=str(exc) or "timeout")
 
     def succeeded(self, name: str) -> None:

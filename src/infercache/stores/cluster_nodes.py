@@ -15,6 +15,9 @@ requests seconds. Here a call on a node:
 - refused or reset (ConnectionError, LOADING), CLUSTERDOWN or MASTERDOWN, or a slot nobody
   serves: the node's breaker opens at once (cluster_breaker.py), the call raises
   `NodeUnavailableError` (a counted miss); a timeout counts towards opening it;
+- CLUSTERDOWN "only accepts read commands" (`cluster-allow-reads-when-down yes`: the node
+  answers and serves reads, it refused a write): `StoreError` for this call, the node stays in
+  use, so its keys keep hitting while the cluster is down or the node is rejoining;
 - MOVED (a failover or a resharding moved the slot): the slot map is patched from the answer
   and the call made once more on the new owner; ASK or TRYAGAIN (a slot being migrated): the
   call fails, a miss; both ask the watcher for a fresh slot map;
@@ -22,9 +25,11 @@ requests seconds. Here a call on a node:
 
 The watcher is a daemon thread that runs only while a node is open or a refresh is wanted: every
 `watch_every_s` it refreshes the slot map (so a replica promoted by a failover is found), then
-closes each open node that answers `CLUSTER INFO` with `cluster_state:ok` and passes
-`check_node` (the store's check: its eviction policy). A node that left the map (a failed-over
-master) is closed too: nothing routes to it. No request ever probes a dead node.
+closes each open node that answers `CLUSTER INFO` with `cluster_state:ok`, or serves reads all
+the same (an EXISTS on one of its slots answered: `cluster-allow-reads-when-down yes`, so a
+restarted master serves its keys during the ~2 s Redis keeps it in `cluster_state:fail`), and
+passes `check_node` (the store's check: its eviction policy). A node that left the map (a
+failed-over master) is closed too: nothing routes to it. No request ever probes a dead node.
 
 `check_node` runs before a node's first use: at connect (`check_primaries`) for every primary
 that answers, raising `ConfigError` to refuse the store; for a node that did not answer, or
@@ -57,6 +62,7 @@ from infercache.stores.redis_connect import REDIS_ERRORS
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+_PROBE_TRIES = 4096  # keys tried for one in a node's slots (a third of them, with 3 masters)
 NodeCheck = Callable[[redis.Redis, str], None]  # (node, its name): ConfigError refuses it
 
 
@@ -179,7 +185,12 @@ class ClusterNodes:
         except redis.TimeoutError as exc:
             self.breakers.failed(name, definite=False, why=exc)
             raise NodeUnavailableError(f"redis cluster node {name}: {exc}") from exc
-        except (redis.ConnectionError, ClusterDownError) as exc:
+        except ClusterDownError as exc:
+            if serves_reads_only(exc):  # it answers, and serves reads: only this write fails
+                raise StoreError(f"redis cluster node {name}: {exc}") from exc
+            self.breakers.failed(name, definite=True, why=exc)
+            raise NodeUnavailableError(f"redis cluster node {name}: {exc}") from exc
+        except redis.ConnectionError as exc:
             self.breakers.failed(name, definite=True, why=exc)
             raise NodeUnavailableError(f"redis cluster node {name}: {exc}") from exc
         except REDIS_ERRORS as exc:
@@ -272,7 +283,9 @@ class ClusterNodes:
                     # Its pooled connections died with it (or with the network): new ones,
                     # or each would fail once more on the node's first calls back.
                     client.connection_pool.disconnect()
-                    if client.cluster("INFO").get("cluster_state") != "ok":
+                    if client.cluster("INFO").get("cluster_state") != "ok" and not (
+                        self._reads_served(node, client)
+                    ):
                         continue
                     self._check(name, client)
                 except (StoreError, *REDIS_ERRORS):
@@ -281,6 +294,29 @@ class ClusterNodes:
             if self.breakers.close(name):
                 closed.append(name)
         return closed
+
+    def _reads_served(self, node: ClusterNode, client: redis.Redis) -> bool:
+        """Does `node`, its cluster state not ok, serve reads on its slots all the same
+        (`cluster-allow-reads-when-down yes`: a master in the 2 s after its restart, or any
+        master while the cluster is down)? One EXISTS of a key in a slot it serves."""
+        key = self._key_on(node.name)
+        if key is None:
+            return False
+        try:
+            client.exists(key)
+        except (ClusterDownError, MovedError, AskError, TryAgainError):
+            return False
+        return True
+
+    def _key_on(self, name: str) -> str | None:
+        """A key whose slot `name` serves in the slot map; None if it serves none."""
+        slots = self.client.nodes_manager.slots_cache
+        for i in range(_PROBE_TRIES):
+            key = f"infercache-probe:{i}"
+            owners = slots.get(key_slot(key.encode()))
+            if owners and owners[0].name == name:
+                return key
+        return None
 
     def health(self) -> dict[str, Any]:
         return {
@@ -296,3 +332,9 @@ class ClusterNodes:
         if watcher is not None:
             watcher.join(5)
         self.client.close()
+
+
+def serves_reads_only(exc: ClusterDownError) -> bool:
+    """A CLUSTERDOWN that says the node still serves reads (`cluster-allow-reads-when-down
+    yes`): it refused a write, not the call's node being down."""
+    return "only accepts read commands" in str(exc)
