@@ -75,9 +75,8 @@ class AsyncNodes:
             return
         if isinstance(exc, MovedError):
             nodes.want_refresh()
-        elif isinstance(exc, FAILING) and not (
-            isinstance(exc, ClusterDownError) and serves_reads_only(exc)
-        ):  # a node serving reads only refused this write: it is not down
+        elif isinstance(exc, FAILING) and not serves_reads_only(exc):
+            # (a node serving reads only refused this write: it is not down)
             nodes.breakers.failed(name, definite=False, why=str(exc) or "timeout")
 
     def succeeded(self, name: str) -> None:

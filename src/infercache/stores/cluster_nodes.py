@@ -15,9 +15,11 @@ requests seconds. Here a call on a node:
 - refused or reset (ConnectionError, LOADING), CLUSTERDOWN or MASTERDOWN, or a slot nobody
   serves: the node's breaker opens at once (cluster_breaker.py), the call raises
   `NodeUnavailableError` (a counted miss); a timeout counts towards opening it;
-- CLUSTERDOWN "only accepts read commands" (`cluster-allow-reads-when-down yes`: the node
-  answers and serves reads, it refused a write): `StoreError` for this call, the node stays in
-  use, so its keys keep hitting while the cluster is down or the node is rejoining;
+- CLUSTERDOWN "only accepts read commands", or a script's write refused "while the cluster
+  is down and readonly" (`cluster-allow-reads-when-down yes`: the node answers and serves
+  reads, it refused a write): `NodeUnavailableError` for this call alone, the node stays in
+  use, so its keys keep hitting while the cluster is down or the node is rejoining (and the
+  store guard does not hold the write against the whole store);
 - MOVED (a failover or a resharding moved the slot): the slot map is patched from the answer
   and the call made once more on the new owner; ASK or TRYAGAIN (a slot being migrated): the
   call fails, a miss; both ask the watcher for a fresh slot map;
@@ -185,15 +187,12 @@ class ClusterNodes:
         except redis.TimeoutError as exc:
             self.breakers.failed(name, definite=False, why=exc)
             raise NodeUnavailableError(f"redis cluster node {name}: {exc}") from exc
-        except ClusterDownError as exc:
-            if serves_reads_only(exc):  # it answers, and serves reads: only this write fails
-                raise StoreError(f"redis cluster node {name}: {exc}") from exc
-            self.breakers.failed(name, definite=True, why=exc)
-            raise NodeUnavailableError(f"redis cluster node {name}: {exc}") from exc
-        except redis.ConnectionError as exc:
-            self.breakers.failed(name, definite=True, why=exc)
-            raise NodeUnavailableError(f"redis cluster node {name}: {exc}") from exc
         except REDIS_ERRORS as exc:
+            if serves_reads_only(exc):  # it answers and serves reads: only this write fails
+                raise NodeUnavailableError(f"redis cluster node {name}: {exc}") from exc
+            if isinstance(exc, (redis.ConnectionError, ClusterDownError)):
+                self.breakers.failed(name, definite=True, why=exc)
+                raise NodeUnavailableError(f"redis cluster node {name}: {exc}") from exc
             raise StoreError(f"redis cluster node {name}: {exc}") from exc
         self.breakers.succeeded(name)
         return result
@@ -334,7 +333,9 @@ class ClusterNodes:
         self.client.close()
 
 
-def serves_reads_only(exc: ClusterDownError) -> bool:
-    """A CLUSTERDOWN that says the node still serves reads (`cluster-allow-reads-when-down
-    yes`): it refused a write, not the call's node being down."""
-    return "only accepts read commands" in str(exc)
+def serves_reads_only(exc: BaseException) -> bool:
+    """Does the error say the node refused a write but serves reads (a cluster not ok with
+    `cluster-allow-reads-when-down yes`)? A CLUSTERDOWN for a command, an error for a script's
+    write."""
+    text = str(exc)
+    return "only accepts read commands" in text or "cluster is down and readonly" in text
