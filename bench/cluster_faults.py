@@ -87,7 +87,9 @@ def warm(urls: list[str], cluster: RedisClusterServers, questions: list[str]) ->
         for q in questions:
             known = entry_keys(cluster)
             http.post(f"{urls[0]}/v1/chat/completions", json=question_body(q))
-            new = {k: p for k, p in entry_keys(cluster).items() if k not in known}
+            deadline = time.monotonic() + 5  # the write may land just after the answer
+            while not (new := {k: p for k, p in entry_keys(cluster).items() if k not in known}):
+                assert time.monotonic() < deadline, f"no entry stored for {q!r} within 5 s"
             assert len(new) == 1, f"expected one new entry for {q!r}, found {len(new)}"
             where[q] = next(iter(new.values()))
             for url in urls:
