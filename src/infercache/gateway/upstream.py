@@ -2,9 +2,9 @@
 
 `HTTPUpstream` speaks to any OpenAI-compatible server (`infercache engine serve`, vLLM, SGLang,
 llama.cpp, a provider) with one pooled `aiohttp.ClientSession` (chosen over httpx by measuring
-what a miss adds: bench/README.md, "Gateway"). `map_aiohttp_errors` is the one place
-aiohttp exceptions are translated: a connection failure or timeout before any answer is
-`UpstreamUnavailableError` (the gateway's 502), a connection that breaks mid-answer is
+what a miss adds: bench/README.md, "Gateway"). `map_aiohttp_errors` (upstream_errors.py) is
+the one place aiohttp exceptions are translated: a connection failure or timeout before any
+answer is `UpstreamUnavailableError` (the gateway's 502), a connection that breaks mid-answer is
 `UpstreamError`; the details (URL, library text) are logged, never sent to the client. An answer
 with an error status is `UpstreamError` carrying that status and the upstream's own error body,
 so the client sees what the upstream said.
@@ -36,7 +36,6 @@ import base64
 import hmac
 import logging
 from collections.abc import AsyncIterator, Mapping, Sequence
-from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -44,8 +43,9 @@ import aiohttp
 import orjson
 
 from infercache.chat import StreamChunk
-from infercache.errors import UpstreamError, UpstreamUnavailableError
+from infercache.errors import UpstreamError
 from infercache.gateway.forwarding import forwarded_headers, forwarded_query
+from infercache.gateway.upstream_errors import map_aiohttp_errors, raise_for_status
 from infercache.prompt_cache.cache_key import with_prompt_cache_key
 from infercache.urls import mask_credentials, split_credentials
 
@@ -101,51 +101,6 @@ class EmbeddingsUpstream(Protocol):
     ) -> dict[str, Any]:
         """An OpenAI `/v1/embeddings` answer for `body`."""
         ...
-
-
-def map_aiohttp_errors(name: str, *, answering: bool = False) -> AbstractContextManager[None]:
-    """Translate aiohttp's exceptions into ours. `answering`: the upstream had begun to answer
-    (a stream), so a failure is a broken answer rather than an unreachable upstream."""
-    return _AiohttpErrors(name, answering)
-
-
-class _AiohttpErrors:
-    """`map_aiohttp_errors`' context (a class: it runs twice on every upstream call)."""
-
-    __slots__ = ("_answering", "_name")
-
-    def __init__(self, name: str, answering: bool) -> None:
-        self._name = name
-        self._answering = answering
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(
-        self, kind: type[BaseException] | None, exc: BaseException | None, tb: object
-    ) -> None:
-        if isinstance(exc, (aiohttp.ClientError, TimeoutError)):
-            log.warning("upstream %s failed: %r", self._name, exc)
-            if self._answering:
-                raise UpstreamError("the upstream connection broke mid-answer") from exc
-            raise UpstreamUnavailableError("the upstream is unreachable") from exc
-        if isinstance(exc, (orjson.JSONDecodeError, UnicodeDecodeError)):
-            log.warning("upstream %s sent an invalid answer: %s", self._name, exc)
-            raise UpstreamError("the upstream sent an invalid answer") from exc
-
-
-def _raise_for_status(status: int, content: bytes, retry_after: str | None = None) -> None:
-    if status < 400:
-        return
-    try:
-        parsed = orjson.loads(content)
-        body = parsed if isinstance(parsed, dict) else None
-    except orjson.JSONDecodeError:
-        body = None
-    message = f"upstream answered {status}"
-    if body and isinstance(body.get("error"), Mapping):
-        message = str(body["error"].get("message", message))
-    raise UpstreamError(message, status_code=status, body=body, retry_after=retry_after)
 
 
 # Hop-by-hop headers (RFC 9110 §7.6.1) and what the gateway sets itself.
@@ -301,7 +256,7 @@ class HTTPUpstream:
                 content = await response.read()
                 status = response.status
                 retry_after = response.headers.get("retry-after")
-        _raise_for_status(status, content, retry_after)
+        raise_for_status(status, content, retry_after)
         with map_aiohttp_errors(self.name, answering=True):
             result = orjson.loads(content)
         if not isinstance(result, dict):
@@ -383,7 +338,7 @@ class HTTPUpstream:
             with map_aiohttp_errors(self.name, answering=True):
                 if response.status >= 400:
                     retry_after = response.headers.get("retry-after")
-                    _raise_for_status(response.status, await response.read(), retry_after)
+                    raise_for_status(response.status, await response.read(), retry_after)
                 async for raw in response.content:
                     line = raw.decode().strip()
                     if not line.startswith("data:"):
@@ -452,7 +407,7 @@ class HTTPUpstream:
             ) as response:
                 content = await response.read()
                 status = response.status
-        _raise_for_status(status, content)
+        raise_for_status(status, content)
         return content.decode()
 
     async def models(self) -> list[dict[str, Any]]:
