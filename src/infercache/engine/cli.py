@@ -12,6 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from infercache.engine.config import DEFAULT_WEIGHTS, WEIGHTS_NAMES
 from infercache.extras import require
 
 
@@ -45,10 +46,34 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     _add_batching_options(serve)
     serve.add_argument("--threads", type=int, default=None, help="torch threads (default: all)")
     serve.add_argument("--max-context-tokens", type=int, default=None)
-    serve.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    add_weights_option(serve)
+    serve.add_argument(
+        "--dtype",
+        choices=["float32", "bfloat16"],
+        default="float32",
+        help="activations and KV (default float32; bfloat16 halves KV bytes)",
+    )
     serve.add_argument("--data-dir", type=Path, default=None, help="converted-model cache root")
     serve.add_argument("--log-level", default="info", help="uvicorn log level")
     serve.set_defaults(handler=_serve)
+
+
+def add_weights_option(parser: argparse.ArgumentParser, *, prefix: str = "") -> None:
+    """`--weights`: the weight format (also on the gateway's `serve`, for its built-in engine)."""
+    parser.add_argument(
+        "--weights",
+        choices=WEIGHTS_NAMES,
+        default=None,
+        help=f"{prefix}weight format of the projections: fp16 (half the bytes a token, float32 "
+        f"activations) or fp32 (the reference); part of the model version (default "
+        f"{DEFAULT_WEIGHTS})",
+    )
+
+
+def ready_line(url: str, model_id: str, weights: str, version: str) -> str:
+    """What `engine serve` prints once it listens (scripts wait on it)."""
+    details = f"model: {model_id}; weights: {weights}; version: {version}"
+    return f"infercache engine ready on {url} ({details})"
 
 
 def _add_batching_options(parser: argparse.ArgumentParser) -> None:
@@ -108,7 +133,14 @@ def _serve(args: argparse.Namespace) -> int:
         "max_context_tokens": args.max_context_tokens,
         "dtype": args.dtype,
     }
-    optional = ("max_kv_bytes", "max_batch", "max_queue", "max_step_tokens", "max_running_kv_bytes")
+    optional = (
+        "max_kv_bytes",
+        "max_batch",
+        "max_queue",
+        "max_step_tokens",
+        "max_running_kv_bytes",
+        "weights",
+    )
     for name in optional:
         if getattr(args, name) is not None:
             overrides[name] = getattr(args, name)
@@ -120,5 +152,15 @@ def _serve(args: argparse.Namespace) -> int:
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, _exit)
     with Engine(config) as engine:
-        uvicorn.run(create_app(engine), host=args.host, port=args.port, log_level=args.log_level)
+        url = f"http://{args.host}:{args.port}/v1"
+        line = ready_line(url, engine.model_id, engine.weights, engine.model_version)
+
+        class Server(uvicorn.Server):
+            async def startup(self, sockets: list[Any] | None = None) -> None:
+                await super().startup(sockets=sockets)
+                if self.started:  # listening: say so only now, so scripts can wait on this line
+                    print(line, flush=True)
+
+        app = create_app(engine)
+        Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level)).run()
     return 0

@@ -1,5 +1,7 @@
 """From settings to a ready model: resolve the checkpoint (converting the packaged GGUF once),
-load the weights, build the forward pass, the tokenizer and an empty prefix cache.
+load the weights in the configured format, build the forward pass, the tokenizer and an empty
+prefix cache. `version` is the served version (weights.py `served_version`): the checkpoint's
+digest with the weight format and activation dtype, the identity every cache keys on.
 
 Everything a model swap replaces lives in one `LoadedModel`, so a swap is one reference
 assignment: no request can see the new model with the old tokenizer or the old KV.
@@ -17,20 +19,21 @@ import torch
 from infercache.clock import Clock
 from infercache.engine.accounting import EngineAccounting
 from infercache.engine.config import EngineConfig
-from infercache.engine.linear import can_pack
 from infercache.engine.model import LlamaModel
 from infercache.engine.prefix_cache import PrefixCache
 from infercache.engine.radix import RadixStats
 from infercache.engine.runner import Runner
 from infercache.engine.scheduler import WaitingQueue
 from infercache.engine.tokenizer import ChatTokenizer
-from infercache.engine.weights import load_checkpoint, resolve_model
+from infercache.engine.weight_formats import weight_format
+from infercache.engine.weights import load_checkpoint, resolve_model, served_version
 
 
 @dataclass(frozen=True, slots=True)
 class LoadedModel:
     model_id: str
     version: str
+    weights: str
     directory: Path
     model: LlamaModel
     tokenizer: ChatTokenizer
@@ -65,6 +68,7 @@ class LoadedModel:
 def load_model(
     config: EngineConfig, model_path: Path | None, served_model_id: str | None, clock: Clock
 ) -> LoadedModel:
+    weights = weight_format(config.weights)  # an unserved format fails before any loading
     resolved = resolve_model(model_path, config.data_dir)
     checkpoint = load_checkpoint(resolved.directory)
     spec = checkpoint.spec
@@ -72,15 +76,18 @@ def load_model(
         config.max_context_tokens or spec.max_position_embeddings, spec.max_position_embeddings
     )
     dtype = torch.bfloat16 if config.dtype == "bfloat16" else torch.float32
-    # The packed weights (linear.py) only pay off when several sequences share a step.
-    packed = config.max_batch > 1 and can_pack(dtype)
-    model = LlamaModel(spec, checkpoint.tensors, dtype=dtype, max_positions=limit, packed=packed)
+    # A packed fp32 layout (linear.py) only pays off when several sequences share a step.
+    packed = config.max_batch > 1
+    model = LlamaModel(
+        spec, checkpoint.tensors, dtype=dtype, max_positions=limit, weights=weights, packed=packed
+    )
     cache = None
     if config.prefix_cache:
         cache = PrefixCache(model.kv_shape, max_kv_bytes=config.max_kv_bytes)
     return LoadedModel(
         model_id=served_model_id or resolved.model_id,
-        version=resolved.version,
+        version=served_version(resolved.version, weights.name, config.dtype),
+        weights=weights.name,
         directory=resolved.directory,
         model=model,
         tokenizer=ChatTokenizer(checkpoint.tokenizer, checkpoint.eos_token_ids),
