@@ -98,9 +98,10 @@ class _Weights:
 
 
 def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """HF's `x * cos + rotate_half(x) * sin` on halves: the same float operations."""
+    """HF's `x * cos + rotate_half(x) * sin` (the same float operations), `cos` and `sin`
+    holding each frequency twice: five kernels for the queries and keys of a layer at once."""
     x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
 
 
 class LlamaModel:
@@ -127,19 +128,20 @@ class LlamaModel:
             embed = w.get("model.embed_tokens.weight")
             self._embed = self.weights.embedding(embed)
             head = embed if spec.tie_word_embeddings else w.get("lm_head.weight")
-            self._lm_head = self.weights.projection(head, None, packed=packed)
+            self._lm_head = self.weights.head(head, packed=packed)
             del embed, head
             self._final_norm = w.get("model.norm.weight").to(dtype)
             self._layers = [self._load_layer(w, i) for i in range(spec.num_layers)]
             positions = torch.arange(self.max_positions, dtype=torch.float32)
             inv_freq = torch.tensor(spec.rope_inv_freq, dtype=torch.float32)
             freqs = positions[:, None] * inv_freq[None, :]
+            freqs = torch.cat((freqs, freqs), dim=-1)
             scale = spec.rope_attention_scaling
-            # [positions, 1 (heads), head_dim / 2], broadcast over heads.
+            # [positions, 1 (heads), head_dim], broadcast over heads.
             self._cos = (freqs.cos() * scale).to(dtype)[:, None, :]
             self._sin = (freqs.sin() * scale).to(dtype)[:, None, :]
         s = spec
-        self._qkv_sizes = [s.num_heads * s.head_dim, *[s.num_kv_heads * s.head_dim] * 2]
+        self._qk_heads = s.num_heads + s.num_kv_heads
         self._group = s.num_heads // s.num_kv_heads
 
     def _load_layer(self, w: _Weights, i: int) -> _Layer:
@@ -229,10 +231,10 @@ class LlamaModel:
         spec = self.spec
         t = h.shape[0]
         qkv = layer.qkv(h)
-        q, k, v = torch.split(qkv, self._qkv_sizes, dim=-1)
-        q = _rope(q.view(t, spec.num_heads, spec.head_dim), rows.cos, rows.sin)
-        k = _rope(k.view(t, spec.num_kv_heads, spec.head_dim), rows.cos, rows.sin)
-        v = v.view(t, spec.num_kv_heads, spec.head_dim)
+        width = self._qk_heads * spec.head_dim
+        qk = _rope(qkv[:, :width].view(t, self._qk_heads, spec.head_dim), rows.cos, rows.sin)
+        q, k = qk[:, : spec.num_heads], qk[:, spec.num_heads :]
+        v = qkv[:, width:].view(t, spec.num_kv_heads, spec.head_dim)
         if len(segments) == 1:
             out = self._attend(segments[0], index, q, k, v, rows.masks[0])
         else:

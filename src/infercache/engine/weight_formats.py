@@ -36,7 +36,12 @@ class WeightFormat(Protocol):
     def projection(
         self, weight: torch.Tensor, bias: torch.Tensor | None, *, packed: bool
     ) -> Projection:
-        """`weight` float32 `[out, in]`; `packed`: steps will multiply several rows."""
+        """A transformer layer's projection of float32 `weight` `[out, in]`; `packed`: steps
+        will multiply several rows."""
+        ...
+
+    def head(self, weight: torch.Tensor, *, packed: bool) -> Projection:
+        """The LM head (float32 `[vocab, hidden]`): the logits every token is chosen from."""
         ...
 
     def embedding(self, weight: torch.Tensor) -> torch.Tensor:
@@ -52,6 +57,9 @@ class Fp32Weights:
     ) -> Projection:
         return Fp32Linear(weight, bias, packed=packed and can_pack())
 
+    def head(self, weight: torch.Tensor, *, packed: bool) -> Projection:
+        return self.projection(weight, None, packed=packed)
+
     def embedding(self, weight: torch.Tensor) -> torch.Tensor:
         return weight.float().contiguous()
 
@@ -63,6 +71,9 @@ class Fp16Weights:
         self, weight: torch.Tensor, bias: torch.Tensor | None, *, packed: bool
     ) -> Projection:
         return Fp16Linear(weight, bias)
+
+    def head(self, weight: torch.Tensor, *, packed: bool) -> Projection:
+        return Fp16Linear(weight, None)
 
     def embedding(self, weight: torch.Tensor) -> torch.Tensor:
         return weight.to(torch.float16).contiguous()
