@@ -201,6 +201,8 @@ def speed(checkpoint: Checkpoint, names: list[str], rounds: int) -> None:
                 results[name]["d"].append(decode_rate(model, r))
                 results[name]["b"].append(batch_rate(model, r))
                 results[name]["p"].append(prefill_ms(model, r))
+                got = {k: round(v[-1], 1) for k, v in results[name].items()}
+                print(f"round {r + 1} {name}: {got}", file=sys.stderr, flush=True)
             print(f"round {r + 1}: load average {os.getloadavg()[0]:.1f}", file=sys.stderr)
     base = results.get("fp32")
     print("\n| format | decode tok/s | × fp32 | 16 streams tok/s | × fp32 | prefill 512 ms "

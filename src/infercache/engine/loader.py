@@ -84,12 +84,14 @@ def load_model(
         spec, checkpoint.tensors, dtype=dtype, max_positions=limit, weights=weights, packed=packed
     )
     _return_freed_memory()
+    # The model's identity: what every cache keys on, KV included.
+    version = served_version(resolved.checkpoint_version, weights.name, config.dtype)
     cache = None
     if config.prefix_cache:
         cache = PrefixCache(model.kv_shape, max_kv_bytes=config.max_kv_bytes)
     return LoadedModel(
         model_id=served_model_id or resolved.model_id,
-        version=served_version(resolved.version, weights.name, config.dtype),
+        version=version,
         weights=weights.name,
         directory=resolved.directory,
         model=model,

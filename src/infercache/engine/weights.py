@@ -56,9 +56,13 @@ _LENGTH_DEPENDENT_ROPE = frozenset({"dynamic", "longrope"})
 
 @dataclass(frozen=True, slots=True)
 class ResolvedModel:
+    """A checkpoint found on disk. `checkpoint_version` is its digest alone: what the engine
+    serves is named by `served_version`, which adds the weight format (no cache may key on
+    the checkpoint's digest alone)."""
+
     directory: Path
     model_id: str
-    version: str
+    checkpoint_version: str
 
 
 @dataclass(frozen=True, slots=True)
