@@ -153,7 +153,7 @@ CANDIDATES: dict[str, Callable[[], WeightFormat]] = {
 
 def load(checkpoint: Checkpoint, name: str) -> LlamaModel:
     return LlamaModel(
-        checkpoint.spec, checkpoint.tensors, max_positions=2048, weights=CANDIDATES[name]()
+        checkpoint.spec, checkpoint.tensors, max_positions=4096, weights=CANDIDATES[name]()
     )
 
 
