@@ -125,4 +125,5 @@ def test_packaged_model_is_converted_once_with_its_version_stored(
     assert smol_resolved.model_id == "SmolLM2-135M-Instruct"
     assert smol_resolved.directory.parent == smol_data_dir / "models"
     stored = json.loads((smol_resolved.directory / "infercache-version.json").read_text())
-    assert stored["version"] == smol_resolved.checkpoint_version == version_digest(smol_resolved.directory)
+    digest = version_digest(smol_resolved.directory)
+    assert stored["version"] == smol_resolved.checkpoint_version == digest
