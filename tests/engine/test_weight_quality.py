@@ -24,7 +24,7 @@ NEW_TOKENS = 16
 
 @pytest.mark.slow
 def test_the_default_format_passes_the_quality_gate_against_fp32(
-    smol_checkpoint: Checkpoint, smol_model: LlamaModel
+    smol_checkpoint: Checkpoint, smol_model: LlamaModel, smol_served_model: LlamaModel
 ) -> None:
     assert smol_model.weights.name == "fp32"
     tokenizer = smol_checkpoint.tokenizer
@@ -36,10 +36,8 @@ def test_the_default_format_passes_the_quality_gate_against_fp32(
         )["input_ids"]
         for line in lines
     ]
-    candidate = LlamaModel(
-        smol_checkpoint.spec, smol_checkpoint.tensors, max_positions=1024, weights=DEFAULT_WEIGHTS
-    )
-    assert candidate.weights.name != "fp32"
+    candidate = smol_served_model
+    assert candidate.weights.name == DEFAULT_WEIGHTS != "fp32"
     reference = answers(smol_model, text[:TEXT_TOKENS], prompts, NEW_TOKENS)
     got = answers(candidate, text[:TEXT_TOKENS], prompts, NEW_TOKENS)
     result = compare(got, reference)
