@@ -201,8 +201,8 @@ def census_child(log: str, tokenizer: str) -> dict[str, Any]:
 
     from infercache.analyze.analysis import Analyzer
     from infercache.analyze.options import AnalyzeOptions
-    from infercache.analyze.tokenizing.tokenizers import load_tokenizer
     from infercache.settings import Settings
+    from infercache.tokenizing.tokenizers import load_tokenizer
 
     settings = Settings.load({})
     load_tokenizer(tokenizer, settings.data_dir)  # converts the packaged model once, untimed
@@ -279,15 +279,15 @@ def mooncake_child(trace: str, budgets: str) -> dict[str, Any]:
     from infercache.analyze.analysis import Analyzer
     from infercache.analyze.options import AnalyzeOptions
     from infercache.analyze.reports.document import build_report
-    from infercache.analyze.tokenizing.tokenizers import Chars4Tokenizer
     from infercache.settings import Settings
+    from infercache.tokenizing.tokenizers import Chars4Tokenizer
 
     settings = Settings.load({})
     started = time.perf_counter()
     analysis = Analyzer(AnalyzeOptions(), settings=settings, tokenizer=Chars4Tokenizer).run(
         [Path(trace)]
     )
-    report = build_report(analysis)
+    report = build_report(analysis).to_dict()
     wall = time.perf_counter() - started
     curve = {p["budget_tokens"]: p["token_share"] for p in report["kv_sweep"]["curve"]}
     checks = []
@@ -313,8 +313,8 @@ def redacted_child(seed: str) -> dict[str, Any]:
     from infercache.analyze.analysis import Analyzer
     from infercache.analyze.options import AnalyzeOptions
     from infercache.analyze.reports.document import build_report
-    from infercache.analyze.tokenizing.tokenizers import load_tokenizer
     from infercache.settings import Settings
+    from infercache.tokenizing.tokenizers import load_tokenizer
 
     settings = Settings.load({})
     tokenizer = load_tokenizer("smollm2", settings.data_dir)
@@ -336,7 +336,7 @@ def redacted_child(seed: str) -> dict[str, Any]:
                     Analyzer(AnalyzeOptions(), settings=settings, tokenizer=lambda: tokenizer).run(
                         [path]
                     )
-                )
+                ).to_dict()
                 for path in (plain_log, redacted_log)
             ]
             out[name] = {
@@ -354,13 +354,13 @@ def redacted_child(seed: str) -> dict[str, Any]:
 
 
 def request_log_child(seed: str) -> dict[str, Any]:
-    from infercache.analyze.tokenizing.tokenizers import load_tokenizer
     from infercache.clock import SystemClock
     from infercache.gateway.requestlog import LogEntry, RequestLog
     from infercache.gateway.tracing import NoTracer
     from infercache.gateway.traffic import RequestMetrics
     from infercache.redaction import Redactor, load_or_create_secret, redact_request
     from infercache.settings import Settings
+    from infercache.tokenizing.tokenizers import load_tokenizer
 
     records = short_support_bot(int(seed), 3000).records
     tokenizer = load_tokenizer("smollm2", Settings.load({}).data_dir)

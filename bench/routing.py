@@ -402,7 +402,7 @@ def kill_run(
     from infercache.settings import Settings
 
     sys.path.insert(0, str(Path(__file__).parent.parent))
-    from tests.gateway.servers import serve
+    from tests.harness.servers import serve
 
     requests = trace[: args.kill_requests]
     data_dir = args.out / "kill-gateway"

@@ -17,80 +17,10 @@ from typing import Any
 import pytest
 
 from infercache.clock import ManualClock
+from tests.harness.servers import free_port
+from tests.harness.upstreams import CountingUpstream
 
 _ids = itertools.count()
-
-
-def chat(content: str = "What is the capital of France?", **fields: Any) -> dict[str, Any]:
-    """A deterministic chat-completions request body."""
-    body: dict[str, Any] = {
-        "model": "test-model",
-        "messages": [
-            {"role": "system", "content": "You are terse."},
-            {"role": "user", "content": content},
-        ],
-        "temperature": 0,
-    }
-    body.update(fields)
-    return body
-
-
-class CountingUpstream:
-    """Stands in for a paid provider: answers deterministically from the request, counts calls,
-    and takes `latency_s` on the injected clock. Thread-safe."""
-
-    def __init__(
-        self,
-        clock: ManualClock,
-        *,
-        latency_s: float = 0.5,
-        prompt_tokens: int = 20,
-        completion_tokens: int = 8,
-    ) -> None:
-        self.clock = clock
-        self.latency_s = latency_s
-        self.prompt_tokens = prompt_tokens
-        self.completion_tokens = completion_tokens
-        self.calls = 0
-        self.bodies: list[dict[str, Any]] = []
-        self.finish_reason: str | None = "stop"
-        self._lock = threading.Lock()
-        self.gate: threading.Event | None = None  # when set, calls block until it is set
-
-    def response(self, body: dict[str, Any]) -> dict[str, Any]:
-        with self._lock:
-            self.calls += 1
-            self.bodies.append(body)
-            n = self.calls
-        last = body["messages"][-1]["content"]
-        return {
-            "id": f"chatcmpl-{n}",
-            "object": "chat.completion",
-            "created": 1_700_000_000,
-            "model": body["model"],
-            "choices": [
-                {
-                    "index": 0,
-                    "message": {"role": "assistant", "content": f"answer #{n} to {last}"},
-                    "finish_reason": self.finish_reason,
-                }
-            ],
-            "usage": {
-                "prompt_tokens": self.prompt_tokens,
-                "completion_tokens": self.completion_tokens,
-                "total_tokens": self.prompt_tokens + self.completion_tokens,
-            },
-        }
-
-    def __call__(self, body: dict[str, Any]) -> dict[str, Any]:
-        if self.gate is not None:
-            assert self.gate.wait(30), "test gate never opened"
-        self.clock.advance(self.latency_s)
-        return self.response(body)
-
-    async def acall(self, body: dict[str, Any]) -> dict[str, Any]:
-        self.clock.advance(self.latency_s)
-        return self.response(body)
 
 
 @pytest.fixture
@@ -106,13 +36,6 @@ def clock() -> ManualClock:
 @pytest.fixture
 def upstream(clock: ManualClock) -> CountingUpstream:
     return CountingUpstream(clock)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def _bindable(port: int) -> bool:

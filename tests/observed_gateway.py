@@ -16,7 +16,7 @@ from typing import Any
 
 import httpx
 
-from infercache.engine.accounting import EngineAccounting, RequestStats
+from infercache.engine.accounting import EngineAccounting
 from infercache.engine.radix import RadixStats
 from infercache.gateway.build import Built, build
 from infercache.gateway.config import GatewayConfig
@@ -25,7 +25,10 @@ from infercache.semantic.embedder import HashingEmbedder
 from infercache.semantic.guards import default_guards
 from infercache.semantic.layer import SemanticConfig
 from infercache.settings import Settings
-from tests.gateway.servers import FakeUpstream, serve
+from tests.harness.engine_requests import request_stats
+from tests.harness.servers import serve
+from tests.harness.upstreams import FakeUpstream
+from tests.harness.vocabulary import chat
 
 METRICS_TOKEN = "metrics-token"
 ADMIN_TOKEN = "admin-token"
@@ -46,16 +49,8 @@ def assert_token_hit_rates_at_most_one(strategies: dict[str, Any]) -> None:
         assert 0.0 <= s["token_hit_rate"] <= 1.0, (name, s)
 
 
-def chat(content: str, **fields: Any) -> dict[str, Any]:
-    return {
-        "model": "test-model",
-        "messages": [
-            {"role": "system", "content": "You are a support bot."},
-            {"role": "user", "content": content},
-        ],
-        "temperature": 0,
-        **fields,
-    }
+def ask(content: str, **fields: Any) -> dict[str, Any]:
+    return chat(content, system="You are a support bot.", **fields)
 
 
 @contextlib.contextmanager
@@ -96,7 +91,7 @@ def _workload(http: httpx.Client, fake: FakeUpstream) -> None:
         return http.post(path, json=body, headers=headers)
 
     layers = [
-        post("/v1/chat/completions", chat(q)).headers["x-infercache"]
+        post("/v1/chat/completions", ask(q)).headers["x-infercache"]
         for q in (
             "hi, how do I reset my password",
             "hi, how do I reset my password",
@@ -104,12 +99,12 @@ def _workload(http: httpx.Client, fake: FakeUpstream) -> None:
         )
     ]
     assert layers == ["miss", "exact-hit", "semantic-hit"]
-    streamed = chat("What are your opening hours?", stream=True)
+    streamed = ask("What are your opening hours?", stream=True)
     assert [post("/v1/chat/completions", streamed).headers["x-infercache"] for _ in "ab"] == [
         "miss",
         "exact-hit",
     ]
-    _coalesced(http, fake, chat("Where is my parcel?"))
+    _coalesced(http, fake, ask("Where is my parcel?"))
     text = {"model": "test-model", "prompt": "Say hi", "temperature": 0}
     assert [post("/v1/completions", text).headers["x-infercache"] for _ in "ab"] == [
         "miss",
@@ -123,7 +118,7 @@ def _workload(http: httpx.Client, fake: FakeUpstream) -> None:
     assert post("/v1/embeddings", embed).headers["x-infercache"] == "exact-hit"
     assert http.get("/v1/files", headers=a).status_code == 200
     assert post("/v1/chat/completions", {"model": "test-model"}).status_code == 400
-    assert post("/v1/chat/completions", chat("Hello from team b"), b).status_code == 200
+    assert post("/v1/chat/completions", ask("Hello from team b"), b).status_code == 200
 
 
 def _coalesced(http: httpx.Client, fake: FakeUpstream, body: dict[str, Any]) -> None:
@@ -154,18 +149,10 @@ def engine_metrics_text() -> str:
     accounting feeds), after a request that reused a cached prefix and a batched step."""
     metrics = Metrics()
     accounting = EngineAccounting(metrics, prefix_cache_enabled=True)
-    stats = RequestStats(
-        prompt_tokens=40,
-        cached_tokens=32,
-        completion_tokens=5,
-        queue_s=0.01,
-        lookup_s=0.001,
-        prefill_s=0.02,
-        decode_s=0.1,
-        ttft_s=0.03,
-        evicted_nodes=1,
-        evicted_tokens=16,
-    )
+    stats = request_stats(
+        40, 32, 5, queue_s=0.01, lookup_s=0.001, prefill_s=0.02, ttft_s=0.03,
+        evicted_nodes=1, evicted_tokens=16,
+    )  # fmt: skip
     accounting.record(
         "tiny", stats, RadixStats(4096, 0, 4096, total_tokens=64, nodes=3, namespaces=1)
     )

@@ -17,7 +17,8 @@ import infercache.cache
 import infercache.errors
 from infercache import Cache, Completion, InfercacheError, Layer, Settings, wrap
 from infercache.clock import ManualClock
-from tests.conftest import CountingUpstream, chat
+from tests.harness.upstreams import CountingUpstream
+from tests.harness.vocabulary import chat
 
 HEAVY = ("torch", "transformers", "numpy", "openai", "httpx", "httpx2", "redis", "aiohttp")
 

@@ -20,7 +20,8 @@ from infercache.semantic.judges import ExactAnswerJudge
 from infercache.semantic.layer import SemanticConfig
 from infercache.semantic.verify import FalseHitMonitor, Verifier
 from infercache.settings import Settings
-from tests.conftest import CountingUpstream
+from tests.harness.upstreams import CountingUpstream
+from tests.harness.vocabulary import chat
 
 
 class ThreadRecordingEmbedder(HashingEmbedder):
@@ -36,14 +37,7 @@ class ThreadRecordingEmbedder(HashingEmbedder):
 
 
 def ask(question: str) -> dict[str, Any]:
-    return {
-        "model": "test-model",
-        "messages": [
-            {"role": "system", "content": "You are a support bot."},
-            {"role": "user", "content": question},
-        ],
-        "temperature": 0,
-    }
+    return chat(question, system="You are a support bot.")
 
 
 @pytest.mark.anyio

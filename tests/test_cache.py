@@ -13,7 +13,8 @@ from infercache.cache import Cache, Layer
 from infercache.clock import ManualClock
 from infercache.errors import NotCachedError, UpstreamError
 from infercache.settings import Settings
-from tests.conftest import CountingUpstream, chat
+from tests.harness.upstreams import CountingUpstream
+from tests.harness.vocabulary import chat
 
 MakeCache = Callable[..., Cache]
 

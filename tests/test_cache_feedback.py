@@ -17,7 +17,8 @@ from infercache.semantic.embedder import HashingEmbedder
 from infercache.semantic.guards import default_guards
 from infercache.semantic.layer import SemanticConfig
 from infercache.settings import Settings
-from tests.conftest import CountingUpstream, chat
+from tests.harness.upstreams import CountingUpstream
+from tests.harness.vocabulary import chat
 
 MakeCache = Callable[..., Cache]
 

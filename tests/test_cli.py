@@ -10,7 +10,6 @@ import importlib.metadata
 import json
 import os
 import pty
-import random
 import subprocess
 import threading
 from pathlib import Path
@@ -18,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from infercache.cli import build_parser, main
-from tests.processes import infercache_exe
+from tests.harness.processes import infercache_exe
+from tests.harness.vocabulary import WORDS, write_pairs
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -85,41 +85,8 @@ def test_run_without_arguments_prints_clean_usage() -> None:
 @pytest.fixture(scope="module")
 def pairs_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """40 near-duplicate positives and 80 unrelated negatives over a small vocabulary."""
-    words = [
-        "card",
-        "payment",
-        "transfer",
-        "account",
-        "balance",
-        "refund",
-        "fee",
-        "limit",
-        "password",
-        "login",
-        "phone",
-    ]
-    words += [
-        "address",
-        "travel",
-        "holiday",
-        "weather",
-        "music",
-        "alarm",
-        "timer",
-        "recipe",
-        "dinner",
-        "flight",
-    ]
-    rng = random.Random(7)
-    lines = ["a\tb\tsame"]
-    for _ in range(40):
-        picked = rng.sample(words, 6)
-        lines.append(f"{' '.join(picked)}\t{' '.join([*picked[:5], rng.choice(words)])}\t1")
-    for _ in range(80):
-        lines.append(f"{' '.join(rng.sample(words, 6))}\t{' '.join(rng.sample(words, 6))}\t0")
     path = tmp_path_factory.mktemp("pairs") / "pairs.tsv"
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return path
+    return write_pairs(path, positives=40, negatives=80, seed=7, words=WORDS[:21])
 
 
 def on_a_terminal(*argv: str) -> tuple[int, str, str]:

@@ -14,7 +14,8 @@ from infercache.cache import Cache, Layer
 from infercache.cli import main
 from infercache.clock import ManualClock
 from infercache.settings import Settings
-from tests.conftest import CountingUpstream, chat
+from tests.harness.upstreams import CountingUpstream
+from tests.harness.vocabulary import chat
 
 
 def cli_exe() -> list[str]:

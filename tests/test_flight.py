@@ -17,7 +17,8 @@ from infercache.clock import ManualClock
 from infercache.flight import Flight, FlightTable
 from infercache.request import parse_request
 from infercache.settings import Settings
-from tests.conftest import CountingUpstream, chat
+from tests.harness.upstreams import CountingUpstream
+from tests.harness.vocabulary import chat
 
 pytestmark = pytest.mark.concurrency
 

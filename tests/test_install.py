@@ -26,9 +26,9 @@ import pytest
 from infercache import extras
 from infercache.cli import main
 from infercache.errors import MissingExtraError
-from tests.conftest import free_port
-from tests.gateway.servers import FakeUpstream, serve
-from tests.processes import stop, wait_for_line
+from tests.harness.processes import stop, wait_for_line
+from tests.harness.servers import free_port, serve
+from tests.harness.upstreams import FakeUpstream
 
 REPO = Path(__file__).resolve().parents[1]
 HEAVY = ("torch", "transformers", "matplotlib", "usearch")

@@ -9,7 +9,7 @@ import pytest
 
 from infercache.keys import exact_key
 from infercache.request import parse_request
-from tests.conftest import chat
+from tests.harness.vocabulary import chat
 
 
 def key(body: dict[str, Any], tenant: str | None = None) -> str:

@@ -11,7 +11,8 @@ from infercache.cache import Cache
 from infercache.clock import ManualClock
 from infercache.metrics import Metrics, MissReason, Price, PriceTable
 from infercache.settings import Settings
-from tests.conftest import CountingUpstream, chat
+from tests.harness.upstreams import CountingUpstream
+from tests.harness.vocabulary import chat
 
 PRICES = PriceTable(by_model={"test-model": Price(1.0, 2.0)})
 

@@ -17,7 +17,7 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from infercache import Cache, Settings, wrap
 from infercache.clock import ManualClock
-from tests.gateway.servers import serve
+from tests.harness.servers import serve
 from tests.integrations.openai_standin import StandIn, vector
 
 MESSAGES = [{"role": "user", "content": "Say hi"}]

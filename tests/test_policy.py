@@ -6,9 +6,16 @@ from typing import Any
 
 import pytest
 
-from infercache.policy import CachePolicy, unstorable_reason
+from infercache.policy import (
+    NO_STORE,
+    SAMPLED,
+    SIDE_EFFECTS,
+    CachePolicy,
+    not_cacheable_reason,
+    unstorable_reason,
+)
 from infercache.request import parse_request
-from tests.conftest import chat
+from tests.harness.vocabulary import chat
 
 POLICY = CachePolicy(default_ttl_s=60, max_ttl_s=600)
 
@@ -26,6 +33,18 @@ def test_sampled_requests_without_seed_are_not_cacheable_unless_opted_in() -> No
     assert POLICY.uncacheable_reason(parse_request(no_temperature)) is not None  # API default 1
     opted_in = CachePolicy(default_ttl_s=60, max_ttl_s=600, cache_sampled=True)
     assert opted_in.uncacheable_reason(sampled) is None
+
+
+def test_not_cacheable_names_one_fixed_phrase_side_effects_first() -> None:
+    tool = {"type": "function", "function": {"name": "send", "x-side-effects": True}}
+    cases = {
+        SIDE_EFFECTS: chat(temperature=0.9, tools=[tool]),
+        SAMPLED: chat(temperature=0.9),
+        NO_STORE: chat(temperature=0, infercache={"cache_control": ["no-cache"]}),
+        None: chat(temperature=0),
+    }
+    for phrase, body in cases.items():
+        assert not_cacheable_reason(parse_request(body), POLICY) == phrase
 
 
 def test_ttl_defaults_and_is_capped() -> None:

@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 
 from infercache import redaction
-from infercache.analyze.tokenizing.tokenizers import Chars4Tokenizer
 from infercache.errors import ConfigError, InvalidRequestError
 from infercache.keys import IGNORABLE_FIELDS, exact_key
 from infercache.policy import CachePolicy
@@ -27,6 +26,7 @@ from infercache.redaction import (
 )
 from infercache.request import parse_request
 from infercache.settings import Settings
+from infercache.tokenizing.tokenizers import Chars4Tokenizer
 
 POLICY = CachePolicy(default_ttl_s=3600, max_ttl_s=86_400)
 SYSTEM = {"role": "system", "content": "You are the support assistant of Acme. " * 20}

@@ -8,7 +8,7 @@ import pytest
 
 from infercache.errors import InvalidRequestError
 from infercache.request import parse_request
-from tests.conftest import chat
+from tests.harness.vocabulary import chat
 
 
 def test_directives_are_parsed_and_stripped_from_the_upstream_body() -> None:

@@ -10,7 +10,9 @@ import pytest
 from infercache.cache import Cache, Layer
 from infercache.clock import ManualClock
 from infercache.settings import Settings
-from tests.conftest import CountingUpstream, chat, free_port
+from tests.harness.servers import free_port
+from tests.harness.upstreams import CountingUpstream
+from tests.harness.vocabulary import chat
 
 
 def cache_at(url: str, tmp_path: Path, clock: ManualClock) -> Cache:

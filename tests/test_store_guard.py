@@ -16,7 +16,8 @@ from infercache.settings import Settings
 from infercache.store_guard import BreakerSettings, CircuitBreaker, GuardedBackend
 from infercache.stores import Backend
 from infercache.stores.memory import MemoryStore
-from tests.conftest import CountingUpstream, chat
+from tests.harness.upstreams import CountingUpstream
+from tests.harness.vocabulary import chat
 
 
 class Stallable(MemoryStore):

@@ -58,3 +58,19 @@ def test_the_readme_layout_names_every_module() -> None:
     assert missing == [], f"modules the README's Layout table does not name: {missing}"
     packages = sorted(p.name for p in PACKAGE.iterdir() if (p / "__init__.py").exists())
     assert [name for name in packages if f"`{name}/`" not in layout] == []
+
+
+def test_the_readme_layout_and_each_package_docstring_name_its_subpackages() -> None:
+    """A subpackage (analyze/reports/, tokenizing/, ...) is named in the README's Layout table
+    and in the docstring of the package holding it, so the wings can be found from the top."""
+    readme = (PACKAGE.parents[1] / "README.md").read_text(encoding="utf-8")
+    layout = readme.split("## Layout", 1)[1].split("\n## ", 1)[0]
+    unnamed = []
+    for init in sorted(PACKAGE.rglob("*/*/__init__.py")):
+        sub = init.parent
+        holder = ast.get_docstring(ast.parse((sub.parent / "__init__.py").read_text())) or ""
+        if f"`{sub.name}/`" not in layout or f"{sub.name}/" not in holder:
+            unnamed.append(str(sub.relative_to(PACKAGE)))
+    assert unnamed == [], (
+        f"subpackages the README or their package's docstring do not name: {unnamed}"
+    )

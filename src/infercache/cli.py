@@ -17,6 +17,7 @@ parser, which would report them with its own usage, so every sub-command parser 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -24,6 +25,7 @@ from typing import Any
 from infercache import __version__
 from infercache.errors import MissingExtraError
 from infercache.extras import missing_module_error
+from infercache.progress_bars import quiet_off_terminal
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -55,7 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     from infercache.cli_cache import register as register_cache
     from infercache.engine.cli import register as register_engine
     from infercache.gateway.cli import register as register_gateway
-    from infercache.semantic.cli import register as register_semantic
+    from infercache.semantic.tuning.cli import register as register_semantic
 
     register_gateway(sub)
     register_cache(sub)
@@ -66,6 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    quiet_off_terminal(sys.stderr, os.environ)  # no \r-joined bars in a log (progress_bars.py)
     parser = build_parser()
     args = parser.parse_args(list(argv) if argv is not None else None)
     handler: Handler | None = getattr(args, "handler", None)

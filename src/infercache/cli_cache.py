@@ -27,8 +27,20 @@ from infercache.versions import Versions
 
 
 def add_store_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--store", metavar="URL", help="memory://, sqlite:///PATH or redis://...")
-    parser.add_argument("--config", metavar="FILE", type=Path, help="TOML settings file")
+    parser.add_argument(
+        "--store",
+        metavar="URL",
+        help="sqlite:///PATH, redis://HOST:PORT/DB, redis+cluster://HOST:PORT[,HOST:PORT...] or "
+        "memory:// (default: INFERCACHE_STORE, else [cache] store in --config, else "
+        "sqlite:///<data dir>/cache.sqlite3, the data dir being ~/.cache/infercache or "
+        "INFERCACHE_DATA_DIR)",
+    )
+    parser.add_argument(
+        "--config",
+        metavar="FILE",
+        type=Path,
+        help="TOML settings file: [cache], [prices], [semantic], [gateway] (default: none)",
+    )
 
 
 def settings_from_args(args: argparse.Namespace) -> Settings:
@@ -121,20 +133,27 @@ def _guarded(handler: Any) -> Any:
 def register(sub: argparse._SubParsersAction[Any]) -> None:
     p = sub.add_parser("stats", help="entries and bytes in the store")
     add_store_options(p)
-    p.add_argument("--model", action="append", default=[], help="also show this model's version")
+    p.add_argument(
+        "--model",
+        action="append",
+        default=[],
+        help="also show this model's current version (repeatable; default: none)",
+    )
     p.set_defaults(handler=_guarded(_stats))
 
     p = sub.add_parser("invalidate", help="make every entry depending on a tag unreachable")
     add_store_options(p)
-    p.add_argument("--tag", action="append", required=True, help="a tag (repeatable)")
+    p.add_argument(
+        "--tag", action="append", required=True, help="a tag to invalidate (repeatable; required)"
+    )
     p.set_defaults(handler=_guarded(_invalidate))
 
     p = sub.add_parser(
         "set-model-version", help="make a model version current; older entries unreachable"
     )
     add_store_options(p)
-    p.add_argument("model")
-    p.add_argument("version")
+    p.add_argument("model", help="the model id requests name (e.g. gpt-4o-mini)")
+    p.add_argument("version", help="its new version: any string different from the current one")
     p.set_defaults(handler=_guarded(_set_model_version))
 
     p = sub.add_parser("purge", help="delete every entry (versions and tags are kept)")

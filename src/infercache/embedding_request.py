@@ -26,6 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from infercache.client_values import missing, shown
 from infercache.errors import InvalidRequestError, UpstreamError
 from infercache.keys import IGNORABLE_FIELDS, canonical_json, normalised_body
 from infercache.request import DIRECTIVES_FIELD, Directives, parse_directives
@@ -116,28 +117,31 @@ def _inputs(raw: object) -> tuple[tuple[EmbeddingInput, ...], bool]:
         return tuple(tuple(t) for t in raw), False
     raise InvalidRequestError(
         "'input' must be a string, a non-empty list of strings, a token array or a list of "
-        f"token arrays, got {raw!r:.200}",
+        f"token arrays, got {shown(raw)}",
         param="input",
     )
 
 
 def _validate(body: Mapping[str, Any]) -> None:
     model = body.get("model")
+    if model is None:
+        raise InvalidRequestError(missing("model"), param="model")
     if not isinstance(model, str) or not model:
         raise InvalidRequestError(
-            f"'model' must be a non-empty string, got {model!r}", param="model"
+            f"'model' must be a non-empty string, got {shown(model)}", param="model"
         )
     dimensions = body.get("dimensions")
     if dimensions is not None and (
         isinstance(dimensions, bool) or not isinstance(dimensions, int) or dimensions < 1
     ):
         raise InvalidRequestError(
-            f"'dimensions' must be an integer >= 1, got {dimensions!r}", param="dimensions"
+            f"'dimensions' must be an integer >= 1, got {shown(dimensions)}", param="dimensions"
         )
     fmt = body.get("encoding_format")
     if fmt is not None and fmt not in ("float", "base64"):
         raise InvalidRequestError(
-            f"'encoding_format' must be 'float' or 'base64', got {fmt!r}", param="encoding_format"
+            f"'encoding_format' must be 'float' or 'base64', got {shown(fmt)}",
+            param="encoding_format",
         )
 
 
@@ -162,7 +166,7 @@ def parse_embedding_request(
     """Validate an embeddings body and key each input. Pure. `tenant`, when given (an
     authenticated caller), overrides the tenant claimed in the body."""
     if not isinstance(body, dict):
-        raise InvalidRequestError(f"the request body must be a JSON object, got {type(body)}")
+        raise InvalidRequestError(f"the request body must be a JSON object, got {shown(body)}")
     _validate(body)
     directives = parse_directives(body.get(DIRECTIVES_FIELD), tenant)
     upstream_body = {k: v for k, v in body.items() if k != DIRECTIVES_FIELD}

@@ -33,6 +33,7 @@ from infercache.errors import (
     ClientDisconnectedError,
     InfercacheError,
     InvalidRequestError,
+    NotCachedError,
     PayloadTooLargeError,
     openai_error_body,
 )
@@ -43,7 +44,12 @@ ErrorHandler = Callable[[Request, Exception], Awaitable[Response]]
 
 
 def error_response(exc: InfercacheError) -> JSONResponse:
-    if exc.status_code >= 500:
+    """The error's response; logged at WARNING only when it is a fault on our side or
+    upstream (a 5xx), at INFO when the client asked for it (`only-if-cached` and nothing
+    cached: a 504 by HTTP's rule, yet the client's own condition); 4xx are not logged."""
+    if isinstance(exc, NotCachedError):
+        log.info("request not answered: %s", exc)
+    elif exc.status_code >= 500:
         log.warning("request failed: %s: %s", type(exc).__name__, exc)
     return JSONResponse(exc.to_openai(), status_code=exc.status_code, headers=exc.headers())
 
@@ -164,6 +170,8 @@ def parse_json(raw: bytes) -> Any:
     try:
         return orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
+        if not raw.strip():  # the parser would say "zero-length, empty document"
+            raise InvalidRequestError("the request body is empty: send a JSON object") from None
         reason = str(exc)
         if "depth" in reason:
             reason = _MAX_DEPTH_NOTE

@@ -54,11 +54,14 @@ class MissReason(StrEnum):
 @dataclass(frozen=True, slots=True)
 class Price:
     """USD per 1M tokens. `cached_input_usd_per_mtok` is what a provider bills for prompt tokens
-    served from its prefix cache (None: billed like other input tokens)."""
+    served from its prefix cache (None: billed like other input tokens);
+    `cache_write_usd_per_mtok` what it bills for prompt tokens written to that cache (None:
+    like other input tokens; Anthropic's 5-minute cache bills 1.25x the input price)."""
 
     input_usd_per_mtok: float = 0.0
     output_usd_per_mtok: float = 0.0
     cached_input_usd_per_mtok: float | None = None
+    cache_write_usd_per_mtok: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +90,16 @@ class PriceTable:
             else (p.cached_input_usd_per_mtok)
         )
         return reused_tokens * (p.input_usd_per_mtok - cached) / 1e6
+
+    def write_premium_usd(self, model: str, written_tokens: int) -> float:
+        """What writing `written_tokens` to a provider's prompt cache costs beyond plain input."""
+        p = self.price(model)
+        write = (
+            p.input_usd_per_mtok
+            if p.cache_write_usd_per_mtok is None
+            else p.cache_write_usd_per_mtok
+        )
+        return written_tokens * (write - p.input_usd_per_mtok) / 1e6
 
 
 @dataclass

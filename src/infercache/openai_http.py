@@ -41,6 +41,7 @@ from infercache.chat import SSE_DONE, chunks_from_completion, sse_event
 from infercache.embedding_cache import EmbeddingCache
 from infercache.errors import InfercacheError
 from infercache.gateway.controls import apply_header_controls
+from infercache.hit_usage import served_hit
 from infercache.sse_recorder import StreamRecorder
 
 Send = Callable[[Any, bool], Any]  # (request, stream) → response
@@ -122,20 +123,27 @@ class CachingRouter:
     def answer(self, request: Any, done: Completion, fetched: list[Any]) -> Any:
         """A non-streaming chat answer: the upstream's own response when this call fetched
         it, else a JSON response from the cache."""
-        headers = _layer_headers(done)
         if fetched and not done.coalesced and done.layer not in (Layer.EXACT, Layer.SEMANTIC):
             response = fetched[0]
-            response.headers.update(headers)
+            response.headers.update(_layer_headers(done))
             return response
-        return self.reply(request, done.response, headers)
+        answer, headers = self.served(done)
+        return self.reply(request, answer, headers)
 
     def replay(self, request: Any, done: Completion, body: dict[str, Any]) -> Any:
         """A cached answer as the SSE stream the upstream would have sent."""
+        answer, headers = self.served(done)
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-        chunks = chunks_from_completion(done.response, include_usage=include_usage)
+        chunks = chunks_from_completion(answer, include_usage=include_usage)
         events = b"".join(sse_event(c) for c in chunks) + SSE_DONE
-        headers = {"content-type": "text/event-stream", **_layer_headers(done)}
+        headers = {"content-type": "text/event-stream", **headers}
         return self.http.Response(200, headers=headers, content=events, request=request)
+
+    def served(self, done: Completion) -> tuple[dict[str, Any], dict[str, str]]:
+        """A cached answer (a hit, or an identical call's answer) as served, and its headers:
+        the usage the `hit_usage` setting says (hit_usage.py)."""
+        hit = served_hit(done.response, self.cache.settings.hit_usage)
+        return hit.response, {**_layer_headers(done), **hit.headers}
 
     def streamed(self, request: Any, upstream: Any, stream: Any, miss: Miss) -> Any:
         headers = _passed_headers(upstream)

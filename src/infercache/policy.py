@@ -7,6 +7,10 @@
   be an action to take, and replaying "send the email" twice is not a saving.
 - TTL: every entry has one. `default_ttl_s` is required in settings; a per-request `ttl_s` (or
   `Cache-Control: max-age`) overrides it but is capped by `max_ttl_s`. There is no "forever".
+- Not cacheable, as the request logs and the analyzer name it (`not_cacheable_reason`): one of
+  three fixed phrases, `SIDE_EFFECTS`, `SAMPLED` (with the configured `cache_sampled` and
+  `default_temperature`), `NO_STORE` (`no-store`/`no-cache` in its directives), or None. The
+  redacted request log (redaction.py) writes it and the analyzer (analyze/) reads it back.
 - Storable response: a complete answer only. Never an error body, empty `choices`, a choice whose
   `finish_reason` is missing (partial / cut-off stream) or `content_filter`, or a refusal.
 """
@@ -54,6 +58,21 @@ class CachePolicy:
 
 
 SIDE_EFFECTS_MARKER = "x-side-effects"
+SAMPLED = "sampled without a seed"
+NO_STORE = "no-store or no-cache asked"
+SIDE_EFFECTS = "tools with side effects"
+
+
+def not_cacheable_reason(request: ChatRequest, policy: CachePolicy) -> str | None:
+    """Why the exact cache would not serve `request` (one of three fixed phrases), or None."""
+    if has_side_effect_tools(request.body):
+        return SIDE_EFFECTS
+    if policy.uncacheable_reason(request) is not None:
+        return SAMPLED
+    cc = request.directives.cache_control
+    if cc.no_store or cc.no_cache:
+        return NO_STORE
+    return None
 
 
 def has_side_effect_tools(body: Mapping[str, Any]) -> bool:

@@ -57,16 +57,15 @@ from collections.abc import Callable, Container, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from infercache.analyze.prepared_request import not_cacheable_reason
-from infercache.analyze.tokenizing.chat_frames import turns_of
-from infercache.analyze.tokenizing.tokenizers import PromptTokenizer, load_tokenizer
 from infercache.errors import ConfigError, InvalidRequestError
 from infercache.extras import available
 from infercache.keys import IGNORABLE_FIELDS
 from infercache.keys import exact_key as key_of
-from infercache.policy import CachePolicy
+from infercache.policy import CachePolicy, not_cacheable_reason
 from infercache.request import parse_request
 from infercache.settings import Settings
+from infercache.tokenizing.chat_frames import turns_of
+from infercache.tokenizing.tokenizers import PromptTokenizer, load_tokenizer
 
 REDACTION_VERSION = 1
 SECRET_FILE = "redaction.key"

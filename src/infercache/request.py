@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, NamedTuple
 
+from infercache.client_values import missing, shown
 from infercache.errors import InvalidRequestError
 
 DIRECTIVES_FIELD = "infercache"
@@ -50,7 +51,8 @@ class CacheControl:
             items = list(value)
         else:
             raise InvalidRequestError(
-                f"infercache.cache_control must be a string or a list of strings, got {value!r}",
+                "infercache.cache_control must be a string or a list of strings, got "
+                f"{shown(value)}",
                 param="infercache.cache_control",
             )
         unknown = [v for v in items if v not in _CACHE_CONTROLS]
@@ -123,7 +125,9 @@ def _positive(raw: dict[str, Any], name: str, *, allow_zero: bool = False) -> fl
         or value < 0
         or (value == 0 and not allow_zero)
     ):
-        raise _bad(f"infercache.{name}", f"infercache.{name} must be a number > 0, got {value!r}")
+        raise _bad(
+            f"infercache.{name}", f"infercache.{name} must be a number > 0, got {shown(value)}"
+        )
     return float(value)
 
 
@@ -132,16 +136,18 @@ def parse_directives(raw: object, tenant_override: str | None) -> Directives:
     if raw is None:
         return Directives(tenant=tenant_override or "")
     if not isinstance(raw, dict):
-        raise _bad(DIRECTIVES_FIELD, f"'infercache' must be an object, got {raw!r}")
+        raise _bad(DIRECTIVES_FIELD, f"'infercache' must be an object, got {shown(raw)}")
     unknown = set(raw) - {"tenant", "tags", "context", "ttl_s", "max_age_s", "cache_control"}
     if unknown:
         raise _bad(DIRECTIVES_FIELD, f"unknown field(s) in 'infercache': {sorted(unknown)}")
     tenant = raw.get("tenant", "")
     if not isinstance(tenant, str):
-        raise _bad("infercache.tenant", f"infercache.tenant must be a string, got {tenant!r}")
+        raise _bad("infercache.tenant", f"infercache.tenant must be a string, got {shown(tenant)}")
     tags = raw.get("tags", [])
     if not isinstance(tags, list) or not all(isinstance(t, str) and t for t in tags):
-        raise _bad("infercache.tags", f"infercache.tags must be non-empty strings, got {tags!r}")
+        raise _bad(
+            "infercache.tags", f"infercache.tags must be non-empty strings, got {shown(tags)}"
+        )
     ttl_s = _positive(raw, "ttl_s")
     max_age_s = _positive(raw, "max_age_s", allow_zero=True)
     context = raw.get("context")
@@ -219,10 +225,12 @@ def _validate_body(body: Mapping[str, Any], endpoint: Endpoint) -> None:
         value = body[name]
         expected, check = checks[name]
         if value is not None and not check(value):
-            raise _bad(name, f"'{name}' must be {expected}, got {value!r}")
+            raise _bad(name, f"'{name}' must be {expected}, got {shown(value)}")
     model = body.get("model")
+    if model is None:
+        raise _bad("model", missing("model"))
     if not isinstance(model, str) or not model:
-        raise _bad("model", f"'model' must be a non-empty string, got {model!r}")
+        raise _bad("model", f"'model' must be a non-empty string, got {shown(model)}")
     if endpoint is Endpoint.COMPLETIONS:
         if not _is_prompt(body.get("prompt")):
             raise _bad(
@@ -247,8 +255,14 @@ def parse_request(
     `tenant`, when given (the gateway's authenticated tenant), overrides the body's claim.
     """
     if not isinstance(body, dict):
-        raise InvalidRequestError(f"the request body must be a JSON object, got {type(body)}")
+        raise InvalidRequestError(f"the request body must be a JSON object, got {_json_kind(body)}")
     _validate_body(body, endpoint)
     directives = parse_directives(body.get(DIRECTIVES_FIELD), tenant)
     upstream_body = {k: v for k, v in body.items() if k != DIRECTIVES_FIELD}
     return ChatRequest(body=upstream_body, directives=directives, endpoint=endpoint)
+
+
+def _json_kind(value: object) -> str:
+    """What a JSON body that is not an object is: an array, a string, a number..."""
+    kinds = {list: "an array", str: "a string", bool: "a boolean", type(None): "null"}
+    return kinds.get(type(value), "a number")

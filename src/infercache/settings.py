@@ -18,11 +18,18 @@ naming it.
     metrics_top_tenants = 20             # INFERCACHE_METRICS_TOP_TENANTS: tenants with their
     metrics_top_models = 20              #   own /metrics series, the rest `other` (and models:
                                          #   INFERCACHE_METRICS_TOP_MODELS)
+    hit_usage = "zero"                   # INFERCACHE_HIT_USAGE: the usage a hit reports:
+                                         #   zero | cached | original (hit_usage.py)
 
     [prices."gpt-4o-mini"]               # INFERCACHE_PRICES='{"gpt-4o-mini": [0.15, 0.6, 0.075]}'
     input_usd_per_mtok = 0.15
     output_usd_per_mtok = 0.6
     cached_input_usd_per_mtok = 0.075
+    [prices."claude-sonnet-4-5"]         # a provider prompt cache's write price, where it has
+    input_usd_per_mtok = 3.0             #   one (4th of the list form): Anthropic's 5-minute
+    output_usd_per_mtok = 15.0           #   cache bills writes at 1.25x input, reads at 0.1x
+    cached_input_usd_per_mtok = 0.3
+    cache_write_usd_per_mtok = 3.75
 
     [semantic]                           # written by `infercache tune --write-config`, then:
     enabled = true                       # INFERCACHE_SEMANTIC=1 (or `serve --semantic`)
@@ -52,6 +59,7 @@ from pathlib import Path
 from typing import Any
 
 from infercache.errors import ConfigError
+from infercache.hit_usage import DEFAULT_HIT_USAGE, HitUsage
 from infercache.keys import IGNORABLE_FIELDS
 from infercache.metrics import Price, PriceTable
 from infercache.policy import CachePolicy
@@ -82,9 +90,12 @@ class SemanticSettings:
     judge: str = "embedding"
     shadow_min_pairs: int = 300
     shadow_window: int = 5000
+    shadow_refit_every: int = 0  # judged pairs between shadow's head refits (0: never)
     answer_stats: bool = True
     k: int = 4
     store_hits_as_exact: bool = False
+    floor: float | None = None  # what unrelated text reaches (`tune`): never served below
+    calibrated_on: str | None = None  # `tune`'s line on its data, bound and floor
 
     def __post_init__(self) -> None:
         if self.threshold is not None and not -1.0 <= self.threshold <= 1.0:
@@ -144,9 +155,11 @@ class Settings:
     feedback_ttl_s: float = 86_400.0  # how long after it was served an answer can be reported
     metrics_top_tenants: int = 20  # tenants with their own /metrics series; the rest `other`
     metrics_top_models: int = 20  # the same bound for the `model` label
+    hit_usage: HitUsage = DEFAULT_HIT_USAGE  # the usage a hit reports (hit_usage.py)
     semantic: SemanticSettings = field(default_factory=SemanticSettings)
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "hit_usage", HitUsage.of(str(self.hit_usage)))
         if not self.default_ttl_s > 0:
             raise ConfigError(f"default_ttl_s must be > 0, got {self.default_ttl_s}")
         if self.max_ttl_s < self.default_ttl_s:
@@ -231,6 +244,7 @@ class Settings:
             "INFERCACHE_FEEDBACK_TTL_S": "feedback_ttl_s",
             "INFERCACHE_METRICS_TOP_TENANTS": "metrics_top_tenants",
             "INFERCACHE_METRICS_TOP_MODELS": "metrics_top_models",
+            "INFERCACHE_HIT_USAGE": "hit_usage",
         }
         raw = {field_name: environ[var] for var, field_name in names.items() if var in environ}
         changes = _cache_section(raw, "environment", from_strings=True)
@@ -264,6 +278,7 @@ _CACHE_FIELDS: dict[str, tuple[str, type]] = {
     "feedback_ttl_s": ("feedback_ttl_s", float),
     "metrics_top_tenants": ("metrics_top_tenants", int),
     "metrics_top_models": ("metrics_top_models", int),
+    "hit_usage": ("hit_usage", str),
 }
 
 
@@ -303,7 +318,7 @@ def _prices(doc: object, source: str) -> PriceTable:
     price_fields = [f.name for f in fields(Price)]
     by_model: dict[str, Price] = {}
     for model, spec in doc.items():
-        if isinstance(spec, list) and 2 <= len(spec) <= 3:
+        if isinstance(spec, list) and 2 <= len(spec) <= 4:
             spec = dict(zip(price_fields, spec, strict=False))
         if not isinstance(spec, dict) or set(spec) - set(price_fields):
             raise ConfigError(f"{source}: bad price for {model!r}: {spec!r}")

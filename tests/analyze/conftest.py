@@ -17,13 +17,13 @@ import pytest
 
 from infercache.analyze.analysis import Analysis, Analyzer
 from infercache.analyze.options import AnalyzeOptions
-from infercache.analyze.tokenizing.tokenizers import (
+from infercache.engine.config import default_data_dir
+from infercache.settings import Settings
+from infercache.tokenizing.tokenizers import (
     Chars4Tokenizer,
     PromptTokenizer,
     load_tokenizer,
 )
-from infercache.engine.config import default_data_dir
-from infercache.settings import Settings
 
 DATA = Path(__file__).parent / "data"
 MOONCAKE = DATA / "mooncake_synthetic_trace.jsonl.gz"

@@ -3,7 +3,6 @@ metric names the gateway itself exports."""
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
 from pathlib import Path
@@ -11,18 +10,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from infercache.analyze.cli import register
 from infercache.analyze.reports.alerts import GATEWAY_METRICS
 from tests.analyze.generators import short_support_bot
+from tests.harness.cli import run_analyze
 from tests.observed_gateway import gateway_with_traffic
-
-
-def run_cli(*argv: str) -> int:
-    parser = argparse.ArgumentParser(prog="infercache")
-    register(parser.add_subparsers())
-    args = parser.parse_args(["analyze", *argv])
-    code: int = args.handler(args, environ={})
-    return code
 
 
 @pytest.fixture(scope="module")
@@ -38,9 +29,9 @@ def test_each_alarm_is_a_rule_on_the_gateways_own_metrics(
 ) -> None:
     log = short_support_bot(seed=5, n=400).write(tmp_path / "log.jsonl")
     common = ["--tokenizer", "chars4", "--no-semantic"]
-    assert run_cli(str(log), "--format", "alerts", *common) == 0
+    assert run_analyze(str(log), "--format", "alerts", *common) == 0
     rules = yaml.safe_load(capsys.readouterr().out)
-    assert run_cli(str(log), "--format", "json", *common) == 0
+    assert run_analyze(str(log), "--format", "json", *common) == 0
     alarms = {
         a["strategy"]: a for a in json.loads(capsys.readouterr().out)["recommendation"]["alarms"]
     }
@@ -69,6 +60,8 @@ def test_no_strategy_on_gives_an_empty_rule_group(
     from tests.analyze.generators import unique_drafts
 
     log = unique_drafts(seed=1, n=40).write(tmp_path / "log.jsonl")
-    assert run_cli(str(log), "--format", "alerts", "--tokenizer", "chars4", "--no-semantic") == 0
+    assert (
+        run_analyze(str(log), "--format", "alerts", "--tokenizer", "chars4", "--no-semantic") == 0
+    )
     rules = yaml.safe_load(capsys.readouterr().out)
     assert rules["groups"][0]["rules"] == []

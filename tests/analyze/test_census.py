@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from infercache.analyze.census import Class, RecentIdentities, Tally
-from infercache.analyze.tokenizing.tokenizers import Chars4Tokenizer, PromptTokenizer
+from infercache.tokenizing.tokenizers import Chars4Tokenizer, PromptTokenizer
 from tests.analyze.conftest import RunAnalysis
 from tests.analyze.generators import (
     Generated,

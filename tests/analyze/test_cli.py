@@ -3,25 +3,17 @@ malformed and unreadable inputs (acceptance 5), where the semantic threshold com
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from infercache.analyze.cli import parse_capacity, parse_size, register
+from infercache.analyze.cli import parse_capacity, parse_size
 from infercache.errors import ConfigError
 from infercache.semantic.embedder import StaticEmbedder
 from tests.analyze.generators import support_bot, write_lines
-
-
-def run_cli(*argv: str) -> int:
-    parser = argparse.ArgumentParser(prog="infercache")
-    register(parser.add_subparsers())
-    args = parser.parse_args(["analyze", *argv])
-    code: int = args.handler(args, environ={})
-    return code
+from tests.harness.cli import run_analyze
 
 
 def run_json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict[str, Any]:
@@ -29,7 +21,7 @@ def run_json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict[str, Any]:
     MiniLM: tests/analyze/test_default_matcher.py runs it)."""
     if not any(a.startswith(("--semantic", "--config", "--no-semantic")) for a in argv):
         argv = (*argv, "--no-semantic")
-    assert run_cli(*argv, "--format", "json", "--tokenizer", "chars4") == 0
+    assert run_analyze(*argv, "--format", "json", "--tokenizer", "chars4") == 0
     report: dict[str, Any] = json.loads(capsys.readouterr().out)
     return report
 
@@ -72,7 +64,7 @@ def test_malformed_lines_are_reported_with_line_numbers_and_skipped(
     assert malformed["count"] == 2
     assert [m["line"] for m in malformed["lines"]] == [6, 22]
     # stderr names them too (the JSON went to stdout, already read)
-    assert run_cli(str(log), "--tokenizer", "chars4", "--format", "json") == 0
+    assert run_analyze(str(log), "--tokenizer", "chars4", "--format", "json") == 0
     err = capsys.readouterr().err
     assert f"skipped {log}:6: not JSON" in err
     assert f"skipped {log}:22: a line must be a JSON object" in err
@@ -88,7 +80,7 @@ def test_an_empty_or_useless_file_is_a_clear_error(
 ) -> None:
     log = tmp_path / "log.jsonl"
     log.write_bytes(content)
-    assert run_cli(str(log), "--tokenizer", "chars4") == 2
+    assert run_analyze(str(log), "--tokenizer", "chars4") == 2
     err = capsys.readouterr().err
     assert err.startswith("infercache analyze: error: ")
     assert message in err
@@ -98,7 +90,7 @@ def test_an_empty_or_useless_file_is_a_clear_error(
 def test_an_unreadable_file_is_a_clear_error(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert run_cli(str(tmp_path / "missing.jsonl")) == 2
+    assert run_analyze(str(tmp_path / "missing.jsonl")) == 2
     assert "cannot read log" in capsys.readouterr().err
 
 
@@ -138,7 +130,7 @@ def test_an_explicit_threshold_wins_and_no_semantic_turns_it_off(
 def test_text_and_html_outputs(
     support_log: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert run_cli(str(support_log), "--tokenizer", "chars4", "--no-semantic") == 0
+    assert run_analyze(str(support_log), "--tokenizer", "chars4", "--no-semantic") == 0
     text = capsys.readouterr().out
     assert "Census" in text
     assert "Recommendation: exact → prefix" in text
@@ -146,7 +138,8 @@ def test_text_and_html_outputs(
     assert "near-duplicate calibration: none" in text
     out = tmp_path / "report.txt"
     assert (
-        run_cli(str(support_log), "--tokenizer", "chars4", "--no-semantic", "--out", str(out)) == 0
+        run_analyze(str(support_log), "--tokenizer", "chars4", "--no-semantic", "--out", str(out))
+        == 0
     )
     assert "\x1b[" not in out.read_text()  # no colour codes in a file
 

@@ -3,13 +3,11 @@ replayed hit rates per window; `--compare OLD NEW` says which recommendation cha
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
 import pytest
 
-from infercache.analyze.cli import register
 from infercache.analyze.reports.document import build_report
 from tests.analyze.conftest import RunAnalysis
 from tests.analyze.generators import (
@@ -18,17 +16,10 @@ from tests.analyze.generators import (
     timestamped_system,
     write_lines,
 )
+from tests.harness.cli import run_analyze
 
 HOUR = 3600.0
 START = 1_700_000_000.0 - 1_700_000_000.0 % HOUR  # on the hour
-
-
-def run_cli(*argv: str) -> int:
-    parser = argparse.ArgumentParser(prog="infercache")
-    register(parser.add_subparsers())
-    args = parser.parse_args(["analyze", *argv])
-    code: int = args.handler(args, environ={})
-    return code
 
 
 def changed_day() -> Generated:
@@ -45,7 +36,7 @@ def test_by_hour_gives_the_census_and_hit_rates_per_window(
     tmp_path: Path, run_analysis: RunAnalysis
 ) -> None:
     gen = changed_day()
-    report = build_report(run_analysis([gen.write(tmp_path / "log.jsonl")], by="hour"))
+    report = build_report(run_analysis([gen.write(tmp_path / "log.jsonl")], by="hour")).to_dict()
     rows = report["windows"]["rows"]
     assert [r["start_s"] for r in rows] == [START + i * HOUR for i in range(6)]
     assert sum(r["requests"] for r in rows) == report["requests"] == len(gen.records)
@@ -71,11 +62,11 @@ def test_compare_says_which_recommendation_changed_and_why(
     after = support_bot(seed=44, n=400, system=timestamped_system)
     common = ["--tokenizer", "chars4", "--no-semantic"]
     old_report = tmp_path / "old.json"
-    assert run_cli(str(before.write(tmp_path / "old.jsonl")), "--format", "json",
+    assert run_analyze(str(before.write(tmp_path / "old.jsonl")), "--format", "json",
                    "--out", str(old_report), *common) == 0  # fmt: skip
     new_log = after.write(tmp_path / "new.jsonl")
     # one side a report written earlier, the other a log analysed now
-    assert run_cli("--compare", str(old_report), str(new_log), "--format", "json", *common) == 0
+    assert run_analyze("--compare", str(old_report), str(new_log), "--format", "json", *common) == 0
     comparison = json.loads(capsys.readouterr().out)
     assert (comparison["old_layering"], comparison["new_layering"]) == ("exact → prefix", "none")
     changes = {c["strategy"]: c for c in comparison["strategies"]}
@@ -87,7 +78,7 @@ def test_compare_says_which_recommendation_changed_and_why(
     assert share["old"] > 0.9 > 0.1 > share["new"]
     assert changes["exact"]["changed"] is True
     assert changes["semantic"]["changed"] is False
-    assert run_cli("--compare", str(old_report), str(new_log), *common) == 0
+    assert run_analyze("--compare", str(old_report), str(new_log), *common) == 0
     text = capsys.readouterr().out
     assert "Recommendation: exact → prefix → none" in text
     assert "prefix: on → off" in text
@@ -98,7 +89,7 @@ def test_compare_needs_two_sides_and_no_logs_besides(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     log = write_lines(tmp_path / "a.jsonl", ["{}"])
-    assert run_cli(str(log), "--compare", str(log), str(log)) == 2
+    assert run_analyze(str(log), "--compare", str(log), str(log)) == 2
     assert "not both" in capsys.readouterr().err
-    assert run_cli() == 2
+    assert run_analyze() == 2
     assert "no log file given" in capsys.readouterr().err

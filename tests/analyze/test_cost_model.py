@@ -101,7 +101,7 @@ def test_the_report_fits_the_logged_timings_and_prices_prefix_reuse_with_them(
 ) -> None:
     truth = Rates(overhead_s=0.2, prefill_tokens_per_s=1500.0, decode_tokens_per_s=30.0, ttft=True)
     gen = with_timings(vary_prompt_lengths(short_support_bot(seed=3, n=600)), truth)
-    report = build_report(run_analysis([gen.write(tmp_path / "log.jsonl")]))
+    report = build_report(run_analysis([gen.write(tmp_path / "log.jsonl")])).to_dict()
     model = report["cost_model"]["models"]["gpt-4o-mini"]
     assert model["fitted"] is True
     assert model["source"] == "fitted on 600 timed records (with TTFT)"

@@ -4,16 +4,15 @@ reported with a 95% interval and labelled as the public calibration in every for
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
 import pytest
 
-from infercache.analyze.cli import register
-from infercache.analyze.default_matcher import load_default_matcher
+from infercache.analyze.near_duplicates.default_matcher import load_default_matcher
 from infercache.analyze.options import PUBLIC_LABEL
 from tests.analyze.generators import support_bot
+from tests.harness.cli import run_analyze
 
 
 def test_the_packaged_calibration_loads_with_its_provenance() -> None:
@@ -40,20 +39,12 @@ def test_the_packaged_calibration_loads_with_its_provenance() -> None:
     assert recall > 0.95
 
 
-def run_cli(*argv: str) -> int:
-    parser = argparse.ArgumentParser(prog="infercache")
-    register(parser.add_subparsers())
-    args = parser.parse_args(["analyze", *argv])
-    code: int = args.handler(args, environ={})
-    return code
-
-
 @pytest.mark.slow
 def test_a_support_bot_day_with_no_configuration_gets_a_labelled_near_duplicate_share(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     log = support_bot(seed=51, n=800).write(tmp_path / "log.jsonl")
-    assert run_cli(str(log), "--format", "json") == 0  # nothing configured at all
+    assert run_analyze(str(log), "--format", "json") == 0  # nothing configured at all
     report = json.loads(capsys.readouterr().out)
     near = report["near_duplicates"]
     assert near["measured"] is True
@@ -69,9 +60,9 @@ def test_a_support_bot_day_with_no_configuration_gets_a_labelled_near_duplicate_
     assert PUBLIC_LABEL in semantic["text"]
     assert "95% interval" in semantic["text"]
     assert semantic["enable"] is False
-    assert run_cli(str(log)) == 0
+    assert run_analyze(str(log)) == 0
     text = capsys.readouterr().out
     assert f"near-duplicates: {PUBLIC_LABEL}" in text
     out = tmp_path / "report.html"
-    assert run_cli(str(log), "--format", "html", "--no-sweep", "--out", str(out)) == 0
+    assert run_analyze(str(log), "--format", "html", "--no-sweep", "--out", str(out)) == 0
     assert f"Near-duplicates: {PUBLIC_LABEL}" in out.read_text()

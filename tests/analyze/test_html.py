@@ -4,22 +4,22 @@ header names the tokenizer and the calibration; tenants show by their configured
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
 import shutil
 import subprocess
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from infercache.analyze.cli import register
+from infercache.analyze.report_json import from_json, to_json
+from infercache.analyze.report_tree import Figures
 from infercache.analyze.reports.document import build_report
 from infercache.analyze.reports.plots import plots_for
 from infercache.analyze.reports.text import header_lines
 from tests.analyze.conftest import MOONCAKE, RunAnalysis
 from tests.analyze.generators import support_bot, write_lines
+from tests.harness.cli import run_analyze
 
 CHROMIUM_FLAGS = [
     "--headless",
@@ -41,30 +41,22 @@ def chromium() -> str:
     return binary
 
 
-def run_cli(*argv: str) -> int:
-    parser = argparse.ArgumentParser(prog="infercache")
-    register(parser.add_subparsers())
-    args = parser.parse_args(list(argv))
-    code: int = args.handler(args, environ={})
-    return code
-
-
 @pytest.fixture(scope="module")
-def page(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
+def page(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Figures]:
     tmp = tmp_path_factory.mktemp("html")
     log = support_bot(seed=6, n=400).write(tmp / "support.jsonl", gz=True)
     common = ["--tokenizer", "chars4", "--price", "*=0.15,0.6,0.075", "--by", "hour",
               "--semantic-threshold", "0.93", "--embedder", "static"]  # fmt: skip
     out = tmp / "report.html"
-    assert run_cli("analyze", str(log), "--format", "html", "--out", str(out), *common) == 0
+    assert run_analyze(str(log), "--format", "html", "--out", str(out), *common) == 0
     as_json = tmp / "report.json"
-    assert run_cli("analyze", str(log), "--format", "json", "--sweep", "--out", str(as_json),
+    assert run_analyze(str(log), "--format", "json", "--sweep", "--out", str(as_json),
                    *common) == 0  # fmt: skip
-    return out, json.loads(as_json.read_text())
+    return out, from_json(Figures, json.loads(as_json.read_text()))
 
 
 def test_the_page_is_self_contained_and_names_what_it_measured_with(
-    page: tuple[Path, dict[str, Any]],
+    page: tuple[Path, Figures],
 ) -> None:
     path, report = page
     text = path.read_text()
@@ -79,7 +71,7 @@ def test_the_page_is_self_contained_and_names_what_it_measured_with(
 
 
 def test_the_page_renders_in_headless_chromium_with_every_plot(
-    page: tuple[Path, dict[str, Any]], tmp_path: Path
+    page: tuple[Path, Figures], tmp_path: Path
 ) -> None:
     path, report = page
     profile = tmp_path / "profile"
@@ -98,9 +90,7 @@ def test_the_page_renders_in_headless_chromium_with_every_plot(
         assert f'id="plot-{key}"' in dom
 
 
-def test_a_screenshot_of_the_page_is_not_blank(
-    page: tuple[Path, dict[str, Any]], tmp_path: Path
-) -> None:
+def test_a_screenshot_of_the_page_is_not_blank(page: tuple[Path, Figures], tmp_path: Path) -> None:
     shot = tmp_path / "page.png"
     command = [chromium(), *CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'profile'}",
                "--window-size=1100,2400", f"--screenshot={shot}", page[0].as_uri()]  # fmt: skip
@@ -114,7 +104,7 @@ def test_a_screenshot_of_the_page_is_not_blank(
 
 
 def test_rate_axes_start_at_zero_and_legends_fit_inside_the_figure(
-    page: tuple[Path, dict[str, Any]],
+    page: tuple[Path, Figures],
 ) -> None:
     report = page[1]
     for key, _, draw in plots_for(report):
@@ -135,8 +125,8 @@ def test_rate_axes_start_at_zero_and_legends_fit_inside_the_figure(
 
 
 def test_no_plot_for_what_the_replay_calls_not_available(run_analysis: RunAnalysis) -> None:
-    report = build_report(run_analysis([MOONCAKE], sweep=True))
-    assert report["simulation"]["exact"] == {"available": False}
+    report = build_report(run_analysis([MOONCAKE], sweep=True)).figures
+    assert to_json(report.simulation)["exact"] == {"available": False}
     keys = [key for key, _, _ in plots_for(report)]
     assert "ttl" not in keys
     assert "exact-capacity" not in keys
@@ -154,7 +144,7 @@ def test_tenants_show_by_their_configured_names(tmp_path: Path, run_analysis: Ru
         {"timestamp": 3.0, "tenant": "plain", "request": body},
     ]  # fmt: skip
     log = write_lines(tmp_path / "log.jsonl", [json.dumps(r) for r in records])
-    report = build_report(run_analysis([log]))
+    report = build_report(run_analysis([log])).to_dict()
     assert report["tenant_names"] == {
         "key:0123456789abcdef": "team-a",
         "key:fedcba9876543210/acme": "acme (key:fedcba98…)",

@@ -68,7 +68,7 @@ def test_prefix_token_share_and_hit_rate_match_an_independent_count(
     prefix = analysis.replays["prefix"].strategies["prefix"]
     assert (prefix["hits"], prefix["lookups"]) == (hits, 3993)
     assert prefix["prompt_tokens_saved"] == reused
-    report = build_report(analysis)
+    report = build_report(analysis).to_dict()
     assert report["prefix_token_share"] == pytest.approx(reused / total)
     assert report["simulation"]["prefix"]["hit_rate"] == pytest.approx(hits / 3993)
     assert report["simulation"]["exact"] == {"available": False}
@@ -79,11 +79,12 @@ def test_prefix_token_share_and_hit_rate_match_an_independent_count(
 def test_prefix_reuse_is_recommended_and_never_judged_against_the_engine_memory(
     run_analysis: RunAnalysis,
 ) -> None:
-    report = build_report(run_analysis([MOONCAKE]))
+    built = build_report(run_analysis([MOONCAKE]))
+    report = built.to_dict()
     rec = report["recommendation"]
     assert rec["strategies"] == ["prefix"]
     assert report["settings"]["capacity"]["prefix_tokens"] is None
-    assert "KV budget: unbounded" in " ".join(report_header(report))
+    assert "KV budget: unbounded" in " ".join(report_header(built.figures))
     [alarm] = rec["alarms"]
     assert alarm["expected"] == pytest.approx(report["prefix_token_share"], abs=1e-9)
     assert report["settings"]["tokenizer"] == "block-hash trace, 512 tokens a block"
@@ -93,7 +94,7 @@ def test_the_sweep_spans_the_working_set_and_marks_the_knee(
     run_analysis: RunAnalysis, counted: tuple[int, int, int, int]
 ) -> None:
     reused, total, _, _ = counted
-    report = build_report(run_analysis([MOONCAKE], replay=False))
+    report = build_report(run_analysis([MOONCAKE], replay=False)).to_dict()
     sweep = report["kv_sweep"]
     curve = sweep["curve"]
     shares = [p["token_share"] for p in curve]

@@ -16,7 +16,7 @@ from infercache.analyze.prefix_breakers import (
     common_prefix_len,
     common_suffix_len,
 )
-from infercache.analyze.tokenizing.tokenizers import Chars4Tokenizer
+from infercache.tokenizing.tokenizers import Chars4Tokenizer
 from tests.analyze.conftest import RunAnalysis
 from tests.analyze.generators import SUPPORT_SYSTEM, timestamped_support
 
@@ -80,7 +80,7 @@ def test_breaker_findings_reach_the_report_and_the_advice(
     from infercache.analyze.reports.document import build_report
 
     analysis = run_analysis([timestamped_support(seed=2, n=120).write(tmp_path / "l.jsonl")])
-    report = build_report(analysis)
+    report = build_report(analysis).to_dict()
     assert report["prefix_breakers"][0]["kind"] == "timestamp"
     assert "⟦" in report["prefix_breakers"][0]["context"]
     assert any("timestamp" in line for line in report["recommendation"]["advice"])

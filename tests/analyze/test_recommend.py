@@ -32,7 +32,7 @@ TOKENIZERS = ["chars4", pytest.param("smollm2", marks=pytest.mark.slow)]
 
 
 def report_of(run_analysis: RunAnalysis, log: Path, **kw: Any) -> dict[str, Any]:
-    return build_report(run_analysis([log], **kw))
+    return build_report(run_analysis([log], **kw)).to_dict()
 
 
 def reasons(report: dict[str, Any]) -> dict[str, tuple[bool, str]]:

@@ -20,14 +20,16 @@ from infercache.analyze.analysis import Analysis
 from infercache.analyze.census import Class
 from infercache.analyze.cost_model import UpstreamProfile
 from infercache.analyze.options import SemanticOptions
-from infercache.analyze.reports.document import build_report
+from infercache.analyze.report_json import from_json, to_json
+from infercache.analyze.report_tree import Figures
+from infercache.analyze.reports.document import Report, build_report
 from infercache.analyze.reports.replay_numbers import layered, strategy
 from infercache.analyze.reports.text import render_text
 from infercache.analyze.rules import at
-from infercache.analyze.tokenizing.tokenizers import Chars4Tokenizer
 from infercache.metrics import Price, PriceTable
 from infercache.semantic.embedder import HashingEmbedder
 from infercache.settings import Settings
+from infercache.tokenizing.tokenizers import Chars4Tokenizer
 from tests.analyze.conftest import MOONCAKE
 from tests.analyze.generators import (
     document_qa,
@@ -104,10 +106,10 @@ def expected(analysis: Analysis, path: tuple[str | int, ...]) -> float:
     if head == "simulation":
         name = str(path[1])
         if name == "layered":
-            figures = layered(analysis.replays["layered"], cost)["prefix_under_caches"]
+            figures = to_json(layered(analysis.replays["layered"], cost).prefix_under_caches)
         else:
             replay = analysis.replays["prefix" if name == "prefix" else "layered"]
-            figures = strategy(replay, name, cost)
+            figures = to_json(strategy(replay, name, cost))
         return float(figures[str(path[-1])])
     raise AssertionError(f"a reason quotes {path}, which this test does not know")
 
@@ -156,10 +158,10 @@ def in_a_table(path: tuple[str | int, ...]) -> bool:
     return head == "simulation" and path[1] != "layered" and path[-1] != "request_share"
 
 
-def check_page(report: dict[str, Any]) -> None:
+def check_page(built: Report, report: dict[str, Any]) -> None:
     """The text page: every reason whole, and the tables above it show what the reasons quote."""
     out = io.StringIO()
-    render_text(report, out, color=False)
+    render_text(built, out, color=False)
     page = " ".join(out.getvalue().split())  # rich wraps long lines
     tables = page.split("Recommendation:")[0]
     for reason in report["recommendation"]["reasons"]:
@@ -193,7 +195,12 @@ def test_every_reason_quotes_only_figures_the_report_shows(
         tokenizer=lambda: tokenizer,
         embedder=embedder,
     ).run([path])
-    report = build_report(analysis)
+    built = build_report(analysis)
+    report = built.to_dict()
     check_tables(report)
-    check_page(report)
+    check_page(built, report)
+    assert from_json(Figures, report) == built.figures  # the document holds the whole tree
+    for reason in report["recommendation"]["reasons"]:
+        for quote in reason["quotes"]:  # and a path reads the tree as it reads the document
+            assert at(built.figures, quote["path"]) == at(report, quote["path"])
     assert check_reasons(report, analysis) >= 3  # exact, semantic or prefix quote something

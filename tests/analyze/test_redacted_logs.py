@@ -6,19 +6,17 @@ without text. Each day is written twice from the same generated records (generat
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from infercache.analyze.cli import register
 from infercache.analyze.options import SemanticOptions
 from infercache.analyze.reports.document import build_report
-from infercache.analyze.tokenizing.tokenizers import Chars4Tokenizer, PromptTokenizer
 from infercache.semantic.embedder import HashingEmbedder
 from infercache.settings import Settings
+from infercache.tokenizing.tokenizers import Chars4Tokenizer, PromptTokenizer
 from tests.analyze.conftest import RunAnalysis
 from tests.analyze.generators import (
     Generated,
@@ -29,6 +27,7 @@ from tests.analyze.generators import (
     write_lines,
     write_twins,
 )
+from tests.harness.cli import run_analyze
 
 DAYS = {
     "support": lambda: short_support_bot(seed=31, n=1200),
@@ -61,8 +60,8 @@ def test_a_redacted_day_gives_the_plain_days_figures_and_advice(
         Chars4Tokenizer() if tokenizer_name == "chars4" else request.getfixturevalue("smollm2")
     )
     plain_log, redacted_log = twins(DAYS[day](), tmp_path, settings, tokenizer)
-    plain = build_report(run_analysis([plain_log], tokenizer=tokenizer))
-    redacted = build_report(run_analysis([redacted_log], tokenizer=tokenizer))
+    plain = build_report(run_analysis([plain_log], tokenizer=tokenizer)).to_dict()
+    redacted = build_report(run_analysis([redacted_log], tokenizer=tokenizer)).to_dict()
     assert redacted["requests"] == plain["requests"]
     assert redacted["census"]["exact_repeat"] == plain["census"]["exact_repeat"]
     assert redacted["prefix_token_share"] == pytest.approx(plain["prefix_token_share"], abs=0.01)
@@ -72,8 +71,12 @@ def test_a_redacted_day_gives_the_plain_days_figures_and_advice(
     assert exact_redacted["hits"] == exact_plain["hits"]  # the cache serves the same repeats
     # asked to measure near-duplicates, the plain log can and the redacted one cannot
     kw: dict[str, Any] = {"tokenizer": tokenizer, "embedder": HashingEmbedder(dim=128)}
-    measured = build_report(run_analysis([plain_log], semantic=SEMANTIC, replay=False, **kw))
-    blind = build_report(run_analysis([redacted_log], semantic=SEMANTIC, replay=False, **kw))
+    measured = build_report(
+        run_analysis([plain_log], semantic=SEMANTIC, replay=False, **kw)
+    ).to_dict()
+    blind = build_report(
+        run_analysis([redacted_log], semantic=SEMANTIC, replay=False, **kw)
+    ).to_dict()
     assert measured["near_duplicates"]["measured"] is True
     near = blind["near_duplicates"]
     assert near["measured"] is False
@@ -86,20 +89,12 @@ def test_a_redacted_day_gives_the_plain_days_figures_and_advice(
     assert any("redacted line(s)" in note for note in redacted["notes"])
 
 
-def run_cli(*argv: str) -> int:
-    parser = argparse.ArgumentParser(prog="infercache")
-    register(parser.add_subparsers())
-    args = parser.parse_args(["analyze", *argv])
-    code: int = args.handler(args, environ={})
-    return code
-
-
 def test_the_command_on_a_redacted_log_loads_no_embedder_and_says_why(
     tmp_path: Path, settings: Settings, capsys: pytest.CaptureFixture[str]
 ) -> None:
     _, redacted_log = twins(short_support_bot(seed=2, n=200), tmp_path, settings, Chars4Tokenizer())
     # the packaged calibration by default: with no text nothing is embedded, MiniLM never loads
-    assert run_cli(str(redacted_log), "--format", "json", "--tokenizer", "chars4") == 0
+    assert run_analyze(str(redacted_log), "--format", "json", "--tokenizer", "chars4") == 0
     captured = capsys.readouterr()
     report = json.loads(captured.out)
     assert report["near_duplicates"]["measured"] is False

@@ -13,8 +13,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from infercache.analyze.analysis import Analysis
-from infercache.analyze.replay import CompactMemoryStore
-from infercache.analyze.reports.replay_numbers import layered, strategy
+from infercache.analyze.cost_model import CostModel
+from infercache.analyze.replay import ReplayResult
+from infercache.analyze.replay_store import CompactMemoryStore
+from infercache.analyze.report_json import to_json
+from infercache.analyze.reports import replay_numbers
 from infercache.clock import ManualClock
 from infercache.stores.base import Entry
 from infercache.stores.memory import MemoryStore
@@ -22,6 +25,17 @@ from tests.analyze.conftest import RunAnalysis
 from tests.analyze.generators import write_lines
 
 SYSTEM = "You are terse. " * 40
+
+
+def strategy(result: ReplayResult, name: str, cost: CostModel) -> dict[str, Any]:
+    """One strategy's figures as the JSON document holds them."""
+    figures: dict[str, Any] = to_json(replay_numbers.strategy(result, name, cost))
+    return figures
+
+
+def layered(result: ReplayResult, cost: CostModel) -> dict[str, Any]:
+    figures: dict[str, Any] = to_json(replay_numbers.layered(result, cost))
+    return figures
 
 
 def request(question: str, **extra: Any) -> dict[str, Any]:

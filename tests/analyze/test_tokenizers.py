@@ -7,14 +7,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from infercache.analyze.tokenizing.chat_frames import turns_of
-from infercache.analyze.tokenizing.tokenizers import (
+from infercache.errors import ConfigError
+from infercache.tokenizing.chat_frames import turns_of
+from infercache.tokenizing.tokenizers import (
     Chars4Tokenizer,
     PromptTokenizer,
     TemplateTokenizer,
     load_tokenizer,
 )
-from infercache.errors import ConfigError
 from tests.analyze.generators import SUPPORT_SYSTEM, multi_turn_chat, support_bot
 
 CHATML = (

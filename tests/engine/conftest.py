@@ -19,10 +19,12 @@ from typing import Any
 
 import pytest
 import torch
+from starlette.testclient import TestClient
 
 from infercache.engine.config import DEFAULT_WEIGHTS, EngineConfig, default_data_dir
 from infercache.engine.engine import Engine
 from infercache.engine.model import LlamaModel
+from infercache.engine.server import create_app
 from infercache.engine.tokenizer import ChatTokenizer
 from infercache.engine.weights import Checkpoint, ResolvedModel, load_checkpoint, resolve_model
 
@@ -206,3 +208,20 @@ def smol_engine(smol_data_dir: Path) -> Iterator[Engine]:
     engine = Engine(EngineConfig(data_dir=smol_data_dir, max_context_tokens=4096))
     yield engine
     engine.close()
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
+    """The tiny model's engine, shared by a module's HTTP tests."""
+    config = EngineConfig(
+        data_dir=tmp_path_factory.mktemp("data"), model_path=tiny_dir, max_context_tokens=256
+    )
+    with Engine(config) as e:
+        yield e
+
+
+@pytest.fixture(scope="module")
+def client(engine: Engine) -> Iterator[TestClient]:
+    """The engine's server in-process (starlette's TestClient)."""
+    with TestClient(create_app(engine)) as c:
+        yield c

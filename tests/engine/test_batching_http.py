@@ -12,39 +12,25 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
-import socket
-import subprocess
-import sys
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 
 from infercache.engine.config import EngineConfig
 from infercache.engine.engine import Engine
 from infercache.engine.server import create_app
+from tests.harness.engine_requests import engine_chat
+from tests.harness.processes import engine_server
+from tests.harness.servers import serve
 
 from .conftest import TinyFactory
 
-SYSTEM = "You are a helpful assistant. Answer the question briefly and politely. " * 4
-
 
 def body(model: str, question: str, max_tokens: int, **fields: Any) -> dict[str, Any]:
-    return {
-        "model": model,
-        "messages": [
-            {"role": "system", "content": SYSTEM},
-            {"role": "user", "content": question},
-        ],
-        "temperature": 0,
-        "max_tokens": max_tokens,
-        **fields,
-    }
+    return engine_chat(model, question, max_tokens=max_tokens, **fields)
 
 
 def events(lines: Iterator[str]) -> Iterator[dict[str, Any] | None]:
@@ -67,17 +53,8 @@ def long_engine(make_tiny_llama: TinyFactory, tmp_path: Path) -> Iterator[Engine
 
 @pytest.fixture
 def served(long_engine: Engine) -> Iterator[str]:
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen()
-    port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(create_app(long_engine), log_level="warning"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{port}/v1/chat/completions"
-    server.should_exit = True
-    thread.join(30)
-    sock.close()
+    with serve(create_app(long_engine)) as url:
+        yield f"{url}/v1/chat/completions"
 
 
 def test_a_client_that_disconnects_frees_its_kv_at_once_and_the_others_finish(
@@ -139,42 +116,12 @@ def len_prompt(engine: Engine, question: str) -> int:
     return len(engine.tokenizer.encode_chat(body(engine.model_id, question, 1)["messages"]))
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 @pytest.fixture
 def cli_server(tiny_dir: Path, tmp_path: Path) -> Iterator[str]:
-    """`infercache engine serve --max-batch 2 --max-queue 4` on a tiny model, in a subprocess;
-    ready once uvicorn logs its start-up line (a blocking read, no polling)."""
-    port = free_port()
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    command = [
-        *(sys.executable, "-m", "infercache.cli", "engine", "serve"),
-        *("--model", str(tiny_dir), "--data-dir", str(tmp_path), "--port", str(port)),
-        *("--max-batch", "2", "--max-queue", "4", "--max-step-tokens", "64"),
-    ]
-    process = subprocess.Popen(
-        command, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env
-    )
-    assert process.stderr is not None
-    log: list[str] = []
-    for line in process.stderr:
-        log.append(line)
-        if "Uvicorn running on" in line:
-            break
-    else:
-        pytest.fail(f"the server exited with {process.wait()}:\n{''.join(log)}")
-    drain = threading.Thread(target=process.stderr.read, daemon=True)
-    drain.start()
-    yield f"http://127.0.0.1:{port}"
-    process.terminate()
-    assert process.wait(30) == 0
-    drain.join(10)
-    process.stderr.close()
+    """`infercache engine serve --max-batch 2 --max-queue 4` on a tiny model, in a subprocess."""
+    args = ["--model", str(tiny_dir), "--data-dir", str(tmp_path), "--max-batch", "2"]
+    with engine_server([*args, "--max-queue", "4", "--max-step-tokens", "64"]) as url:
+        yield url
 
 
 def test_a_burst_over_the_queue_gets_429s_and_no_5xx_and_the_engine_recovers(

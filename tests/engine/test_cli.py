@@ -3,16 +3,13 @@ in a subprocess, on a free loopback port, with the packaged model)."""
 
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
-import sys
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import openai
 import pytest
+
+from tests.harness.processes import engine_server
 
 MODEL = "SmolLM2-135M-Instruct"
 DOCUMENT = (
@@ -21,55 +18,12 @@ DOCUMENT = (
 ) * 12
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 @pytest.fixture(scope="module")
 def served(smol_data_dir: Path, smol_resolved: object) -> Iterator[str]:
-    """`infercache engine serve` in a subprocess; ready once uvicorn logs its startup line
-    (a blocking read on the real condition: no polling, no sleeping)."""
-    port = free_port()
-    env = {**os.environ, "INFERCACHE_DATA_DIR": str(smol_data_dir), "HF_HUB_OFFLINE": "1"}
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "infercache.cli",
-            "engine",
-            "serve",
-            "--port",
-            str(port),
-            "--max-kv-bytes",
-            str(64 * 2**20),
-            "--max-context-tokens",
-            "2048",
-        ],
-        stderr=subprocess.PIPE,
-        stdout=subprocess.DEVNULL,
-        text=True,
-        env=env,
-    )
-    assert process.stderr is not None
-    log: list[str] = []
-    for line in process.stderr:
-        log.append(line)
-        if "Uvicorn running on" in line:
-            break
-    else:
-        pytest.fail(f"the server exited with {process.wait()}:\n{''.join(log)}")
-    drain = threading.Thread(target=process.stderr.read, daemon=True)
-    drain.start()
-    with socket.create_connection(("127.0.0.1", port), timeout=10):
-        pass
-    yield f"http://127.0.0.1:{port}/v1"
-    process.terminate()
-    assert process.wait(30) == 0
-    drain.join(10)
-    process.stderr.close()
+    """`infercache engine serve` on the packaged model, in a subprocess."""
+    args = ["--max-kv-bytes", str(64 * 2**20), "--max-context-tokens", "2048"]
+    with engine_server(args, env={"INFERCACHE_DATA_DIR": str(smol_data_dir)}) as url:
+        yield f"{url}/v1"
 
 
 @pytest.mark.slow

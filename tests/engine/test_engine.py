@@ -21,24 +21,15 @@ from infercache.errors import (
     OverloadedError,
 )
 from infercache.metrics import Metrics
+from tests.harness.engine_requests import SYSTEM, engine_chat
 
 from .conftest import TinyFactory
 
 MakeEngine = Callable[..., Engine]
-SYSTEM = "You are a helpful assistant. Answer the question briefly and politely. " * 4
 
 
 def body(engine: Engine, question: str = "hello world", **fields: Any) -> dict[str, Any]:
-    return {
-        "model": engine.model_id,
-        "messages": [
-            {"role": "system", "content": SYSTEM},
-            {"role": "user", "content": question},
-        ],
-        "temperature": 0,
-        "max_tokens": 6,
-        **fields,
-    }
+    return engine_chat(engine.model_id, question, **{"max_tokens": 6, **fields})
 
 
 def cached(response: dict[str, Any]) -> int:

@@ -6,19 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
-import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import openai
 import pytest
-import uvicorn
 from starlette.testclient import TestClient
 
-from infercache.engine.accounting import RequestStats
-from infercache.engine.config import EngineConfig
 from infercache.engine.engine import Engine
 from infercache.engine.openai_api import parse_completion_request
 from infercache.engine.responses import ChunkStream, ResponseMeta, completion
@@ -27,37 +22,15 @@ from infercache.engine.server import create_app
 from infercache.errors import InvalidRequestError, OverloadedError
 from infercache.gateway.engine_upstream import EngineUpstream
 from infercache.gateway.upstream import TextCompletions
+from tests.harness.engine_requests import request_stats
+from tests.harness.servers import serve
 
 MESSAGES = [
     {"role": "system", "content": "You are a helpful assistant."},
     {"role": "user", "content": "The capital of France is"},
 ]
 PROMPT = "The capital of France is Paris. The capital of Italy is"
-STATS = RequestStats(
-    prompt_tokens=7,
-    cached_tokens=2,
-    completion_tokens=3,
-    queue_s=0.0,
-    lookup_s=0.0,
-    prefill_s=0.1,
-    decode_s=0.1,
-    ttft_s=0.1,
-)
-
-
-@pytest.fixture(scope="module")
-def engine(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
-    config = EngineConfig(
-        data_dir=tmp_path_factory.mktemp("data"), model_path=tiny_dir, max_context_tokens=256
-    )
-    with Engine(config) as e:
-        yield e
-
-
-@pytest.fixture(scope="module")
-def client(engine: Engine) -> Iterator[TestClient]:
-    with TestClient(create_app(engine)) as c:
-        yield c
+STATS = request_stats(7, 2, 3)
 
 
 def body(engine: Engine, prompt: Any = PROMPT, **fields: Any) -> dict[str, Any]:
@@ -152,7 +125,8 @@ def test_max_tokens_defaults_to_16_as_openai(engine: Engine) -> None:
     [
         ({"prompt": ""}, 400, None, "prompt"),
         ({"prompt": [0, 10**6]}, 400, None, "prompt"),
-        ({"max_tokens": 250}, 400, "context_length_exceeded", "prompt"),
+        ({"max_tokens": 250}, 400, "context_length_exceeded", "max_tokens"),
+        ({"prompt": "hi " * 300}, 400, "context_length_exceeded", "prompt"),
         ({"model": "gpt-9"}, 404, "model_not_found", "model"),
         ({"echo": True, "stream": True}, 400, None, "echo"),
     ],
@@ -196,17 +170,8 @@ def test_the_route_answers_json_and_server_sent_events_with_the_same_text(
 
 @pytest.fixture(scope="module")
 def loopback_url(engine: Engine) -> Iterator[str]:
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen()
-    port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(create_app(engine), log_level="warning"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{port}/v1"
-    server.should_exit = True
-    thread.join(30)
-    sock.close()
+    with serve(create_app(engine)) as url:
+        yield f"{url}/v1"
 
 
 def test_the_openai_client_completes_streamed_and_not(loopback_url: str, engine: Engine) -> None:

@@ -6,24 +6,15 @@ from typing import Any
 
 import pytest
 
-from infercache.engine.accounting import RequestStats
 from infercache.engine.openai_api import parse_chat_request
 from infercache.engine.responses import ChunkStream, ResponseMeta, completion
 from infercache.engine.runner import GenerationResult
 from infercache.errors import InvalidRequestError
+from tests.harness.engine_requests import request_stats
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 META = ResponseMeta(id="chatcmpl-1", created=1, model="m", system_fingerprint="fp_x")
-STATS = RequestStats(
-    prompt_tokens=10,
-    cached_tokens=4,
-    completion_tokens=3,
-    queue_s=0.0,
-    lookup_s=0.0,
-    prefill_s=0.1,
-    decode_s=0.1,
-    ttft_s=0.1,
-)
+STATS = request_stats(10, 4, 3)
 
 
 def body(**fields: Any) -> dict[str, Any]:

@@ -4,50 +4,23 @@
 from __future__ import annotations
 
 import json
-import socket
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import openai
 import pytest
-import uvicorn
 from starlette.testclient import TestClient
 
 from infercache.engine.config import EngineConfig
 from infercache.engine.engine import Engine
 from infercache.engine.server import create_app
-
-SYSTEM = "You are a helpful assistant. Answer the question briefly and politely. " * 4
-
-
-@pytest.fixture(scope="module")
-def engine(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
-    config = EngineConfig(
-        data_dir=tmp_path_factory.mktemp("data"), model_path=tiny_dir, max_context_tokens=256
-    )
-    with Engine(config) as e:
-        yield e
-
-
-@pytest.fixture(scope="module")
-def client(engine: Engine) -> Iterator[TestClient]:
-    with TestClient(create_app(engine)) as c:
-        yield c
+from tests.harness.engine_requests import engine_chat
+from tests.harness.servers import serve
 
 
 def body(engine: Engine, question: str = "hello", **fields: Any) -> dict[str, Any]:
-    return {
-        "model": engine.model_id,
-        "messages": [
-            {"role": "system", "content": SYSTEM},
-            {"role": "user", "content": question},
-        ],
-        "temperature": 0,
-        "max_tokens": 5,
-        **fields,
-    }
+    return engine_chat(engine.model_id, question, **{"max_tokens": 5, **fields})
 
 
 def assert_openai_error(response: Any, status: int, code: str | None = None) -> dict[str, Any]:
@@ -110,7 +83,15 @@ def test_malformed_json_is_a_400(client: TestClient) -> None:
         ({"max_tokens": "ten"}, 400, None, "max_tokens"),
         ({"messages": [{"role": "user"}]}, 400, None, "messages[0].content"),
         ({"model": "gpt-9"}, 404, "model_not_found", "model"),
-        ({"max_tokens": 250}, 400, "context_length_exceeded", "messages"),
+        # The prompt fits: the completion asked for is what to shorten (issue 26 item 9).
+        ({"max_tokens": 250}, 400, "context_length_exceeded", "max_tokens"),
+        ({"max_completion_tokens": 250}, 400, "context_length_exceeded", "max_completion_tokens"),
+        (
+            {"messages": [{"role": "user", "content": "hi " * 300}]},
+            400,
+            "context_length_exceeded",
+            "messages",
+        ),
         ({"stream": True, "model": "gpt-9"}, 404, "model_not_found", "model"),
     ],
 )
@@ -204,18 +185,9 @@ def test_metrics_and_stats_expose_the_prefix_strategy(client: TestClient, engine
 
 @pytest.fixture(scope="module")
 def loopback_url(engine: Engine) -> Iterator[str]:
-    """A real uvicorn server on a loopback socket bound before it starts (so no waiting)."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen()
-    port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(create_app(engine), log_level="warning"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{port}/v1"
-    server.should_exit = True
-    thread.join(30)
-    sock.close()
+    """A real uvicorn server on loopback."""
+    with serve(create_app(engine)) as url:
+        yield f"{url}/v1"
 
 
 def test_openai_client_over_a_real_loopback_server(loopback_url: str, engine: Engine) -> None:

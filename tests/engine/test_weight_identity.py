@@ -19,7 +19,7 @@ from infercache.gateway.config import GatewayConfig
 from infercache.gateway.engine_upstream import EngineUpstream
 from infercache.gateway.http_server import server_config
 from infercache.settings import Settings
-from tests.gateway.servers import serve
+from tests.harness.servers import serve
 
 
 def test_the_served_version_names_the_format_and_the_activation_dtype() -> None:

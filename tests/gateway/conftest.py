@@ -11,11 +11,14 @@ from typing import Any
 import httpx
 import pytest
 
+from infercache.clock import Clock
 from infercache.gateway.build import Built, build
 from infercache.gateway.config import GatewayConfig
 from infercache.gateway.http_server import server_config
 from infercache.settings import Settings
-from tests.gateway.servers import FakeUpstream, serve
+from tests.harness.servers import serve
+from tests.harness.upstreams import FakeUpstream
+from tests.harness.vocabulary import chat
 from tests.observed_gateway import assert_token_hit_rates_at_most_one
 
 
@@ -51,20 +54,26 @@ def make_gateway(tmp_path: Path, fake: tuple[FakeUpstream, str]) -> Iterator[Mak
     with ExitStack() as stack:
 
         def make(
-            store_url: str | None = None, environ: dict[str, str] | None = None, **config: Any
+            store_url: str | None = None,
+            environ: dict[str, str] | None = None,
+            clock: Clock | None = None,
+            settings: dict[str, Any] | None = None,
+            **config: Any,
         ) -> Running:
-            """A gateway built as `infercache serve` builds it, in front of the stand-in."""
-            settings = Settings(
+            """A gateway built as `infercache serve` builds it, in front of the stand-in;
+            `settings` overrides cache settings, `config` the gateway's."""
+            cache_settings = Settings(
                 data_dir=tmp_path,
                 store_url=store_url or f"sqlite:///{tmp_path / 'gateway.db'}",
                 default_ttl_s=600,
+                **(settings or {}),
             )
             config.setdefault("upstreams", (f"{upstream_url}/v1",))
             # A roomy store budget: this 2-core box under a full test run can take over 50 ms
             # for a SQLite write. The fault tests set the real default (0.05 s) themselves.
             config.setdefault("store_budget_s", 0.5)
             gateway_config = GatewayConfig(**config).with_env(environ or {})
-            built = build(settings, gateway_config)
+            built = build(cache_settings, gateway_config, clock=clock)
             built_gateways.append(built)
             server = server_config(built.app)  # as `infercache serve` configures uvicorn
             server.pop("app")
@@ -77,13 +86,4 @@ def make_gateway(tmp_path: Path, fake: tuple[FakeUpstream, str]) -> Iterator[Mak
 
 
 def body(content: str = "What is 2+2?", **fields: Any) -> dict[str, Any]:
-    out: dict[str, Any] = {
-        "model": "test-model",
-        "messages": [
-            {"role": "system", "content": "You are a calculator."},
-            {"role": "user", "content": content},
-        ],
-        "temperature": 0,
-    }
-    out.update(fields)
-    return out
+    return chat(content, system="You are a calculator.", **fields)

@@ -14,8 +14,8 @@ import httpx
 import openai
 import pytest
 
-from tests.conftest import free_port
-from tests.processes import infercache_exe, start, stop, wait_for_line
+from tests.harness.processes import infercache_exe, start, stop, wait_for_line
+from tests.harness.servers import free_port
 
 pytestmark = pytest.mark.slow
 

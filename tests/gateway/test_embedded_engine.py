@@ -29,7 +29,7 @@ from infercache.gateway.config import GatewayConfig
 from infercache.gateway.engine_upstream import EngineUpstream
 from infercache.gateway.http_server import server_config
 from infercache.settings import Settings
-from tests.gateway.servers import serve
+from tests.harness.servers import serve
 
 PROMPT = "The capital of France is"
 

@@ -16,8 +16,9 @@ import pytest
 
 from tests.conftest import start_redis
 from tests.gateway.conftest import MakeGateway, Running, body
-from tests.gateway.servers import FakeUpstream, serve
-from tests.processes import sqlite_lock_held
+from tests.harness.processes import sqlite_lock_held
+from tests.harness.servers import serve
+from tests.harness.upstreams import FakeUpstream
 
 FAULT_S = 2.0  # how long each fault lasts here (bench/faults.py: 10 s)
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from infercache.gateway.service import Gateway
 from tests.gateway.conftest import MakeGateway, Running, body
-from tests.processes import sqlite_lock_held
+from tests.harness.processes import sqlite_lock_held
 from tests.stores.test_inline_reads import exclusively_locked
 
 

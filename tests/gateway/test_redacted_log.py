@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 
 from infercache.analyze.cli import register
-from infercache.analyze.tokenizing.tokenizers import packaged_tokenizer_dir
 from infercache.engine.config import default_data_dir
 from infercache.redaction import REDACTION_VERSION
+from infercache.tokenizing.tokenizers import packaged_tokenizer_dir
 from tests.analyze.generators import SHORT_SUPPORT_SYSTEM, short_support_bot
 from tests.gateway.conftest import MakeGateway, Running
 

@@ -10,7 +10,8 @@ from typing import Any
 from infercache.clock import ManualClock
 from infercache.gateway.router import PrefixRouter, RouterConfig
 from tests.gateway.conftest import MakeGateway, Running, body
-from tests.gateway.servers import FakeUpstream, serve
+from tests.harness.servers import serve
+from tests.harness.upstreams import FakeUpstream
 
 SYSTEMS = [
     f"You are assistant number {i}. " + "Answer briefly and politely. " * 20 for i in range(9)

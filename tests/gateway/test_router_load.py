@@ -23,7 +23,7 @@ from infercache.gateway.router import PrefixRouter, ReplicaLoad, RouterConfig
 from infercache.gateway.upstream import HTTPUpstream
 from infercache.metrics import Metrics
 from tests.gateway.conftest import MakeGateway, body
-from tests.gateway.servers import serve
+from tests.harness.servers import serve
 
 SYSTEM = "You are the support assistant of ACME. " * 40
 

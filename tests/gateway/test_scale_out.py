@@ -15,10 +15,11 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import RedisServer, free_port, start_redis
+from tests.conftest import RedisServer, start_redis
 from tests.gateway.conftest import body
-from tests.gateway.servers import FakeUpstream, serve
-from tests.processes import start, stop
+from tests.harness.processes import start, stop
+from tests.harness.servers import free_port, serve
+from tests.harness.upstreams import FakeUpstream
 
 
 class Gateway:

@@ -15,9 +15,10 @@ import pytest
 from infercache.errors import ConfigError
 from infercache.gateway.config import GatewayConfig, UpstreamSpec
 from infercache.urls import mask_credentials
-from tests.conftest import RedisServer, free_port, start_redis
+from tests.conftest import RedisServer, start_redis
 from tests.gateway.conftest import MakeGateway, Running, body
-from tests.processes import start, stop
+from tests.harness.processes import start, stop
+from tests.harness.servers import free_port
 
 PASSWORD = "pl4nted-Redis-pass"
 UPSTREAM_PASSWORD = "pl4nted-upstream-pass"

@@ -35,11 +35,12 @@ from bench.semantic_support_day import ask as bank_ask
 from bench.semantic_support_day import build_day
 from infercache.gateway.build import build
 from infercache.gateway.config import GatewayConfig
+from infercache.gateway.semantic_setup import enable_from_settings
 from infercache.semantic.embedder import Embedder, Matrix, MiniLMEmbedder, StaticEmbedder
 from infercache.semantic.layer import SemanticLayer
-from infercache.semantic.setup import enable_from_settings
 from infercache.settings import SemanticSettings, Settings
-from tests.gateway.servers import FakeUpstream, serve
+from tests.harness.servers import serve
+from tests.harness.upstreams import FakeUpstream
 from tests.semantic.support_bot import InlineExecutor, answer_of, ask, day, texts_by_intent
 
 BANKING77 = Path(__file__).parents[1] / "semantic" / "data" / "banking77_slice.csv"

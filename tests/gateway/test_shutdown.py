@@ -10,9 +10,9 @@ from typing import Any
 
 import httpx
 
-from tests.conftest import free_port
 from tests.gateway.conftest import body
-from tests.processes import start, stop
+from tests.harness.processes import start, stop
+from tests.harness.servers import free_port
 
 
 def test_serve_writes_the_recency_of_its_hits_when_it_stops(

@@ -11,7 +11,7 @@ import httpx
 
 from tests.conftest import start_redis
 from tests.gateway.conftest import MakeGateway, Running, body
-from tests.processes import infercache_exe
+from tests.harness.processes import infercache_exe
 
 
 def layer(running: Running, question: str) -> str:

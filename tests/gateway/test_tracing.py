@@ -19,7 +19,7 @@ from infercache.gateway.config import GatewayConfig
 from infercache.gateway.tracing import OTelTracer
 from infercache.settings import Settings
 from tests.gateway.conftest import body
-from tests.gateway.servers import serve
+from tests.harness.servers import serve
 
 
 def test_each_request_is_one_span_with_the_gen_ai_attributes(

@@ -12,6 +12,8 @@ from collections.abc import Callable
 from concurrent.futures import Executor, Future
 from typing import Any
 
+from tests.harness.vocabulary import chat
+
 CORES = {
     "reset-password": "how do I reset my password",
     "reset-pin": "how do I reset my card pin",
@@ -68,14 +70,7 @@ class IntentUpstream:
 
 
 def ask(text: str) -> dict[str, Any]:
-    return {
-        "model": "support-model",
-        "messages": [
-            {"role": "system", "content": "You are a support bot."},
-            {"role": "user", "content": text},
-        ],
-        "temperature": 0,
-    }
+    return chat(text, system="You are a support bot.", model="support-model")
 
 
 def day(requests: int, seed: int) -> list[tuple[str, str]]:

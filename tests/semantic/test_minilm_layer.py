@@ -15,7 +15,8 @@ from infercache.semantic.embedder import MiniLMEmbedder
 from infercache.semantic.guards import default_guards
 from infercache.semantic.layer import SemanticConfig
 from infercache.settings import Settings
-from tests.conftest import CountingUpstream
+from tests.harness.upstreams import CountingUpstream
+from tests.harness.vocabulary import chat
 
 pytestmark = pytest.mark.slow
 
@@ -25,14 +26,7 @@ TUNED_THRESHOLD = 0.9316
 
 
 def ask(question: str) -> dict[str, Any]:
-    return {
-        "model": "test-model",
-        "messages": [
-            {"role": "system", "content": "You are the support bot of a shop."},
-            {"role": "user", "content": question},
-        ],
-        "temperature": 0,
-    }
+    return chat(question, system="You are the support bot of a shop.")
 
 
 @pytest.mark.parametrize(

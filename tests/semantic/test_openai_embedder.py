@@ -4,15 +4,12 @@ thread) whose handler embeds with the packaged static model."""
 from __future__ import annotations
 
 import asyncio
-import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import pytest
-import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -21,7 +18,7 @@ from starlette.routing import Route
 from infercache.errors import ConfigError, UpstreamError, UpstreamUnavailableError
 from infercache.semantic.embedder import StaticEmbedder
 from infercache.semantic.openai_embedder import OpenAIEmbedder
-from tests.conftest import free_port
+from tests.harness.servers import free_port, serve
 
 API_KEY = "sk-test-key"
 
@@ -71,28 +68,11 @@ def _app(state: EmbeddingServer, embedder: StaticEmbedder) -> Starlette:
 
 @pytest.fixture(scope="module")
 def server(static_embedder: StaticEmbedder) -> Iterator[EmbeddingServer]:
-    port = free_port()
-    state = EmbeddingServer(base_url=f"http://127.0.0.1:{port}/v1")
-    config = uvicorn.Config(
-        _app(state, static_embedder),
-        host="127.0.0.1",
-        port=port,
-        log_level="warning",
-        lifespan="off",
-        ws="none",
-        timeout_graceful_shutdown=5,
-    )
-    uv = uvicorn.Server(config)
-    thread = threading.Thread(target=uv.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not uv.started:  # poll the server's own readiness flag, bounded
-        assert thread.is_alive(), "uvicorn exited before it started"
-        assert time.monotonic() < deadline, "uvicorn did not start within 20 s"
-        thread.join(0.01)
-    yield state
-    uv.should_exit = True
-    thread.join(20)
+    state = EmbeddingServer(base_url="")
+    app = _app(state, static_embedder)
+    with serve(app, lifespan="off", ws="none", timeout_graceful_shutdown=5) as url:
+        state.base_url = f"{url}/v1"
+        yield state
 
 
 @pytest.fixture

@@ -18,7 +18,9 @@ from infercache.clock import ManualClock
 from infercache.semantic.records import record_key
 from infercache.semantic.replica_sync import ReplicaSync, attach, tail_before_rebuild
 from infercache.stores.feed import FeedEvent, FeedKind, open_feed
-from tests.conftest import CountingUpstream, RedisClusterServers, RedisServer, free_port
+from tests.conftest import RedisClusterServers, RedisServer
+from tests.harness.servers import free_port
+from tests.harness.upstreams import CountingUpstream
 from tests.semantic.test_layer import ORIGINAL, REPHRASED, ask, make_cache
 
 Replica = tuple[Cache, ReplicaSync]
@@ -34,7 +36,7 @@ def store_url(redis_server: RedisServer, redis_prefix: str) -> str:
 
 @pytest.fixture
 def make_replica(tmp_path: Path, clock: ManualClock, store_url: str) -> Iterator[MakeReplica]:
-    """A replica as `semantic/setup.py` assembles one on Redis: the feed's tail, the layer's
+    """A replica as `gateway/semantic_setup.py` assembles one on Redis: the feed's tail, the layer's
     start-up rebuild, then the sync attached (all replicas share the injected clock)."""
     made: list[Cache] = []
 

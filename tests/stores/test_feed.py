@@ -22,7 +22,8 @@ from infercache.stores.feed import (
     open_feed,
     reached,
 )
-from tests.conftest import RedisClusterServers, RedisServer, free_port
+from tests.conftest import RedisClusterServers, RedisServer
+from tests.harness.servers import free_port
 
 SERVERS = {
     "redis": "redis_server",

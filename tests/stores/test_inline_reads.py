@@ -19,7 +19,7 @@ from infercache.store_guard import BreakerSettings, GuardedBackend, inline_reads
 from infercache.stores.memory import MemoryStore
 from infercache.stores.redis import RedisStore
 from infercache.stores.sqlite import SQLiteStore
-from tests.processes import sqlite_lock_held
+from tests.harness.processes import sqlite_lock_held
 from tests.stores.test_contract import entry
 
 

@@ -19,7 +19,7 @@ from infercache.store_guard import BreakerSettings, GuardedBackend, inline_write
 from infercache.stores.base import Entry
 from infercache.stores.memory import MemoryStore
 from infercache.stores.sqlite import SQLiteStore
-from tests.processes import sqlite_lock_held
+from tests.harness.processes import sqlite_lock_held
 from tests.stores.test_contract import entry
 
 
@@ -69,7 +69,7 @@ def test_a_write_lock_held_by_another_process_makes_entry_give_way(tmp_path: Pat
     store.put("a", entry(ManualClock(), b"1"))  # the file exists, in WAL mode
     with store.nonblocking():
         assert store.get("a") is not None  # opens this thread's non-blocking connection
-    reads_through = store._local.nonblocking_conn
+    reads_through = store._db._local.nonblocking_conn
     ran = False
     with sqlite_lock_held(path, "BEGIN IMMEDIATE"):
         with pytest.raises(StoreWouldBlockError), store.nonblocking_writes():
@@ -77,7 +77,7 @@ def test_a_write_lock_held_by_another_process_makes_entry_give_way(tmp_path: Pat
         # Giving way kept the connection: the next inline read needs no new one (setting one
         # up waits for any other thread's set-up, so it would give way too: bench/faults.py
         # saw hot hits' p99 go from 5 to 160 ms under this lock).
-        assert store._local.nonblocking_conn is reads_through
+        assert store._db._local.nonblocking_conn is reads_through
         with store.nonblocking():
             assert store.get("a") is not None  # reads still go on under a write lock
     assert not ran  # the block never started: the caller runs it elsewhere

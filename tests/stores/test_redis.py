@@ -13,7 +13,8 @@ from infercache.errors import ConfigError, StoreError
 from infercache.stores import EPOCH_META, Entry, open_store
 from infercache.stores.redis import RedisStore
 from infercache.stores.redis_connect import parse_cluster_url
-from tests.conftest import free_port, start_redis
+from tests.conftest import start_redis
+from tests.harness.servers import free_port
 
 
 def an_entry(clock: ManualClock) -> Entry:

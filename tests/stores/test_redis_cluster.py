@@ -20,7 +20,9 @@ from infercache.settings import Settings
 from infercache.stores import EPOCH_META
 from infercache.stores.redis_cluster import RedisClusterStore
 from infercache.versions import meta_names
-from tests.conftest import CountingUpstream, RedisClusterServers, chat, start_redis_cluster
+from tests.conftest import RedisClusterServers, start_redis_cluster
+from tests.harness.upstreams import CountingUpstream
+from tests.harness.vocabulary import chat
 
 MakeStore = Callable[..., RedisClusterStore]
 QUESTIONS = [f"question number {i}?" for i in range(40)]

@@ -25,7 +25,8 @@ from infercache.stores.replica_flight import (
     SharedAnswer,
     open_flights,
 )
-from tests.conftest import RedisClusterServers, RedisServer, free_port
+from tests.conftest import RedisClusterServers, RedisServer
+from tests.harness.servers import free_port
 
 pytestmark = pytest.mark.anyio
 MakeFlights = Callable[..., ReplicaFlights]

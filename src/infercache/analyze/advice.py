@@ -1,4 +1,4 @@
-"""What the recommendation adds beside its decisions, from the report document alone: advice
+"""What the recommendation adds beside its decisions, from the report's figures alone: advice
 (TTL, prefix breakers, traffic the cache cannot serve, the KV budget's knee, the exact store's
 size) and alarms (the misconfiguration alarm: for each strategy turned on, the hit rate
 measured here, a floor at `alarm_fraction` of it, and what falling under it means; written as
@@ -6,11 +6,11 @@ Prometheus rules by reports/alerts.py)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from infercache.analyze.census import DISTANCE_BOUNDS_S
+from infercache.analyze.replay_figures import Strategy, StrategyFigures
+from infercache.analyze.report_tree import Figures
 from infercache.analyze.rules import RecommendRules, duration, pct
 
 
@@ -23,20 +23,19 @@ class Alarm:
     meaning: str
 
 
-def advice(report: Mapping[str, Any], r: RecommendRules, prefix_on: bool) -> list[str]:
+def advice(report: Figures, r: RecommendRules, prefix_on: bool) -> list[str]:
     out = _ttl_advice(report, r)
-    names = report.get("tenant_names", {})
-    for b in (report.get("prefix_breakers") or [])[:3]:
-        tenant = names.get(b["tenant"], b["tenant"])
-        who = f"tenant {tenant!r}, model {b['model']!r}" if b["tenant"] else f"model {b['model']!r}"
-        examples = ", ".join(repr(e) for e in b["examples"][:2])
+    for b in report.prefix_breakers[:3]:
+        tenant = report.tenant_names.get(b.tenant, b.tenant)
+        who = f"tenant {tenant!r}, model {b.model!r}" if b.tenant else f"model {b.model!r}"
+        examples = ", ".join(repr(e) for e in b.examples[:2])
         out.append(
-            f"prefix breaker ({who}): the {b['role']} message varies at character "
-            f"{b['break_char']} with a {b['kind']} ({examples}); moving it to the end would let "
-            f"{b['requests']:,} requests reuse {b['tail_tokens']:,} more tokens each"
+            f"prefix breaker ({who}): the {b.role} message varies at character "
+            f"{b.break_char} with a {b.kind} ({examples}); moving it to the end would let "
+            f"{b.requests:,} requests reuse {b.tail_tokens:,} more tokens each"
         )
-    total = report["requests"]
-    for why, n in report["not_cacheable"]["reasons"].items():
+    total = report.requests
+    for why, n in report.not_cacheable.reasons.items():
         if n / total >= 0.1:
             hint = (
                 "; if they do not need a fresh sample, send temperature 0 or a seed"
@@ -50,11 +49,11 @@ def advice(report: Mapping[str, Any], r: RecommendRules, prefix_on: bool) -> lis
     return out
 
 
-def _ttl_advice(report: Mapping[str, Any], r: RecommendRules) -> list[str]:
-    distances = report["reuse_distance_s"]
-    counts = distances.get("exact_repeat") or []
+def _ttl_advice(report: Figures, r: RecommendRules) -> list[str]:
+    distances = report.reuse_distance_s
+    counts = distances.exact_repeat
     timed = sum(counts)
-    within = distances["within_ttl"].get("exact_repeat")
+    within = distances.within_ttl.get("exact_repeat")
     if not timed or within is None or within >= r.ttl_coverage:
         return []
     running, better = 0, None
@@ -65,22 +64,21 @@ def _ttl_advice(report: Mapping[str, Any], r: RecommendRules) -> list[str]:
             break
     hint = f"; a TTL of {better:g} s would cover 90%" if better is not None else ""
     return [
-        f"only {pct(within)} of the {report['census_counts']['exact_repeat']:,} exact repeats "
-        f"come back within the {duration(distances['ttl_s'])} TTL{hint} (if the answers stay valid "
+        f"only {pct(within)} of the {report.census_counts.exact_repeat:,.0f} exact repeats "
+        f"come back within the {duration(distances.ttl_s)} TTL{hint} (if the answers stay valid "
         "that long)"
     ]
 
 
-def _kv_advice(report: Mapping[str, Any]) -> list[str]:
-    sweep = report.get("kv_sweep") or {}
-    knee = sweep.get("knee")
-    if not knee:
+def _kv_advice(report: Figures) -> list[str]:
+    sweep = report.kv_sweep
+    if sweep is None or sweep.knee is None:
         return []
-    budget = report["settings"]["capacity"]["prefix_tokens"]
+    budget = report.settings.capacity.prefix_tokens
     text = (
-        f"KV budget: {knee['budget_tokens']:,} tokens (the knee of the sweep) reuse "
-        f"{pct(knee['token_share'])} of prompt tokens, against "
-        f"{pct(sweep['unbounded_token_share'])} with no bound; past the knee each doubling "
+        f"KV budget: {sweep.knee.budget_tokens:,} tokens (the knee of the sweep) reuse "
+        f"{pct(sweep.knee.token_share)} of prompt tokens, against "
+        f"{pct(sweep.unbounded_token_share)} with no bound; past the knee each doubling "
         "adds less"
     )
     if budget is not None:
@@ -88,9 +86,9 @@ def _kv_advice(report: Mapping[str, Any]) -> list[str]:
     return [text]
 
 
-def _exact_capacity_advice(report: Mapping[str, Any]) -> list[str]:
-    rows = (report.get("sweeps") or {}).get("exact_capacity") or []
-    by_factor = {row["factor"]: row.get("exact_hit_rate") or 0.0 for row in rows}
+def _exact_capacity_advice(report: Figures) -> list[str]:
+    rows = report.sweeps.exact_capacity if report.sweeps else ()
+    by_factor = {row.factor: row.exact_hit_rate or 0.0 for row in rows}
     now, big = by_factor.get(1.0), by_factor.get(4.0)
     if now is not None and big is not None and big - now >= 0.02:
         return [
@@ -117,23 +115,19 @@ _MEANING = {
 }
 
 
-def alarms(report: Mapping[str, Any], r: RecommendRules, on: tuple[str, ...]) -> list[Alarm]:
-    sim = report.get("simulation") or {}
+def alarms(report: Figures, r: RecommendRules, on: tuple[str, ...]) -> list[Alarm]:
     alarms = []
     for name in on:
+        fig: Strategy = report.strategy(name)
+        metric = "hit_rate"
         if name == "prefix":
             # What the engine's own metrics will show: below the exact cache when it is on.
-            fig = (
-                sim.get("layered", {}).get("prefix_under_caches", {})
-                if "exact" in on
-                else sim.get("prefix", {})
-            )
+            if "exact" in on and report.simulation is not None:
+                fig = report.simulation.layered.prefix_under_caches
             metric = "token_hit_rate"
-        else:
-            fig, metric = sim.get(name, {}), "hit_rate"
-        if not fig.get("available"):
+        if not isinstance(fig, StrategyFigures):
             continue
-        expected = float(fig[metric])
+        expected = float(getattr(fig, metric))
         floor = r.alarm_fraction * expected
         alarms.append(
             Alarm(

@@ -4,7 +4,7 @@ and replays, request by request in time order.
     LogReader (log_reader.py) ─records─▶ RequestPreparer (prepared_request.py)
         ─requests─▶ a window of requests:
         1. Census.remember(request): exact repeat or not                       (census.py)
-        2. NearDuplicateFinder.check(window): one embedding batch      (near_duplicates.py)
+        2. NearDuplicateFinder.check(window): one embedding batch      (near_duplicates/finder.py)
         3. each request: Census.observe(request, repeat, near)  (census.py, prefix_breakers.py)
                          RateFit.add(its timing)                             (cost_model.py)
                          Replay.observe(request, census reuse) for each replay (replay.py)
@@ -14,8 +14,9 @@ few windows of requests plus each consumer's bounded state; the file is never he
 
 Near-duplicates (`options.semantic`): with a candidate filter (the packaged public calibration)
 a uniform sample of the requests is checked, sized from the log's estimated length for a 95%
-interval of ± `half_width` (intervals.py), and windows grow so each holds ~64 sampled requests
-(one matcher batch); without one every request is embedded and the semantic layer is replayed.
+interval of ± `half_width` (infercache/intervals.py), and windows grow so each holds ~64
+sampled requests (one matcher batch); without one every request is embedded and the semantic
+layer is replayed.
 
 Replays (`replay=True`): `layered` (exact → semantic when replayed → prefix, the TTL and
 capacities given) and `prefix` (KV reuse alone). Both read the census's prefix reuse when the
@@ -38,28 +39,28 @@ from pathlib import Path
 
 from infercache.analyze.census import NOT_CHECKED, Census, CensusResult
 from infercache.analyze.cost_model import CostModel, RateFit
-from infercache.analyze.intervals import sample_size
 from infercache.analyze.log_reader import LineErrors, Progress, estimate_lines
-from infercache.analyze.near_duplicates import (
+from infercache.analyze.near_duplicates.finder import (
     CandidateStage,
     NearDuplicateFinder,
     PrimedEmbedder,
 )
+from infercache.analyze.near_duplicates.scoped_texts import small_flat_index
 from infercache.analyze.options import AnalyzeOptions, SemanticOptions
 from infercache.analyze.prefix_breakers import Breaker, BreakerFinder
 from infercache.analyze.prepared_request import PreparedRequest
 from infercache.analyze.reader_process import ChildEvents, SourceSpec, produce
 from infercache.analyze.replay import CENSUS, TREE, Replay, ReplayResult, ReplaySetup, SemanticParts
-from infercache.analyze.scoped_texts import small_flat_index
-from infercache.analyze.tokenizing.tokenizers import PromptTokenizer
 from infercache.clock import Clock, SystemClock
 from infercache.errors import ConfigError
+from infercache.intervals import sample_size
 from infercache.metrics import PriceTable
 from infercache.semantic.embedder import Embedder
 from infercache.semantic.guards import Guard, build_guards, default_guards
 from infercache.semantic.index import IndexFactory
 from infercache.semantic.layer import SemanticConfig
 from infercache.settings import Settings
+from infercache.tokenizing.tokenizers import PromptTokenizer
 
 SAMPLED_PER_WINDOW = 64  # sampled requests per matcher batch
 MAX_WINDOW = 16_384

@@ -3,7 +3,7 @@
 1. `exact_repeat`: its exact identity (prepared_request.py: the cache's exact key) was seen
    before;
 2. `near_duplicate`: an earlier request of the same semantic scope is accepted as its
-   near-duplicate at the calibrated threshold (near_duplicates.py);
+   near-duplicate at the calibrated threshold (near_duplicates/finder.py);
 3. `shared_prefix`: it reuses at least `min_prefix_share` of its prompt from earlier prompts'
    prefixes in the same KV namespace (simulated_prefix_cache.py, the engine's radix tree,
    unbounded); how many tokens it shares is reported beside, not used as a bar;
@@ -35,11 +35,10 @@ import bisect
 from collections import Counter
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
-from infercache.analyze.intervals import wilson_interval
 from infercache.analyze.kv_sweep import BudgetSweep
-from infercache.analyze.near_duplicates import NearCheck
+from infercache.analyze.near_duplicates.finder import NearCheck
 from infercache.analyze.options import AnalyzeOptions
 from infercache.analyze.prefix_breakers import BreakerFinder
 from infercache.analyze.prepared_request import PreparedRequest
@@ -48,6 +47,7 @@ from infercache.analyze.simulated_prefix_cache import (
     SimulatedPrefixCache,
     kv_namespace,
 )
+from infercache.intervals import wilson_interval
 
 OTHER = "(other)"
 # Reuse distances: 4 bins a decade, 0.1 s to ~37 days, then everything longer.
@@ -113,9 +113,6 @@ class Bins:
 
     def add(self, value: float) -> None:
         self.counts[bisect.bisect_left(self.bounds, value)] += 1
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"bounds": list(self.bounds), "counts": list(self.counts)}
 
 
 @dataclass
@@ -191,18 +188,6 @@ class Tally:
         low, high = wilson_interval(self.near, self.checked, confidence)
         scale = self.non_exact / self.requests
         return low * scale, high * scale
-
-    def to_dict(self) -> dict[str, Any]:
-        n = self.requests or 1
-        shared = self.classes[Class.SHARED_PREFIX]
-        return {
-            "requests": self.requests,
-            "census": self.shares(),
-            "prompt_tokens": self.prompt_tokens,
-            "prefix_token_share": self.prefix_token_share,
-            "shared_prefix_mean_tokens": self.shared_tokens / shared if shared else None,
-            "not_cacheable_share": self.not_cacheable / n,
-        }
 
 
 @dataclass

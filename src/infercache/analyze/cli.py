@@ -11,7 +11,7 @@
 Settings come from `Settings.load` (defaults, `--config` TOML, `INFERCACHE_*` environment),
 then the flags. Near-duplicates use the user's calibrated threshold (`--semantic-threshold`,
 else `[semantic] threshold` of `--config`, written by `infercache tune --write-config`), else
-the packaged public calibration (default_matcher.py), labelled as such everywhere.
+the packaged public calibration (near_duplicates/default_matcher.py), labelled as such everywhere.
 Optional parts (extras.py): without `infercache[semantic]` the default measures no
 near-duplicates (the report says why), without `infercache[engine]` tokens are counted with
 chars4, and `--format html` needs `infercache[report]`; each asked for explicitly is an error
@@ -37,7 +37,6 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from infercache.analyze.cost_model import PROFILE_HELP
-from infercache.analyze.embedders import embedders
 from infercache.analyze.flags import (
     SMOLLM2_KV_BYTES_PER_TOKEN,
     options_from,
@@ -46,14 +45,16 @@ from infercache.analyze.flags import (
     parse_size,
     rules_from,
 )
+from infercache.analyze.near_duplicates.embedders import embedders
 from infercache.analyze.options import AnalyzeOptions
-from infercache.analyze.tokenizing.tokenizers import TOKENIZER_HELP
 from infercache.errors import ConfigError, InfercacheError
 from infercache.extras import available, require
 from infercache.settings import Settings
+from infercache.tokenizing.tokenizers import TOKENIZER_HELP
 
 if TYPE_CHECKING:
     from infercache.analyze.analysis import Analysis
+    from infercache.analyze.reports.document import Report
 
 __all__ = ["parse_capacity", "parse_size", "register"]
 
@@ -73,8 +74,20 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
             "turn on."
         ),
     )
-    p.add_argument("logs", nargs="*", type=Path, metavar="LOG")
-    p.add_argument("--format", choices=FORMATS, default="text")
+    p.add_argument(
+        "logs",
+        nargs="*",
+        type=Path,
+        metavar="LOG",
+        help="request logs: OpenAI bodies, the gateway's --request-log (redacted too) or "
+        "block-hash traces, one JSON a line; .gz too",
+    )
+    p.add_argument(
+        "--format",
+        choices=FORMATS,
+        default="text",
+        help="report format; alerts: Prometheus alerting rules (default text)",
+    )
     p.add_argument("--out", type=Path, default=None, metavar="PATH", help="default: stdout")
     p.add_argument(
         "--compare",
@@ -82,10 +95,14 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         type=Path,
         default=None,
         metavar=("OLD", "NEW"),
-        help="two reports (--format json) or logs: which recommendation changed, and why",
+        help="two reports (--format json) or logs: which recommendation changed, and why "
+        "(default: analyze LOG instead)",
     )
     p.add_argument(
-        "--config", type=Path, default=None, help="TOML settings (cache, prices, semantic)"
+        "--config",
+        type=Path,
+        default=None,
+        help="TOML settings: [cache], [prices], [semantic] (`tune --write-config`) (default: none)",
     )
     p.add_argument(
         "--progress",
@@ -115,23 +132,34 @@ def _replay_arguments(p: argparse.ArgumentParser) -> None:
         help="exact=BYTES, prefix=TOKENS (or bytes with a unit; default unbounded), "
         "semantic=VECTORS",
     )
-    p.add_argument("--kv-bytes-per-token", type=int, default=SMOLLM2_KV_BYTES_PER_TOKEN)
+    p.add_argument(
+        "--kv-bytes-per-token",
+        type=int,
+        default=SMOLLM2_KV_BYTES_PER_TOKEN,
+        help="KV cache bytes a token takes, for prefix capacities in bytes (default "
+        f"{SMOLLM2_KV_BYTES_PER_TOKEN}, SmolLM2-135M in float32)",
+    )
     p.add_argument(
         "--price",
         action="append",
         default=[],
         metavar="MODEL=IN,OUT[,CACHED]",
-        help="USD per 1M tokens (CACHED: prompt tokens served from a prefix cache); MODEL * "
-        "sets the default",
+        help="USD per 1M tokens (CACHED: prompt tokens served from a prefix cache), repeatable; "
+        "MODEL * prices every model not named (default: none, money figures are 0)",
     )
-    p.add_argument("--upstream-profile", default="auto", help=PROFILE_HELP)
+    p.add_argument("--upstream-profile", default="auto", help=f"{PROFILE_HELP} (default auto)")
     p.add_argument(
         "--sweep",
         action=argparse.BooleanOptionalAction,
         default=None,
         help="replay at several TTLs and exact-store sizes (default: on for html)",
     )
-    p.add_argument("--by", choices=("day", "hour"), default=None, help="figures per window")
+    p.add_argument(
+        "--by",
+        choices=("day", "hour"),
+        default=None,
+        help="figures per window (default: one window, the whole log)",
+    )
 
 
 def _semantic_arguments(p: argparse.ArgumentParser) -> None:
@@ -144,8 +172,15 @@ def _semantic_arguments(p: argparse.ArgumentParser) -> None:
         "packaged public calibration",
     )
     group.add_argument("--no-semantic", action="store_true", help="skip near-duplicates")
-    p.add_argument("--embedder", choices=("minilm", "static"), default=None)
-    p.add_argument("--seed", type=int, default=0, help="of the near-duplicate sample")
+    p.add_argument(
+        "--embedder",
+        choices=("minilm", "static"),
+        default=None,
+        help="near-duplicate embedder (default: --config's, else minilm)",
+    )
+    p.add_argument(
+        "--seed", type=int, default=0, help="seed of the near-duplicate sample (default 0)"
+    )
 
 
 def _census_arguments(p: argparse.ArgumentParser) -> None:
@@ -158,28 +193,37 @@ def _census_arguments(p: argparse.ArgumentParser) -> None:
         "--min-prefix-share",
         type=float,
         default=0.5,
-        help="a request reusing at least this share of its prompt is shared_prefix",
+        help="a request reusing at least this share of its prompt is shared_prefix (default 0.5)",
     )
     p.add_argument(
         "--min-prefix-saving",
         type=float,
         default=0.10,
         help="recommend KV reuse when it saves at least this share of prompt tokens or "
-        "upstream time",
+        "upstream time (default 0.1)",
     )
-    p.add_argument("--block-tokens", type=int, default=512, help="tokens per hash_ids block")
-    p.add_argument("--share-prefix-across-tenants", action="store_true")
+    p.add_argument(
+        "--block-tokens",
+        type=int,
+        default=512,
+        help="tokens per hash_ids block of a block-hash trace (default 512)",
+    )
+    p.add_argument(
+        "--share-prefix-across-tenants",
+        action="store_true",
+        help="count prefix reuse across tenants (default: within a tenant, as served)",
+    )
     p.add_argument(
         "--census-max-tokens",
         type=int,
         default=100_000_000,
-        help="memory bound of the census prefix tree, in tokens",
+        help="memory bound of the census prefix tree, in tokens (default 100000000)",
     )
     p.add_argument(
         "--census-max-identities",
         type=int,
         default=8_000_000,
-        help="memory bound of the census's exact identities (~110 bytes each)",
+        help="memory bound of the census's exact identities, ~110 bytes each (default 8000000)",
     )
 
 
@@ -221,7 +265,7 @@ def _analyse(
     logs: list[Path], args: argparse.Namespace, settings: Settings, options: AnalyzeOptions
 ) -> Analysis:
     from infercache.analyze.analysis import Analyzer
-    from infercache.analyze.tokenizing.tokenizers import load_tokenizer
+    from infercache.tokenizing.tokenizers import load_tokenizer
 
     embedder, candidates = embedders(options, settings)
     size = sum(p.stat().st_size for p in logs if p.is_file())
@@ -270,7 +314,8 @@ def _compare(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
         if report is None:
             settings, options, off = _configure(args, environ)
             analysis = _analyse([path], args, settings, options)
-            report = build_report(analysis, semantic_off=off or None, rules=rules_from(args))
+            built = build_report(analysis, semantic_off=off or None, rules=rules_from(args))
+            report = built.to_dict()
         reports.append(report)
     old, new = args.compare
     comparison = compare(reports[0], reports[1], names=(str(old), str(new)))
@@ -291,7 +336,7 @@ def _with_progress(analyzer: Any, logs: list[Path], args: argparse.Namespace) ->
         return analyzer.run(logs, progress=lambda n: bar.advance(task, n))
 
 
-def _write(report: dict[str, Any], args: argparse.Namespace) -> None:
+def _write(report: Report, args: argparse.Namespace) -> None:
     _emit(
         args,
         lambda out: _render(report, args.format, out, color=None if args.out is None else False),
@@ -309,9 +354,9 @@ def _emit(args: argparse.Namespace, render: Any) -> None:
         raise ConfigError(f"cannot write {args.out}: {exc.strerror or exc}") from exc
 
 
-def _render(report: dict[str, Any], fmt: str, out: IO[str], *, color: bool | None) -> None:
+def _render(report: Report, fmt: str, out: IO[str], *, color: bool | None) -> None:
     if fmt == "json":
-        json.dump(report, out, indent=2, ensure_ascii=False)
+        json.dump(report.to_dict(), out, indent=2, ensure_ascii=False)
         out.write("\n")
     elif fmt == "html":
         from infercache.analyze.reports.html_page import render_html

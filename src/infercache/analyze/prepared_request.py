@@ -14,10 +14,7 @@ Per record kind (log_reader.py):
   prefix hashes.
 - `blocks`: the exact identity is (input_length, hash_ids); the units are the block hashes.
 
-Not cacheable (`not_cacheable_reason`): a sampled request without a seed (policy.py, with the
-configured `cache_sampled` and `default_temperature`), `no-store`/`no-cache` in its
-directives, or tools marked as having side effects: a tool object, or its `function`, carrying
-`"x-side-effects": true` (the cache's own policy, `policy.has_side_effect_tools`).
+Not cacheable: `policy.not_cacheable_reason`, the phrase the redacted request log records too.
 
 Timings: `upstream_s` is a measured upstream call: the log's `upstream_ms`, else its
 `latency_ms` when the live layer went upstream (`miss`, `bypass`, `uncacheable`); `timing`
@@ -33,19 +30,23 @@ from typing import Any, NamedTuple
 from infercache.analyze.cost_model import Timing
 from infercache.analyze.log_reader import LineErrors, LineFormat, LogRecord
 from infercache.analyze.simulated_prefix_cache import TokensPerUnit
-from infercache.analyze.tokenizing.chat_frames import Turn, turns_of
-from infercache.analyze.tokenizing.tokenizers import PromptTokenizer
 from infercache.errors import InvalidRequestError
 from infercache.keys import IGNORABLE_FIELDS, KEY_PREFIX, canonical_json, exact_key
-from infercache.policy import CachePolicy, has_side_effect_tools, usage_tokens
+from infercache.policy import (
+    NO_STORE,
+    SAMPLED,
+    SIDE_EFFECTS,
+    CachePolicy,
+    not_cacheable_reason,
+    usage_tokens,
+)
 from infercache.request import ChatRequest, parse_request
 from infercache.semantic.scope import Query, query_of
+from infercache.tokenizing.chat_frames import Turn, turns_of
+from infercache.tokenizing.tokenizers import PromptTokenizer
 from infercache.versions import UNVERSIONED, VersionView
 
 UPSTREAM_LAYERS = frozenset({"miss", "bypass", "uncacheable"})  # logged lines that went upstream
-SAMPLED = "sampled without a seed"
-NO_STORE = "no-store or no-cache asked"
-SIDE_EFFECTS = "tools with side effects"
 
 
 class PreparedRequest(NamedTuple):  # a NamedTuple: one per request, cheaper than frozen
@@ -71,19 +72,6 @@ class PreparedRequest(NamedTuple):  # a NamedTuple: one per request, cheaper tha
     timing: Timing | None = None  # for the cost model's fit
     tenant_name: str | None = None  # the tenant's configured name, when logged
     hashed_by: str | None = None  # redacted: the tokenizer behind the prefix hashes
-
-
-def not_cacheable_reason(request: ChatRequest, policy: CachePolicy) -> str | None:
-    """Why the exact cache would not serve `request` (one of three fixed phrases), or None.
-    The redacted request log records the same phrase (redaction.py)."""
-    if has_side_effect_tools(request.body):
-        return SIDE_EFFECTS
-    if policy.uncacheable_reason(request) is not None:
-        return SAMPLED
-    cc = request.directives.cache_control
-    if cc.no_store or cc.no_cache:
-        return NO_STORE
-    return None
 
 
 def stand_in_body(digest: str, model: str, not_cacheable: str | None) -> dict[str, Any]:

@@ -31,9 +31,9 @@ from typing import Any
 
 from infercache.analyze.log_reader import LineErrors, LogReader, Progress
 from infercache.analyze.prepared_request import PreparedRequest, RequestPreparer, tokenized
-from infercache.analyze.tokenizing.tokenizers import PromptTokenizer
 from infercache.errors import ConfigError, InfercacheError
 from infercache.policy import CachePolicy
+from infercache.tokenizing.tokenizers import PromptTokenizer
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,6 +1,6 @@
 """Which strategies to turn on for this traffic, in which layering, each with its measured reason.
 
-Computed from the report document (reports/document.py), never from anything the report does
+Computed from the report's figures (report_tree.py), never from anything the report does
 not show: every figure a reason quotes is a `Quote` naming where the report shows it, so a
 reason cannot contradict the report (tests/analyze/test_recommend_figures.py checks every
 number of every reason over a grid of analyses). Rules (`RecommendRules`):
@@ -23,11 +23,13 @@ Beside the decisions, advice and alarms (advice.py); thresholds and figure forma
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from infercache.analyze.advice import Alarm, advice, alarms
+from infercache.analyze.replay_figures import StrategyFigures
+from infercache.analyze.report_tree import Figures, NearDuplicatesUnmeasured
 from infercache.analyze.rules import (
     PathKey,
     RecommendRules,
@@ -65,10 +67,15 @@ class Recommendation:
     advice: tuple[str, ...]
     alarms: tuple[Alarm, ...]
 
+    @property
+    def layering(self) -> str:
+        """The strategies turned on, top to bottom (`exact → prefix`), or "none"."""
+        return " → ".join(self.strategies) if self.strategies else "none"
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "strategies": list(self.strategies),
-            "layering": " → ".join(self.strategies) if self.strategies else "none",
+            "layering": self.layering,
             "reasons": [
                 {
                     "strategy": r.strategy,
@@ -98,7 +105,7 @@ class Recommendation:
 class _Phrase:
     """Builds a reason's text while recording every figure it quotes."""
 
-    def __init__(self, report: Mapping[str, Any]) -> None:
+    def __init__(self, report: Figures) -> None:
         self.report = report
         self.quotes: list[Quote] = []
 
@@ -112,7 +119,7 @@ class _Phrase:
         return StrategyDecision(strategy, enable, text, tuple(self.quotes))
 
 
-def recommend(report: Mapping[str, Any], rules: RecommendRules | None = None) -> Recommendation:
+def recommend(report: Figures, rules: RecommendRules | None = None) -> Recommendation:
     r = rules or RecommendRules()
     prefix, scope = _prefix(report, r)
     exact = _exact(report, r)
@@ -127,24 +134,20 @@ def recommend(report: Mapping[str, Any], rules: RecommendRules | None = None) ->
     )
 
 
-def _available(report: Mapping[str, Any], name: str) -> bool:
-    return bool((report.get("simulation") or {}).get(name, {}).get("available"))
-
-
-def _exact(report: Mapping[str, Any], r: RecommendRules) -> StrategyDecision:
+def _exact(report: Figures, r: RecommendRules) -> StrategyDecision:
     p = _Phrase(report)
     repeats = p.show(("census", "exact_repeat"))
-    if not _available(report, "exact"):
+    exact = report.strategy("exact")
+    if not isinstance(exact, StrategyFigures):
         return p.decide(
             "exact",
             False,
             f"{repeats} of the requests repeat exactly, but this log has no request bodies "
             "to replay an exact cache with: log full requests (or redacted ones) to decide",
         )
-    served_value = report["simulation"]["exact"]["request_share"]
     served = p.show(("simulation", "exact", "request_share"))
     ttl = p.show(("settings", "ttl_s"), duration)  # as the replay's title shows it
-    if served_value >= r.min_exact_request_share:
+    if exact.request_share >= r.min_exact_request_share:
         saved = p.show(("simulation", "exact", "completion_token_share"))
         return p.decide(
             "exact",
@@ -160,24 +163,23 @@ def _exact(report: Mapping[str, Any], r: RecommendRules) -> StrategyDecision:
     )
 
 
-def _semantic(report: Mapping[str, Any], r: RecommendRules) -> StrategyDecision:
+def _semantic(report: Figures, r: RecommendRules) -> StrategyDecision:
     """Decided on the census: near-duplicates are what only a semantic layer can answer."""
-    near = report["near_duplicates"]
+    near = report.near_duplicates
     p = _Phrase(report)
-    if not near["measured"]:
-        return p.decide("semantic", False, f"not measured: {near['reason']}")
-    share_value = near["share"]
+    if isinstance(near, NearDuplicatesUnmeasured):
+        return p.decide("semantic", False, f"not measured: {near.reason}")
     share = p.show(("near_duplicates", "share"))
     within = ""
-    if near.get("interval") is not None:
+    if near.interval is not None:
         level = p.show(("near_duplicates", "confidence"), lambda v: f"{100 * v:.0f}%")
         low = p.show(("near_duplicates", "interval", 0))
         high = p.show(("near_duplicates", "interval", 1))
-        sample = ", on a uniform sample" if near.get("estimated") else ""
+        sample = ", on a uniform sample" if near.estimated else ""
         within = f" ({level} interval {low} to {high}{sample})"
     threshold = p.show(("near_duplicates", "threshold"), lambda v: f"{v:g}")
-    worth = share_value >= r.min_semantic_request_share
-    if near.get("label"):
+    worth = near.share >= r.min_semantic_request_share
+    if near.label:
         verdict = (
             "worth tuning on your own labelled pairs (`infercache tune`), then a semantic "
             "cache with live verification"
@@ -188,10 +190,10 @@ def _semantic(report: Mapping[str, Any], r: RecommendRules) -> StrategyDecision:
             "semantic",
             False,
             f"near-duplicates add {share}{within} of requests beyond exact repeats at the "
-            f"threshold {threshold} ({near['label']}) → {verdict}",
+            f"threshold {threshold} ({near.label}) → {verdict}",
         )
     also = ""
-    if _available(report, "semantic"):
+    if isinstance(report.strategy("semantic"), StrategyFigures):
         replayed = p.show(("simulation", "semantic", "request_share"))
         of_misses = p.show(("simulation", "semantic", "hit_rate"))
         also = (
@@ -214,17 +216,14 @@ def _semantic(report: Mapping[str, Any], r: RecommendRules) -> StrategyDecision:
     )
 
 
-def _prefix(
-    report: Mapping[str, Any], r: RecommendRules
-) -> tuple[StrategyDecision, tuple[str, ...]]:
+def _prefix(report: Figures, r: RecommendRules) -> tuple[StrategyDecision, tuple[str, ...]]:
     p = _Phrase(report)
-    share_value = report["prefix_token_share"]
     share = p.show(("prefix_token_share",))
     time_value = 0.0
     saving = ""
-    if _available(report, "prefix"):
-        sim = report["simulation"]["prefix"]
-        time_value = sim["upstream_share"]
+    sim = report.strategy("prefix")
+    if isinstance(sim, StrategyFigures):
+        time_value = sim.upstream_share
         prefill = p.show(("simulation", "prefix", "upstream_s_saved"), seconds)
         time_share = p.show(("simulation", "prefix", "upstream_share"))
         ttft = p.show(("simulation", "prefix", "ttft_saved_ms_mean"), milliseconds)
@@ -233,24 +232,23 @@ def _prefix(
             f": it saves {prefill} of prefill ({time_share} of upstream time; {ttft} off the "
             f"mean time to first token) and {money} at the cached-input price"
         )
-    if max(share_value, time_value) < r.min_prefix_saving:
+    if max(report.prefix_token_share, time_value) < r.min_prefix_saving:
         return p.decide("prefix", False, _prefix_off(report, p, share, saving, r)), ()
-    tenants = {name: g for name, g in report["breakdown"]["tenant"].items() if g["prompt_tokens"]}
-    paying = sorted(n for n, g in tenants.items() if g["prefix_token_share"] >= r.min_prefix_saving)
+    tenants = {name: g for name, g in report.breakdown.tenant.items() if g.prompt_tokens}
+    paying = sorted(n for n, g in tenants.items() if g.prefix_token_share >= r.min_prefix_saving)
     scope: tuple[str, ...] = ()
     where = ""
     if paying and len(paying) < len(tenants):
         scope = tuple(paying)
         skipped = sorted(set(tenants) - set(paying))
-        names = report.get("tenant_names", {})
         where = (
-            f"; only where prefixes are shared: tenant(s) {_names(p, paying, names)}, not "
-            f"{_names(p, skipped, names)}"
+            f"; only where prefixes are shared: tenant(s) {_names(p, paying)}, not "
+            f"{_names(p, skipped)}"
         )
     under = ""
-    layered = (report.get("simulation") or {}).get("layered", {})
-    below = layered.get("prefix_under_caches", {})
-    if below.get("available") and (report["simulation"]["exact"].get("hits") or 0):
+    exact = report.strategy("exact")
+    below = report.simulation.layered.prefix_under_caches if report.simulation else None
+    if isinstance(below, StrategyFigures) and isinstance(exact, StrategyFigures) and exact.hits:
         reused = p.show(("simulation", "layered", "prefix_under_caches", "token_hit_rate"))
         under = (
             f"; under the exact cache it reuses {reused} of the prompt tokens still reaching "
@@ -264,29 +262,26 @@ def _prefix(
     ), scope
 
 
-def _prefix_off(
-    report: Mapping[str, Any], p: _Phrase, share: str, saving: str, r: RecommendRules
-) -> str:
+def _prefix_off(report: Figures, p: _Phrase, share: str, saving: str, r: RecommendRules) -> str:
     text = (
         f"only {share} of prompt tokens reuse an earlier prompt's prefix{saving} → KV reuse "
         "would save little"
     )
-    fixed = report.get("prefix_breakers_summary") or {}
-    breakers = report.get("prefix_breakers") or []
-    if breakers and fixed.get("share_if_fixed", 0.0) >= r.min_prefix_saving:
+    breakers = report.prefix_breakers
+    if breakers and report.prefix_breakers_summary.share_if_fixed >= r.min_prefix_saving:
         top = breakers[0]
         better = p.show(("prefix_breakers_summary", "share_if_fixed"))
         text += (
-            f" as prompts are laid out now; moving the {top['kind']} in the {top['role']} "
+            f" as prompts are laid out now; moving the {top.kind} in the {top.role} "
             f"message to the end would raise that to {better} → fix the layout first, then "
             "turn on KV reuse"
         )
     return text
 
 
-def _names(p: _Phrase, tenants: list[str], names: Mapping[str, str]) -> str:
+def _names(p: _Phrase, tenants: list[str]) -> str:
     shown = []
     for t in tenants[:5]:
         tenant_share = p.show(("breakdown", "tenant", t, "prefix_token_share"))
-        shown.append(f"{names.get(t, t) or '(none)'} ({tenant_share})")
+        shown.append(f"{p.report.name_of(t)} ({tenant_share})")
     return ", ".join(shown) + (f" and {len(tenants) - 5} more" if len(tenants) > 5 else "")

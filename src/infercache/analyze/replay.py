@@ -7,9 +7,8 @@ A `Replay` runs, per request:
    with the TTL as `default_ttl_s`, on a `ManualClock` set to each request's timestamp: TTLs
    expire as they would have. A `Completion` is a hit: its layer and age are recorded.
    A redacted request is replayed through its stand-in body (prepared_request.py): the cache
-   serves it exactly when its key digest repeats. The store (`CompactMemoryStore`) keeps a
-   compact copy of each answer's bytes (the buffer `orjson.dumps` returns holds ~8 KB whatever
-   the answer's size: bench/README.md, Analyzer) and drops an entry once it expires.
+   serves it exactly when its key digest repeats. The store (replay_store.py) keeps a compact
+   copy of each answer's bytes and drops an entry once it expires.
 2. A `Miss` goes "upstream". Below the caches, the engine's prefix reuse is accounted: over a
    radix tree of its own (simulated_prefix_cache.py) with a KV budget of
    `prefix_capacity_tokens`, or, when the budget is unbounded and no semantic layer sits above,
@@ -35,19 +34,17 @@ Block traces have no body: they skip the caches, only prefix applies.
 
 from __future__ import annotations
 
-import hashlib
-import heapq
 from collections import Counter
-from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from infercache.analyze.census import DISTANCE_BOUNDS_S, Bins
 from infercache.analyze.cost_model import SecondsLedger
 from infercache.analyze.prepared_request import PreparedRequest
+from infercache.analyze.replay_store import CompactMemoryStore
 from infercache.analyze.simulated_prefix_cache import SimulatedPrefixCache, kv_namespace
 from infercache.cache import Cache, Completion, Layer
-from infercache.clock import Clock, ManualClock
+from infercache.clock import ManualClock
 from infercache.errors import InvalidRequestError, NotCachedError
 from infercache.metrics import Metrics, MissReason, PriceTable
 from infercache.semantic.embedder import Embedder
@@ -55,8 +52,6 @@ from infercache.semantic.guards import Guard
 from infercache.semantic.index import IndexFactory
 from infercache.semantic.layer import SemanticConfig
 from infercache.settings import Settings
-from infercache.stores.base import Entry
-from infercache.stores.memory import MemoryStore
 
 CENSUS = "census"  # the prefix source that reads the census's reuse
 TREE = "tree"  # ... that keeps a tree of its own at `prefix_capacity_tokens`
@@ -107,72 +102,6 @@ class ReplayResult:
     totals: Totals
     skipped: Counter[str]  # requests the caches could not replay, by why
     by_window: dict[int, Counter[str]]  # window → requests, exact, semantic, prefix tokens
-
-
-EXPIRED = Entry(  # what the replay store answers for a key whose entry expired and was dropped
-    response=b"",
-    model="",
-    model_version="",
-    tags=(),
-    created_at_s=0.0,
-    expires_at_s=0.0,
-    upstream_s=0.0,
-    prompt_tokens=0,
-    completion_tokens=0,
-)
-
-
-def _digest(key: str) -> int:
-    return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "big")
-
-
-class CompactMemoryStore(MemoryStore):
-    """The memory store as a day's replay can afford it: each answer's bytes in an object of
-    their size, and an entry dropped once it expires, its key remembered (8 bytes of digest):
-    a later lookup of that key gets `EXPIRED`, an entry long expired, so the exact layer counts
-    the same miss it would have. Dropping expired entries early changes no live entry, hence no
-    hit: the memory store evicts every expired entry before any live one
-    (tests/analyze/test_replay.py checks this against it). Under pressure the memory store may
-    have evicted an expired entry already: its later miss reads `expired` here, `absent` there."""
-
-    def __init__(self, *, max_bytes: int, clock: Clock) -> None:
-        super().__init__(max_bytes=max_bytes, clock=clock)
-        self._expiring: list[tuple[float, str]] = []  # (expires_at_s, key) of live entries
-        self._latest: dict[str, float] = {}  # each live key's expiry, as last put
-        self._expired: set[int] = set()  # digests of keys whose entry expired and was dropped
-        self._clock_now = clock.now_s
-
-    def put(self, key: str, entry: Entry) -> None:
-        self._drop_expired()
-        super().put(key, replace(entry, response=bytes(memoryview(entry.response))))
-        heapq.heappush(self._expiring, (entry.expires_at_s, key))
-        self._latest[key] = entry.expires_at_s
-        self._expired.discard(_digest(key))
-
-    def delete(self, key: str) -> None:
-        super().delete(key)
-        self._latest.pop(key, None)
-        self._expired.discard(_digest(key))
-
-    def get(self, key: str) -> Entry | None:
-        found = super().get(key)
-        return EXPIRED if found is None and _digest(key) in self._expired else found
-
-    def get_with_meta(self, key: str, names: Sequence[str]) -> tuple[Entry | None, dict[str, str]]:
-        found, meta = super().get_with_meta(key, names)
-        if found is None and _digest(key) in self._expired:
-            found = EXPIRED
-        return found, meta
-
-    def _drop_expired(self) -> None:
-        now_s = self._clock_now()
-        while self._expiring and self._expiring[0][0] <= now_s:
-            expires_at_s, key = heapq.heappop(self._expiring)
-            if self._latest.get(key) != expires_at_s:
-                continue  # put again since, or deleted: not this entry
-            del self._latest[key]
-            super().delete(key)
-            self._expired.add(_digest(key))
 
 
 def synthetic_response(model: str, prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:

@@ -1,10 +1,12 @@
 """The recommendation's thresholds, and how its figures are written: `RecommendRules`, the
 formats every table and reason of the report share (`pct`, `seconds`, ...), and `at(report,
-path)`, the report's value at a path of keys (what a reason's quote points to)."""
+path)`, the report's value at a path of keys (what a reason's quote points to), in the figures'
+tree (report_tree.py) or in the JSON document alike."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,9 +54,13 @@ def tokens(value: float) -> str:
     return f"{value:,.0f} tokens"
 
 
-def at(report: Mapping[str, Any], path: Sequence[PathKey]) -> Any:
-    """The report's value at `path` (keys and list indexes)."""
+def at(report: object, path: Sequence[PathKey]) -> Any:
+    """The report's value at `path` (keys and list indexes): a key names a tree node's field,
+    or a mapping's entry."""
     node: Any = report
     for key in path:
-        node = node[key]
+        if isinstance(key, str) and dataclasses.is_dataclass(node):
+            node = getattr(node, key)
+        else:
+            node = node[key]
     return node

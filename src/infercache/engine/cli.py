@@ -8,12 +8,15 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from infercache.engine.config import DEFAULT_WEIGHTS, WEIGHTS_NAMES
+from infercache.errors import ConfigError
 from infercache.extras import require
+from infercache.listen import BoundServer, bind_listener
 
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:
@@ -31,9 +34,17 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         default=None,
         help="an HF safetensors folder or a .gguf file (default: packaged SmolLM2-135M-Instruct)",
     )
-    serve.add_argument("--model-id", default=None, help="the id clients send as `model`")
     serve.add_argument(
-        "--max-kv-bytes", type=int, default=None, help="prefix-cache KV budget in bytes"
+        "--model-id",
+        default=None,
+        help="the id clients send as `model` (default: the model's own name, "
+        "SmolLM2-135M-Instruct for the packaged one)",
+    )
+    serve.add_argument(
+        "--max-kv-bytes",
+        type=int,
+        default=None,
+        help="prefix-cache KV budget in bytes (default 536870912, 512 MiB)",
     )
     serve.add_argument(
         "--no-prefix-cache", action="store_true", help="recompute every prompt (no KV reuse)"
@@ -45,7 +56,12 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     )
     _add_batching_options(serve)
     serve.add_argument("--threads", type=int, default=None, help="torch threads (default: all)")
-    serve.add_argument("--max-context-tokens", type=int, default=None)
+    serve.add_argument(
+        "--max-context-tokens",
+        type=int,
+        default=None,
+        help="prompt + completion limit in tokens (default: the model's own, 8192 for SmolLM2)",
+    )
     add_weights_option(serve)
     serve.add_argument(
         "--dtype",
@@ -53,8 +69,18 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         default="float32",
         help="activations and KV (default float32; bfloat16 halves KV bytes)",
     )
-    serve.add_argument("--data-dir", type=Path, default=None, help="converted-model cache root")
-    serve.add_argument("--log-level", default="info", help="uvicorn log level")
+    serve.add_argument(
+        "--data-dir",
+        type=Path,
+        default=None,
+        help="where converted models are kept (default: INFERCACHE_DATA_DIR, else "
+        "~/.cache/infercache)",
+    )
+    serve.add_argument(
+        "--log-level",
+        default="info",
+        help="uvicorn log level: critical, error, warning, info, debug (default info)",
+    )
     serve.set_defaults(handler=_serve)
 
 
@@ -117,6 +143,11 @@ def _serve(args: argparse.Namespace) -> int:
     # Never reach for a model hub, whatever transformers would otherwise try.
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     require("engine", "infercache engine serve")
+    try:  # a port in use is said before torch and the model load
+        listener = bind_listener(args.host, args.port)
+    except ConfigError as exc:
+        print(f"infercache engine serve: {exc}", file=sys.stderr)
+        return 2
     import uvicorn
 
     from infercache.engine.config import EngineConfig
@@ -151,16 +182,18 @@ def _serve(args: argparse.Namespace) -> int:
     # it found: make that an ordinary exit, so the engine below is closed and the status is 0.
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, _exit)
-    with Engine(config) as engine:
+    with listener, Engine(config) as engine:
         url = f"http://{args.host}:{args.port}/v1"
         line = ready_line(url, engine.model_id, engine.weights, engine.model_version)
 
-        class Server(uvicorn.Server):
+        class Server(BoundServer):
             async def startup(self, sockets: list[Any] | None = None) -> None:
                 await super().startup(sockets=sockets)
                 if self.started:  # listening: say so only now, so scripts can wait on this line
                     print(line, flush=True)
 
-        app = create_app(engine)
-        Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level)).run()
+        server_config = uvicorn.Config(
+            create_app(engine), host=args.host, port=args.port, log_level=args.log_level
+        )
+        Server(server_config).run(sockets=[listener])
     return 0

@@ -34,6 +34,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from infercache.client_values import missing, shown
 from infercache.clock import Clock
 from infercache.engine.loader import LoadedModel
 from infercache.engine.responses import ResponseMeta
@@ -65,6 +66,7 @@ class ChatBody:
     cache_salt: str | None = None
     ignore_eos: bool = False
     prompt: str | tuple[int, ...] | None = None
+    max_tokens_field: str = "max_tokens"  # the field `max_tokens` came from (for errors)
 
     @property
     def legacy(self) -> bool:
@@ -98,6 +100,8 @@ def _parse_common(
     prompt: str | tuple[int, ...] | None = None,
 ) -> ChatBody:
     model = body.get("model")
+    if model is None:
+        raise InvalidRequestError(missing("model"), param="model")
     if not isinstance(model, str) or not model:
         raise InvalidRequestError("`model` must be a non-empty string", param="model")
     stream = _optional_bool(body, "stream") or False
@@ -109,9 +113,11 @@ def _parse_common(
     if options is not None and not isinstance(options, Mapping):
         raise InvalidRequestError("`stream_options` must be an object", param="stream_options")
     include_usage = _optional_bool(options or {}, "include_usage", "stream_options.")
-    max_tokens = _optional_int(body, "max_completion_tokens", minimum=1)
+    max_tokens_field = "max_completion_tokens"
+    max_tokens = _optional_int(body, max_tokens_field, minimum=1)
     if max_tokens is None:
-        max_tokens = _optional_int(body, "max_tokens", minimum=1)
+        max_tokens_field = "max_tokens"
+        max_tokens = _optional_int(body, max_tokens_field, minimum=1)
     user = body.get("user")
     if user is not None and not isinstance(user, str):
         raise InvalidRequestError("`user` must be a string", param="user")
@@ -124,6 +130,7 @@ def _parse_common(
         model=model,
         messages=messages,
         max_tokens=max_tokens,
+        max_tokens_field=max_tokens_field,
         temperature=_optional_number(body, "temperature", 0.0, 2.0, default=1.0),
         top_p=_optional_number(body, "top_p", 0.0, 1.0, default=1.0),
         seed=_optional_int(body, "seed", minimum=None),
@@ -202,7 +209,8 @@ def _messages(raw: Any) -> tuple[tuple[str, str], ...]:
         role = message.get("role")
         if role not in _ROLES:
             raise InvalidRequestError(
-                f"{param}.role must be one of {sorted(_ROLES)}, got {role!r}", param=f"{param}.role"
+                f"{param}.role must be one of {sorted(_ROLES)}, got {shown(role)}",
+                param=f"{param}.role",
             )
         out.append((_ROLES[role], _content(message.get("content"), f"{param}.content")))
     return tuple(out)
@@ -251,7 +259,7 @@ def _optional_int(body: Mapping[str, Any], name: str, *, minimum: int | None) ->
     if value is None:
         return None
     if not isinstance(value, int) or isinstance(value, bool):
-        raise InvalidRequestError(f"`{name}` must be an integer, got {value!r}", param=name)
+        raise InvalidRequestError(f"`{name}` must be an integer, got {shown(value)}", param=name)
     if minimum is not None and value < minimum:
         raise InvalidRequestError(f"`{name}` must be >= {minimum}, got {value}", param=name)
     return value
@@ -264,7 +272,7 @@ def _optional_number(
     if value is None:
         return default
     if not isinstance(value, int | float) or isinstance(value, bool):
-        raise InvalidRequestError(f"`{name}` must be a number, got {value!r}", param=name)
+        raise InvalidRequestError(f"`{name}` must be a number, got {shown(value)}", param=name)
     if not low <= value <= high:
         raise InvalidRequestError(f"`{name}` must be in [{low}, {high}], got {value}", param=name)
     return float(value)
@@ -292,6 +300,30 @@ def kv_namespace(
     return json.dumps(["shared" if share_across_tenants else "tenant", scope, cache_salt])
 
 
+def _context_too_long(
+    chat: ChatBody, prompt_tokens: int, max_tokens: int, limit: int
+) -> ContextTooLongError:
+    """The error for a request over the window, naming what to shorten: the prompt when it
+    alone leaves no room for one token; else the `max_tokens` (or `max_completion_tokens`)
+    the caller asked for, which a shorter one would fit."""
+    where = "prompt" if chat.legacy else "messages"
+    if prompt_tokens >= limit or chat.max_tokens is None:
+        return ContextTooLongError(
+            f"This model's maximum context length is {limit} tokens. However, your {where} "
+            f"{'has' if chat.legacy else 'have'} {prompt_tokens} tokens, which leaves no room "
+            "for the completion. Please reduce the length of the "
+            f"{where}.",
+            param=where,
+        )
+    field = chat.max_tokens_field
+    return ContextTooLongError(
+        f"This model's maximum context length is {limit} tokens. However, you requested "
+        f"{prompt_tokens + max_tokens} tokens ({prompt_tokens} in the {where}, {max_tokens} "
+        f"in the completion). Please reduce `{field}` to at most {limit - prompt_tokens}.",
+        param=field,
+    )
+
+
 def prepare_chat(
     chat: ChatBody,
     tenant: str | None,
@@ -314,13 +346,7 @@ def prepare_chat(
         default = LEGACY_DEFAULT_MAX_TOKENS if chat.legacy else default_max_tokens
         max_tokens = min(default, limit - len(prompt))
     if max_tokens < 1 or len(prompt) + max_tokens > limit:
-        where = "prompt" if chat.legacy else "messages"
-        raise ContextTooLongError(
-            f"This model's maximum context length is {limit} tokens. However, you requested "
-            f"{len(prompt) + max_tokens} tokens ({len(prompt)} in the {where}, "
-            f"{max_tokens} in the completion).",
-            param=where,
-        )
+        raise _context_too_long(chat, len(prompt), max_tokens, limit)
     seed = chat.seed if chat.seed is not None else rng.getrandbits(63)
     sampling = SamplingParams(
         max_tokens, chat.temperature, chat.top_p, seed, chat.stop, ignore_eos=chat.ignore_eos

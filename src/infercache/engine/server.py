@@ -12,7 +12,8 @@ body limit of `max_body_bytes`; an error after a stream has started is sent as a
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.applications import Starlette
@@ -29,21 +30,10 @@ TENANT_HEADER = "x-infercache-tenant"
 
 
 def create_app(engine: Engine, *, max_body_bytes: int = 4 << 20) -> Starlette:
-    async def chat_completions(request: Request) -> Response:
-        body = json_object(await read_json(request, max_body_bytes))
-        tenant = request.headers.get(TENANT_HEADER) or None
-        if body.get("stream") is True:
-            chunks = engine.achat_stream(body, tenant)
-            return StreamingResponse(_sse(chunks), media_type="text/event-stream")
-        return JSONResponse(await engine.achat(body, tenant))
-
-    async def completions(request: Request) -> Response:
-        body = json_object(await read_json(request, max_body_bytes))
-        tenant = request.headers.get(TENANT_HEADER) or None
-        if body.get("stream") is True:
-            chunks = engine.atext_completion_stream(body, tenant)
-            return StreamingResponse(_sse(chunks), media_type="text/event-stream")
-        return JSONResponse(await engine.atext_completion(body, tenant))
+    chat_completions = _completion_route(engine.achat, engine.achat_stream, max_body_bytes)
+    completions = _completion_route(
+        engine.atext_completion, engine.atext_completion_stream, max_body_bytes
+    )
 
     async def models(_request: Request) -> Response:
         return JSONResponse({"object": "list", "data": engine.models()})
@@ -67,7 +57,27 @@ def create_app(engine: Engine, *, max_body_bytes: int = 4 << 20) -> Starlette:
     )
 
 
-async def _sse(chunks: AsyncIterator[dict[str, object]]) -> AsyncIterator[bytes]:
+_Body = Mapping[str, Any]
+
+
+def _completion_route(
+    answer: Callable[[_Body, str | None], Awaitable[dict[str, Any]]],
+    stream: Callable[[_Body, str | None], AsyncIterator[dict[str, Any]]],
+    max_body_bytes: int,
+) -> Callable[[Request], Awaitable[Response]]:
+    """A completion endpoint: JSON, or SSE when the body asks for `stream`."""
+
+    async def route(request: Request) -> Response:
+        body = json_object(await read_json(request, max_body_bytes))
+        tenant = request.headers.get(TENANT_HEADER) or None
+        if body.get("stream") is True:
+            return StreamingResponse(_sse(stream(body, tenant)), media_type="text/event-stream")
+        return JSONResponse(await answer(body, tenant))
+
+    return route
+
+
+async def _sse(chunks: AsyncIterator[dict[str, Any]]) -> AsyncIterator[bytes]:
     try:
         async for chunk in chunks:
             yield sse_event(chunk)

@@ -11,7 +11,7 @@
     GET  /metrics                    Prometheus text: per strategy (prometheus.py), per request
                                      with model and tenant (traffic.py), the store's size
     GET  /stats                      JSON: per strategy, the store, the upstreams
-    GET  /healthz                    liveness
+    GET  /healthz, /health           liveness; `degraded` while the store does not answer
     POST /admin/invalidate           {"tags": [...]}                  (admin token)
     POST /admin/model-version        {"model": M, "version": V}       (admin token)
 
@@ -48,6 +48,7 @@ from infercache.gateway.auth import Auth, resolve_tenant
 from infercache.gateway.controls import apply_header_controls
 from infercache.gateway.feedback import feedback_endpoint
 from infercache.gateway.forwarding import presented_secrets
+from infercache.gateway.health import health
 from infercache.gateway.service import Gateway, JSONReply
 from infercache.gateway.stats import gateway_stats
 from infercache.gateway.store_size import StoreSize
@@ -177,7 +178,7 @@ def create_app(
         return JSONResponse(await gateway.offload(gateway_stats, gateway))
 
     async def healthz(request: Request) -> Response:
-        return JSONResponse({"status": "ok"})
+        return JSONResponse(await health(gateway))  # health.py
 
     async def admin_invalidate(request: Request) -> Response:
         auth.require_admin(request.headers.get("authorization"))
@@ -239,6 +240,7 @@ def create_app(
         Route("/metrics", metrics, methods=["GET"]),
         Route("/stats", stats, methods=["GET"]),
         Route("/healthz", healthz, methods=["GET"]),
+        Route("/health", healthz, methods=["GET"]),
         Route("/admin/invalidate", admin_invalidate, methods=["POST"]),
         Route("/admin/model-version", admin_model_version, methods=["POST"]),
         Route("/v1/{rest:path}", pass_through, methods=PASS_THROUGH_METHODS),

@@ -25,6 +25,7 @@ from infercache.gateway.across_replicas import AcrossReplicas
 from infercache.gateway.app import create_app
 from infercache.gateway.auth import Auth
 from infercache.gateway.config import GatewayConfig
+from infercache.gateway.fingerprints import SwapWindow
 from infercache.gateway.local_embeddings import MODEL_ID as MINILM_ID
 from infercache.gateway.local_embeddings import LocalEmbeddings
 from infercache.gateway.requestlog import RequestLog
@@ -39,6 +40,7 @@ from infercache.stores import Backend, open_store
 from infercache.stores.memory import MemoryStore
 from infercache.stores.redis_connect import is_redis_url
 from infercache.stores.replica_flight import FlightTimings, open_flights
+from infercache.stores.start_check import StoreAtStart, check_at_start
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +50,7 @@ class Built:
     app: Starlette
     gateway: Gateway
     cache: Cache
+    store: StoreAtStart | None = None  # what the start-up check found (stores/start_check.py)
 
 
 def build(
@@ -72,10 +75,15 @@ def build(
         max_bytes=settings.max_store_bytes,
         timeout_s=config.store_budget_s,
     )
+    store = check_at_start(backend, optional=config.store_optional)  # before the engine loads
     if not isinstance(backend, MemoryStore):  # in-process memory never stalls
         backend = GuardedBackend(backend, clock=clock, budget_s=config.store_budget_s)
     cache = Cache(settings, clock=clock, backend=backend)
-    tracker = ModelVersionTracker(cache, use_fingerprints=config.use_fingerprints)
+    tracker = ModelVersionTracker(
+        cache,
+        use_fingerprints=config.use_fingerprints,
+        window=SwapWindow(config.fingerprint_swap_s, config.fingerprint_swap_answers),
+    )
     engine_here = upstreams is None and not config.upstreams  # the built-in engine, in-process
     if upstreams is None:
         upstreams = _upstreams(settings, config, cache, engine_config)
@@ -97,7 +105,7 @@ def build(
         tracer=tracer or (otlp_tracer() if config.otel else None),
     )
     if settings.semantic.enabled:
-        from infercache.semantic.setup import enable_from_settings
+        from infercache.gateway.semantic_setup import enable_from_settings
 
         enable_from_settings(
             cache,
@@ -113,7 +121,7 @@ def build(
         max_body_bytes=config.max_body_bytes,
         version_poll_s=config.version_poll_s,
     )
-    return Built(app, gateway, cache)
+    return Built(app, gateway, cache, store)
 
 
 def _embedder(cache: Cache, upstreams: list[Upstream]) -> EmbeddingsUpstream:

@@ -21,6 +21,7 @@ from infercache.cli_cache import add_store_options, settings_from_args
 from infercache.engine.cli import add_weights_option
 from infercache.errors import ConfigError, InfercacheError
 from infercache.gateway.config import GatewayConfig, UpstreamSpec, parse_api_keys
+from infercache.listen import bind_listener
 from infercache.settings import Settings
 from infercache.urls import mask_credentials
 
@@ -59,6 +60,8 @@ def _config(args: argparse.Namespace) -> GatewayConfig:
         flags["redact"] = True
     if args.max_body_bytes is not None:
         flags["max_body_bytes"] = args.max_body_bytes
+    if args.store_optional:
+        flags["store_optional"] = True
     return config.with_values(flags, source="command line").with_env(os.environ)
 
 
@@ -96,17 +99,30 @@ def _serve(args: argparse.Namespace) -> int:
                 if getattr(args, name) is not None
             },
         )
-        built = build(settings, config, engine_config=engine_config)
+        listener = bind_listener(config.host, config.port)  # a port in use: before any load
+        try:
+            built = build(settings, config, engine_config=engine_config)
+        except BaseException:
+            listener.close()
+            raise
     except (ConfigError, InfercacheError) as exc:
         print(f"infercache serve: {exc}", file=sys.stderr)
         return 2
     upstream = ", ".join(u.name for u in built.gateway.upstreams)
     semantic = built.cache.semantic
     mode = "off" if semantic is None else semantic.state()["mode"]
+    store = (
+        built.store.describe()
+        if built.store is not None
+        else mask_credentials(built.cache.backend.url)
+    )
+    if semantic is not None:
+        on = settings.semantic.calibrated_on or "nothing recorded (no `tune` line in the config)"
+        print(f"infercache serve: semantic {mode}, calibrated on: {on}", flush=True)
     ready_line = (
         f"infercache gateway ready on http://{config.host}:{config.port}/v1 "
-        f"(upstream: {upstream}; store: {mask_credentials(built.cache.backend.url)}; "
-        f"semantic: {mode}{_engine_weights(built.gateway.upstreams)})"
+        f"(upstream: {upstream}; store: {store}; semantic: {mode}"
+        f"{_engine_weights(built.gateway.upstreams)})"
     )
 
     class Server(uvicorn.Server):
@@ -116,7 +132,7 @@ def _serve(args: argparse.Namespace) -> int:
                 print(ready_line, flush=True)
 
     uvicorn_config = make_config(built.app, host=config.host, port=config.port)
-    Server(uvicorn_config).run()
+    Server(uvicorn_config).run(sockets=[listener])
     return 0
 
 
@@ -137,8 +153,14 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         "built-in engine runs in this process (the embedded default).",
     )
     add_store_options(p)
+    p.add_argument(
+        "--store-optional",
+        action="store_true",
+        help="start even when the store does not answer: degraded, caching nothing until it "
+        "does (the ready line and /healthz say so); default: refuse to start, naming the cause",
+    )
     p.add_argument("--host", help="interface to listen on (default 127.0.0.1)")
-    p.add_argument("--port", type=int, help="port (default 8080)")
+    p.add_argument("--port", type=int, help="TCP port to listen on (default 8080)")
     p.add_argument(
         "--upstream",
         action="append",
@@ -168,11 +190,13 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         "--api-key",
         action="append",
         metavar="KEY=TENANT",
-        help="a client API key and its tenant (repeatable); with any, keys are required",
+        help="a client API key and its tenant (repeatable); with any, keys are required "
+        "(default: none: open mode, each caller's bearer token hashed into its tenant)",
     )
     p.add_argument(
         "--admin-token",
-        help="bearer token for /admin/* and, with --api-key, /stats (or INFERCACHE_ADMIN_TOKEN)",
+        help="bearer token for /admin/* and, with --api-key, /stats (or INFERCACHE_ADMIN_TOKEN; "
+        "default: none, /admin/* refused)",
     )
     p.add_argument(
         "--metrics-token",
@@ -180,7 +204,10 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         "--api-key, the admin token with it)",
     )
     p.add_argument(
-        "--request-log", type=Path, metavar="PATH", help="append one JSON line per request"
+        "--request-log",
+        type=Path,
+        metavar="PATH",
+        help="append one JSON line per request, for `infercache analyze` (default: no log)",
     )
     p.add_argument(
         "--redact",
@@ -193,7 +220,9 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         help="a span per request, exported over OTLP/HTTP (the OTEL_* variables configure it; "
         "on by itself when OTEL_EXPORTER_OTLP_ENDPOINT is set; needs infercache[otel])",
     )
-    p.add_argument("--max-body-bytes", type=int, help="reject larger bodies with 413")
+    p.add_argument(
+        "--max-body-bytes", type=int, help="reject larger bodies with 413 (default 4194304)"
+    )
     p.add_argument(
         "--semantic",
         nargs="?",
@@ -205,8 +234,17 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         "shadow without one), shadow (serve nothing until judged live traffic meets the "
         "false-hit bound) or calibrated",
     )
-    p.add_argument("--model", type=Path, help="built-in engine: a Llama-family checkpoint")
-    p.add_argument("--max-kv-bytes", type=int, help="built-in engine: KV prefix cache budget")
+    p.add_argument(
+        "--model",
+        type=Path,
+        help="built-in engine: a Llama-family checkpoint, an HF safetensors folder or a .gguf "
+        "file (default: the packaged SmolLM2-135M-Instruct)",
+    )
+    p.add_argument(
+        "--max-kv-bytes",
+        type=int,
+        help="built-in engine: KV prefix cache budget in bytes (default 536870912, 512 MiB)",
+    )
     p.add_argument(
         "--no-prefix-cache", action="store_true", help="built-in engine: disable KV reuse"
     )

@@ -15,9 +15,12 @@ secrets from the environment (`INFERCACHE_UPSTREAM_API_KEY`, `INFERCACHE_ADMIN_T
     request_log = "requests.jsonl"
     redact = false
     version_poll_s = 30
-    use_fingerprints = true                     # a new system_fingerprint is a model swap
+    use_fingerprints = true                     # fingerprints that displace the earlier
+    fingerprint_swap_s = 60                     # ones for this long and this many answers
+    fingerprint_swap_answers = 20               # are a model swap (gateway/fingerprints.py)
     upstream_timeout_s = 600
     store_budget_s = 0.05                       # a store call over this is a counted miss
+    store_optional = false                      # start (degraded) when the store is unreachable
     share_flights = true                        # Redis store: one call per key across gateways
     replica_lease_s = 10                        # a dead gateway's call is taken over after it
 
@@ -109,8 +112,11 @@ class GatewayConfig:
     redact: bool = False
     version_poll_s: float | None = 30.0
     use_fingerprints: bool = True
+    fingerprint_swap_s: float = 60.0
+    fingerprint_swap_answers: int = 20
     upstream_timeout_s: float = 600.0
     store_budget_s: float = 0.05
+    store_optional: bool = False  # start degraded, not refuse, when the store does not answer
     share_flights: bool = True  # with a Redis store: one upstream call per key across gateways
     replica_lease_s: float = 10.0  # a dead gateway's call is taken over after this long
     otel: bool = False  # a span per request to OTEL_EXPORTER_OTLP_ENDPOINT (tracing.py)
@@ -132,6 +138,11 @@ class GatewayConfig:
             raise ConfigError(f"port must be 1..65535, got {self.port}")
         if self.max_body_bytes < 1024:
             raise ConfigError(f"max_body_bytes must be >= 1024, got {self.max_body_bytes}")
+        if self.fingerprint_swap_s < 0 or self.fingerprint_swap_answers < 1:
+            raise ConfigError(
+                "fingerprint_swap_s must be >= 0 and fingerprint_swap_answers >= 1, got "
+                f"{self.fingerprint_swap_s} and {self.fingerprint_swap_answers}"
+            )
         if not 0 < self.store_budget_s <= 60:
             raise ConfigError(f"store_budget_s must be in (0, 60], got {self.store_budget_s}")
         if self.admin_token is not None and self.admin_token in self.api_keys:

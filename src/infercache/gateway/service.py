@@ -63,6 +63,7 @@ from infercache.gateway.tracing import NoTracer, RequestTracer
 from infercache.gateway.traffic import RequestMetrics
 from infercache.gateway.upstream import EmbeddingsUpstream, TextCompletions, Upstream
 from infercache.gateway.versions import ModelVersionTracker
+from infercache.hit_usage import served_hit
 from infercache.http_errors import internal_error_body
 from infercache.request import Endpoint
 from infercache.store_guard import inline_reads, inline_writes
@@ -216,7 +217,7 @@ class Gateway:
                 return await self._stream(miss, flight, fetch, entry)
             done = await self._answer(miss, flight, fetch)
             entry.close(status=200, response=done.response, upstream_s=done.upstream_s)
-            return JSONReply(200, done.response, _reply_headers(done))
+            return self._replay(done, body)
         except BaseException as exc:
             entry.close(status=_status_of(exc))
             raise
@@ -251,13 +252,19 @@ class Gateway:
         )
 
     def _replay(self, done: Completion, body: dict[str, Any]) -> JSONReply | StreamReply:
+        """An answer as a reply: JSON, or a hit's SSE replay; a hit (coalesced answers too)
+        reports the usage the `hit_usage` setting says (hit_usage.py)."""
         headers = _reply_headers(done)
+        response, raw = done.response, done.raw
+        if done.layer in (Layer.EXACT, Layer.SEMANTIC):
+            response, saved, raw = served_hit(response, self.cache.settings.hit_usage, raw)
+            headers.update(saved)
         if body.get("stream") is not True:
-            return JSONReply(200, done.response, headers, done.raw)
+            return JSONReply(200, response, headers, raw)
         include_usage = _include_usage(body)
 
         async def replay() -> AsyncIterator[bytes]:
-            for chunk in chunks_from_completion(done.response, include_usage=include_usage):
+            for chunk in chunks_from_completion(response, include_usage=include_usage):
                 yield sse_event(chunk)
             yield SSE_DONE
 
@@ -305,6 +312,8 @@ class Gateway:
             try:
                 async for chunk in flight.chunks():
                     out = _for_client(chunk, include_usage)
+                    if coalesced and out is not None and out.get("usage") is not None:
+                        out = served_hit(out, self.cache.settings.hit_usage).response
                     if out is not None:
                         yield sse_event(out)
                 done = flight.outcome()
@@ -451,8 +460,8 @@ class Gateway:
     def _record(self, miss: Miss, response: dict[str, Any], upstream_s: float) -> None:
         """Store I/O after an answer: swap detection, then the Miss closed (stored if allowed)."""
         seen = miss.lookup.view if miss.lookup is not None else None
-        produced_by = self.tracker.observe_response(miss.request.model, response, seen)
-        miss.close(response, upstream_s=upstream_s, produced_by=produced_by)
+        self.tracker.observe_response(miss.request.model, response, seen)
+        miss.close(response, upstream_s=upstream_s)
 
     async def _call(
         self, upstream: Upstream, miss: Miss, flight: Flight[Completion], bearer: str | None

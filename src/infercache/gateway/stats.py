@@ -1,4 +1,5 @@
 """`GET /stats`: the gateway's JSON snapshot — per strategy, the store, the upstreams, flights,
+model versions (each change with its evidence, each model's fingerprints: versions.py),
 the semantic layer's mode (shadow or calibrated: pairs judged, would-be hit rate, the current
 false-hit bound, serving or not) and the complaints received per layer that answered.
 It reads the store: call it off the event loop (`Gateway.offload`)."""
@@ -38,6 +39,7 @@ def gateway_stats(gateway: Gateway) -> dict[str, Any]:
         )
     ]
     out["model_swaps"] = gateway.tracker.swaps
+    out["versions"] = gateway.tracker.snapshot()  # what counts as a change, with its evidence
     if isinstance(backend, GuardedBackend):
         out["store"]["guard"] = backend.health()
     semantic = gateway.cache.semantic

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import random
 import threading
 from collections.abc import Callable, Mapping
@@ -32,24 +31,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from infercache.errors import StoreError
+from infercache.intervals import wilson_interval
 from infercache.metrics import StrategyMetrics
 from infercache.semantic.judges import Judge
 from infercache.stores.base import MetaStore
 
 log = logging.getLogger(__name__)
-
-Z_95 = 1.959963984540054
-
-
-def wilson_interval(failures: int, trials: int, z: float = Z_95) -> tuple[float, float]:
-    """(lower, upper) Wilson score bounds on a rate of `failures` in `trials` (0 trials: 0, 1)."""
-    if trials <= 0:
-        return 0.0, 1.0
-    p = failures / trials
-    denom = 1 + z * z / trials
-    centre = (p + z * z / (2 * trials)) / denom
-    half = z * math.sqrt(p * (1 - p) / trials + z * z / (4 * trials * trials)) / denom
-    return max(0.0, centre - half), min(1.0, centre + half)
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,7 +122,7 @@ class Verifier:
         self.sample_rate = sample_rate
         self._rng = rng
         self._rng_lock = threading.Lock()
-        self._executor = executor
+        self.executor = executor  # where judgments (and shadow refits) run
 
     def sampled(self) -> bool:
         """Whether to verify this hit (true with probability `sample_rate`)."""
@@ -149,7 +136,7 @@ class Verifier:
         fresh: Mapping[str, Any] | Fetch,
         then: Callable[[bool], None],
     ) -> None:
-        self._executor.submit(self._judge, dict(request), cached, fresh, then)
+        self.executor.submit(self._judge, dict(request), cached, fresh, then)
 
     def _judge(
         self,

@@ -1,4 +1,14 @@
-"""Cache stores behind one `Backend` Protocol, chosen by URL (see `open_store`)."""
+"""Cache stores behind one `Backend` Protocol, chosen by URL (see `open_store`).
+
+base.py                the seam: `Store`, `MetaStore`, `InlineReads`/`InlineWrites`, `Entry`
+memory.py              in-process, an LRU bounded by bytes
+sqlite.py              the embedded default: the store (schema, bound, batched recency) over
+sqlite_connections.py  its per-thread connections and non-blocking regime
+redis.py               one Redis server (redis_connect.py: reaching it from a URL)
+redis_cluster.py       a Redis Cluster, meta copied per hash-tag bucket (bucket_meta.py)
+feed.py                the semantic replicas' change feed (a Redis Stream)
+replica_flight.py      one upstream call per key across gateways (a lease in Redis)
+"""
 
 from __future__ import annotations
 

@@ -13,29 +13,9 @@ O(1) by any process in the same transaction as its write.
   entry last touched longer ago than that records (key, time) in memory; the pending touches
   are written with the next `put`, or once `touch_batch` of them have piled up. Rewriting a row
   costs ~20 µs, so a hot entry is rewritten at most once a granule, not on every hit.
-- Every sqlite3 error (locked past the timeout, read-only file, "file is not a database") is
-  translated into `StoreError` here; the connection is dropped so the next call retries.
-  Opening is lazy, so a broken file never stops the cache from being built.
-
-Thread-safety: one connection per thread (sqlite3 connections are not shared across threads).
-
-Non-blocking reads (`nonblocking()`, the `InlineReads` seam in base.py): inside the block, the
-calling thread reads through a second connection whose busy timeout is 0, and every write
-raises `StoreWouldBlockError` at once. A WAL reader does not wait for writers, so a read from
-the page cache takes tens of µs; a read that would have to wait for a lock (WAL recovery,
-a checkpoint another process runs, an exclusive-mode connection) raises `StoreWouldBlockError`
-instead, and the caller retries off its event loop. (A disk that stalls on a cold page is
-outside what this bounds.)
-
-Non-blocking writes (`nonblocking_writes()`, the `InlineWrites` seam): on entry the calling
-thread's non-blocking connection begins `BEGIN IMMEDIATE` (the write lock, taken at once or
-`StoreWouldBlockError`); every write in the block joins that one transaction, committed when the
-block ends (rolled back if it raises). A commit in WAL mode appends to the log and does not sync
-(`synchronous=NORMAL`). What can take milliseconds is a checkpoint, which copies the log into
-the file and syncs it; the non-blocking connection never checkpoints (`wal_autocheckpoint=0`).
-Instead, one entry in `inline_commits_per_checkpoint` raises `StoreWouldBlockError`, so that
-block runs on a blocking connection, whose commit checkpoints once the log passes SQLite's
-1,000 pages: the log stays bounded.
+- Connections (sqlite_connections.py): one per thread, opened lazily in WAL with this schema;
+  every sqlite3 error becomes `StoreError` there, and the non-blocking regime the gateway's
+  event loop reads and writes through (`nonblocking()`, `nonblocking_writes()`) lives there.
 """
 
 from __future__ import annotations
@@ -47,21 +27,19 @@ import math
 import secrets
 import sqlite3
 import threading
-import time
 from collections.abc import Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
 import orjson
 
 from infercache.clock import Clock
-from infercache.errors import InfercacheError, StoreError, StoreWouldBlockError
+from infercache.errors import StoreError
 from infercache.stores.base import EPOCH_META, Entry, StoreStats
+from infercache.stores.sqlite_connections import SQLiteConnections
 
 SCHEMA_VERSION = 1
-_WAITED = (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)  # primary result codes of a lock wait
-_WAL_RETRY_S = 0.005
 log = logging.getLogger(__name__)
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS entries (
@@ -128,154 +106,28 @@ class SQLiteStore:
         self.url = f"sqlite:///{self.path}"
         self.max_bytes = max_bytes
         self._clock = clock
-        self._busy_timeout_s = busy_timeout_s
         self._touch_batch = touch_batch
         self._touch_granularity_s = touch_granularity_s
-        self._local = threading.local()
         self._touch_lock = threading.Lock()
-        self._setup_lock = threading.Lock()
         self._touches: dict[str, float] = {}
-        self._inline_commits_per_checkpoint = inline_commits_per_checkpoint
-        self._inline_commits = 0
-        self._nonblocking_block = _ThreadFlag(self._local, "nonblocking")
-
-    # -- connection handling: the one place sqlite3 errors become StoreError --
-
-    def _connect(self, *, timeout_s: float) -> sqlite3.Connection:
-        # One thread at a time sets a connection up: switching a new file to WAL takes a lock
-        # that SQLite does not wait for, so threads racing on a fresh file got "database is
-        # locked". A non-blocking caller does not queue behind another's set-up.
-        if not self._setup_lock.acquire(blocking=timeout_s > 0):
-            raise StoreWouldBlockError(f"sqlite store {self.path}: another thread is connecting")
-        try:
-            return self._set_up(timeout_s)
-        finally:
-            self._setup_lock.release()
-
-    def _set_up(self, timeout_s: float) -> sqlite3.Connection:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        conn = sqlite3.connect(
-            self.path, timeout=timeout_s, isolation_level=None, check_same_thread=True
+        self._db = SQLiteConnections(
+            self.path,
+            schema=_SCHEMA,
+            schema_version=SCHEMA_VERSION,
+            busy_timeout_s=busy_timeout_s,
+            inline_commits_per_checkpoint=inline_commits_per_checkpoint,
         )
-        try:
-            _switch_to_wal(conn, timeout_s)
-            conn.execute("PRAGMA synchronous=NORMAL")
-            if timeout_s == 0:  # the non-blocking connection: checkpoints are left to others
-                conn.execute("PRAGMA wal_autocheckpoint=0")
-            if conn.execute("PRAGMA user_version").fetchone()[0] != SCHEMA_VERSION:
-                # Idempotent DDL in one transaction: processes racing to create it are safe.
-                conn.executescript(
-                    f"BEGIN IMMEDIATE; {_SCHEMA} PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;"
-                )
-        except BaseException:
-            conn.close()
-            raise
-        return conn
+        self._fetch_one = self._db.fetch_one  # the hot read path: one call fewer
+
+    # -- InlineReads, InlineWrites (base.py): the connections' non-blocking regime --
 
     def nonblocking(self) -> AbstractContextManager[None]:
-        """In this thread, for the block: reads never wait for a lock and writes are refused,
-        both by raising `StoreWouldBlockError` (see the module docstring)."""
-        return self._nonblocking_block
+        """In this thread, for the block: reads never wait for a lock, writes are refused."""
+        return self._db.nonblocking()
 
-    @contextmanager
-    def nonblocking_writes(self) -> Iterator[None]:
-        """In this thread, for the block: reads as in `nonblocking()`, and every write joins
-        one transaction whose lock is taken on entry, without waiting (the module docstring
-        says when entry raises `StoreWouldBlockError`). Committed at the end of the block;
-        a failed commit raises `StoreError`."""
-        if getattr(self._local, "txn", None) is not None:
-            raise RuntimeError("nonblocking_writes() blocks do not nest")
-        self._inline_commits += 1
-        if self._inline_commits > self._inline_commits_per_checkpoint:
-            self._inline_commits = 0
-            raise StoreWouldBlockError(f"sqlite store {self.path}: this write may checkpoint")
-        with self.nonblocking():
-            # On entry, so the caller retries where it may wait. A busy lock leaves the
-            # connection as it was (dropping it, as `_conn` does on errors, would make the next
-            # inline read reconnect, and give way while another thread sets up its own).
-            try:
-                conn = self._connection("nonblocking_conn")
-                conn.execute("BEGIN IMMEDIATE")
-            except (sqlite3.Error, OSError) as exc:
-                raise StoreWouldBlockError(f"sqlite store {self.path}: {exc}") from exc
-            self._local.txn = conn
-            done = False
-            try:
-                yield
-                done = True
-            finally:
-                self._local.txn = None
-                self._end_transaction(conn, commit=done)
-
-    def _end_transaction(self, conn: sqlite3.Connection, *, commit: bool) -> None:
-        if getattr(self._local, "nonblocking_conn", None) is not conn:  # dropped on an error
-            if commit:
-                raise StoreError(f"sqlite store {self.path}: the transaction was rolled back")
-            return
-        try:
-            conn.execute("COMMIT" if commit else "ROLLBACK")
-        except sqlite3.Error as exc:
-            self._drop_connection("nonblocking_conn")
-            raise StoreError(f"sqlite store {self.path}: {exc}") from exc
-
-    def _nonblocking(self) -> bool:
-        return getattr(self._local, "nonblocking", False) is True
-
-    def _conn(self) -> _Connection:
-        """`with self._conn() as conn:` this thread's connection (the non-blocking one inside
-        `nonblocking()`), opened on first use; a sqlite3 error in the block drops it and is
-        raised as `StoreError` (`StoreWouldBlockError` for a lock a non-blocking read met)."""
-        return _Connection(self, "nonblocking_conn" if self._nonblocking() else "conn")
-
-    def _fetch_one(self, query: str, params: tuple[Any, ...]) -> Any:
-        """One row of a read, as `with self._conn()` would run it (the hot read path: no
-        context object)."""
-        attr = "nonblocking_conn" if getattr(self._local, "nonblocking", False) else "conn"
-        try:
-            return self._connection(attr).execute(query, params).fetchone()
-        except (sqlite3.Error, OSError) as exc:
-            raise self._failed(attr, exc) from exc
-
-    def _connection(self, attr: str) -> sqlite3.Connection:
-        conn: sqlite3.Connection | None = getattr(self._local, attr, None)
-        if conn is None:
-            timeout_s = 0.0 if attr == "nonblocking_conn" else self._busy_timeout_s
-            conn = self._connect(timeout_s=timeout_s)
-            setattr(self._local, attr, conn)
-        return conn
-
-    def _failed(self, attr: str, exc: sqlite3.Error | OSError) -> InfercacheError:
-        self._drop_connection(attr)
-        code = getattr(exc, "sqlite_errorcode", 0) & 0xFF
-        if attr == "nonblocking_conn" and code in _WAITED:
-            return StoreWouldBlockError(f"sqlite store {self.path}: {exc}")
-        return StoreError(f"sqlite store {self.path}: {exc}")
-
-    def _drop_connection(self, attr: str = "conn") -> None:
-        conn = getattr(self._local, attr, None)
-        setattr(self._local, attr, None)
-        if conn is not None:
-            conn.close()
-
-    @contextmanager
-    def _write(self) -> Iterator[sqlite3.Connection]:
-        txn: sqlite3.Connection | None = getattr(self._local, "txn", None)
-        if txn is not None:  # inside nonblocking_writes(): its transaction
-            if getattr(self._local, "nonblocking_conn", None) is not txn:
-                raise StoreError(f"sqlite store {self.path}: the transaction was rolled back")
-            with self._conn() as conn:
-                yield conn
-            return
-        if self._nonblocking():
-            raise StoreWouldBlockError(f"sqlite store {self.path}: no writes in non-blocking mode")
-        with self._conn() as conn:
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                yield conn
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
-            conn.execute("COMMIT")
+    def nonblocking_writes(self) -> AbstractContextManager[None]:
+        """In this thread, for the block: writes join one transaction taken without waiting."""
+        return self._db.nonblocking_writes()
 
     # -- Store --
 
@@ -295,7 +147,7 @@ class SQLiteStore:
             self._touches[key] = now_s
             flush = len(self._touches) >= self._touch_batch
         if flush:
-            with self._write() as conn:
+            with self._db.write() as conn:
                 self._flush_touches(conn)
         return entry, meta
 
@@ -336,7 +188,7 @@ class SQLiteStore:
             size,
             now_s,
         )
-        with self._write() as conn:
+        with self._db.write() as conn:
             self._flush_touches(conn)
             conn.execute(_UPSERT, row)
             used = conn.execute("SELECT bytes FROM usage WHERE id = 1").fetchone()[0]
@@ -344,11 +196,11 @@ class SQLiteStore:
                 self._evict(conn, now_s, keep=key)
 
     def delete(self, key: str) -> None:
-        with self._write() as conn:
+        with self._db.write() as conn:
             conn.execute("DELETE FROM entries WHERE key = ?", (key,))
 
     def purge(self) -> int:
-        with self._write() as conn:
+        with self._db.write() as conn:
             n: int = conn.execute("SELECT entries FROM usage WHERE id = 1").fetchone()[0]
             conn.execute("DELETE FROM entries")
         with self._touch_lock:
@@ -356,14 +208,14 @@ class SQLiteStore:
         return n
 
     def stats(self) -> StoreStats:
-        with self._conn() as conn:
+        with self._db.conn() as conn:
             used, entries = conn.execute("SELECT bytes, entries FROM usage WHERE id = 1").fetchone()
         return StoreStats(entries=entries, bytes=used, max_bytes=self.max_bytes)
 
     def scan(self, prefix: str) -> Iterator[tuple[str, Entry]]:
         # Keys are ASCII: every key with the prefix sorts in [prefix, prefix + U+FFFF).
         query = f"SELECT key, {_COLUMNS} FROM entries WHERE key >= ? AND key < ?"
-        with self._conn() as conn:
+        with self._db.conn() as conn:
             rows = conn.execute(query, (prefix, prefix + "\uffff")).fetchall()
         for row in rows:
             yield row[0], self._entry(row[0], row[1:])
@@ -374,21 +226,21 @@ class SQLiteStore:
         if not names:
             return {}
         marks = ",".join("?" * len(names))
-        with self._conn() as conn:
+        with self._db.conn() as conn:
             rows = conn.execute(
                 f"SELECT name, value FROM meta WHERE name IN ({marks})", tuple(names)
             ).fetchall()
         return dict(rows)
 
     def write_meta(self, name: str, value: str) -> None:
-        with self._write() as conn:
+        with self._db.write() as conn:
             conn.execute(
                 "INSERT INTO meta VALUES (?, ?) ON CONFLICT(name) DO UPDATE SET value = ?",
                 (name, value, value),
             )
 
     def incr_meta(self, name: str) -> int:
-        with self._write() as conn:
+        with self._db.write() as conn:
             row = conn.execute(
                 "INSERT INTO meta VALUES (?, '1') ON CONFLICT(name) DO UPDATE SET"
                 " value = CAST(value AS INTEGER) + 1 RETURNING value",
@@ -400,22 +252,25 @@ class SQLiteStore:
         found = self.read_meta([EPOCH_META]).get(EPOCH_META)
         if found is not None:
             return found  # no write (and no write lock) once minted
-        with self._write() as conn:
+        with self._db.write() as conn:
             conn.execute(
                 "INSERT OR IGNORE INTO meta VALUES (?, ?)", (EPOCH_META, secrets.token_hex(8))
             )
             row = conn.execute("SELECT value FROM meta WHERE name = ?", (EPOCH_META,)).fetchone()
         return str(row[0])
 
+    def release_thread(self) -> None:
+        """Close the calling thread's connections (stores.base.ThreadResources)."""
+        self._db.close()
+
     def close(self) -> None:
         try:
-            with self._write() as conn:
+            with self._db.write() as conn:
                 self._flush_touches(conn)
         except StoreError as exc:
             # Only recency hints are lost; entries are already committed.
             log.warning("could not save recency on close: %s", exc)
-        self._drop_connection("conn")
-        self._drop_connection("nonblocking_conn")
+        self._db.close()
 
     # -- internals --
 
@@ -452,59 +307,3 @@ def _get_with_meta_query(n_names: int) -> str:
         f" WHERE name IN ({marks})), {_COLUMNS} FROM (SELECT 1)"
         " LEFT JOIN entries ON key = ?"
     )
-
-
-def _switch_to_wal(conn: sqlite3.Connection, timeout_s: float) -> None:
-    """`PRAGMA journal_mode=WAL`, retried for up to `timeout_s`: on a fresh file the switch
-    takes a lock that SQLite's busy handler does not wait for, so a process (or thread) racing
-    another's switch reads "database is locked" at once. Real time, as SQLite's own busy
-    timeout is; 5 ms between tries."""
-    tries = max(1, math.ceil(timeout_s / _WAL_RETRY_S))
-    for attempt in range(tries):
-        try:
-            conn.execute("PRAGMA journal_mode=WAL")
-            return
-        except sqlite3.OperationalError as exc:
-            busy = getattr(exc, "sqlite_errorcode", 0) & 0xFF in _WAITED
-            if not busy or attempt == tries - 1:
-                raise
-            time.sleep(_WAL_RETRY_S)
-
-
-class _ThreadFlag:
-    """`with flag:` sets `local.<name>` for the block, in the calling thread. Stateless, so
-    one instance serves every thread (and costs less than a generator-based context)."""
-
-    __slots__ = ("_local", "_name")
-
-    def __init__(self, local: threading.local, name: str) -> None:
-        self._local = local
-        self._name = name
-
-    def __enter__(self) -> None:
-        setattr(self._local, self._name, True)
-
-    def __exit__(self, *exc_info: object) -> None:
-        setattr(self._local, self._name, False)
-
-
-class _Connection:
-    """The context `SQLiteStore._conn()` returns (a class: it runs on every store call)."""
-
-    __slots__ = ("_attr", "_store")
-
-    def __init__(self, store: SQLiteStore, attr: str) -> None:
-        self._store = store
-        self._attr = attr
-
-    def __enter__(self) -> sqlite3.Connection:
-        try:
-            return self._store._connection(self._attr)
-        except (sqlite3.Error, OSError) as exc:
-            raise self._store._failed(self._attr, exc) from exc
-
-    def __exit__(
-        self, kind: type[BaseException] | None, exc: BaseException | None, tb: object
-    ) -> None:
-        if isinstance(exc, (sqlite3.Error, OSError)):
-            raise self._store._failed(self._attr, exc) from exc

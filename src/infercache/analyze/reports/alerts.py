@@ -18,8 +18,9 @@ which YAML reads unchanged.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
 from typing import Any
+
+from infercache.analyze.reports.document import Report
 
 GATEWAY_METRICS = {
     "lookups": "infercache_lookups_total",
@@ -45,21 +46,21 @@ def expression(strategy: str, metric: str, floor: float, *, window: str = WINDOW
     )
 
 
-def rules(report: Mapping[str, Any]) -> list[dict[str, Any]]:
+def rules(report: Report) -> list[dict[str, Any]]:
     out = []
-    for alarm in report["recommendation"]["alarms"]:
-        name = alarm["strategy"]
+    for alarm in report.recommendation.alarms:
+        name, metric = alarm.strategy, alarm.metric
         out.append(
             {
-                "alert": f"InfercacheLow{name.capitalize()}{_camel(alarm['metric'])}",
-                "expr": expression(name, alarm["metric"], alarm["alert_below"]),
+                "alert": f"InfercacheLow{name.capitalize()}{_camel(metric)}",
+                "expr": expression(name, metric, alarm.alert_below),
                 "for": FOR_DURATION,
                 "labels": {"severity": "warning", "strategy": name},
                 "annotations": {
-                    "summary": f"infercache {name} {alarm['metric'].replace('_', ' ')} under "
-                    f"{100 * alarm['alert_below']:.1f}% (measured {100 * alarm['expected']:.1f}% "
+                    "summary": f"infercache {name} {metric.replace('_', ' ')} under "
+                    f"{100 * alarm.alert_below:.1f}% (measured {100 * alarm.expected:.1f}% "
                     "by infercache analyze)",
-                    "description": alarm["meaning"],
+                    "description": alarm.meaning,
                 },
             }
         )
@@ -70,11 +71,12 @@ def _camel(snake: str) -> str:
     return "".join(part.capitalize() for part in snake.split("_"))
 
 
-def render_alerts(report: Mapping[str, Any]) -> str:
+def render_alerts(report: Report) -> str:
     found = rules(report)
+    f = report.figures
     lines = [
         "# Prometheus alerting rules from `infercache analyze` "
-        f"({report['requests']:,} requests of {', '.join(report['inputs']['files'])})",
+        f"({f.requests:,} requests of {', '.join(f.inputs.files)})",
         "groups:",
         '  - name: "infercache-analyze"',
         "    rules:" + ("" if found else " []"),

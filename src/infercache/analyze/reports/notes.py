@@ -56,7 +56,7 @@ def _cost_notes(analysis: Analysis) -> list[str]:
     if t.completion_unknown:
         out.append(f"completion tokens unknown for {t.completion_unknown} request(s): counted as 0")
     if not t.cost_usd:
-        out.append("no prices given (--price or [prices] in --config): money figures are 0")
+        out.append(_unpriced(analysis))
     elif any(
         analysis.prices.price(m).cached_input_usd_per_mtok is None for m in analysis.cost.by_model
     ):
@@ -65,3 +65,16 @@ def _cost_notes(analysis: Analysis) -> list[str]:
             "is shown saving no money there, only time"
         )
     return out
+
+
+def _unpriced(analysis: Analysis) -> str:
+    """Why the money figures are 0: no prices at all, or prices only for other models."""
+    priced = sorted(analysis.prices.by_model)
+    logged = sorted(m or "(no model)" for m in analysis.cost.by_model)
+    if not priced:
+        return "no prices given (--price or [prices] in --config): money figures are 0"
+    return (
+        f"prices given for {', '.join(priced)}, but the log's requests are for "
+        f"{', '.join(logged)}: money figures are 0 (--price MODEL=IN,OUT[,CACHED] for the log's "
+        "models, or '*=IN,OUT[,CACHED]' for every model)"
+    )

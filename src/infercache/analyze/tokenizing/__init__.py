@@ -1,7 +1,0 @@
-"""Prompt → token ids as a server tokenises them, fast enough for a day of traffic.
-
-tokenizers.py   `PromptTokenizer` and its implementations (the packaged SmolLM2, chars4,
-                any tokenizer.json folder); `load_tokenizer(spec)`
-chat_frames.py  a chat template as the literal frame around the message contents
-cached_runs.py  text → ids through caches of the runs between special tokens
-"""

@@ -1,0 +1,11 @@
+"""What many tests share, written once (import it; fixtures stay in the conftest.py files).
+
+servers.py     `serve(app)`: any ASGI app on a loopback port under uvicorn in a thread, yielded
+               once started; `free_port()`
+processes.py   real `infercache` processes waited on through their own output: `start`/`stop`,
+               `engine_server` (`infercache engine serve` on a free port), `sqlite_lock_held`
+upstreams.py   stand-ins for a paid provider: `FakeUpstream` (HTTP, for the gateway) and
+               `CountingUpstream` (the library's upstream function)
+cli.py         `run_analyze(...)`: `infercache analyze` in-process
+vocabulary.py  `chat(...)`: the deterministic request body tests speak in
+"""
