@@ -34,7 +34,7 @@ class Answers:
 
 
 @dataclass(frozen=True, slots=True)
-class Comparison:
+class QualityComparison:
     perplexity_change: float  # candidate / reference - 1
     identical: int  # prompts whose greedy tokens are all the reference's
     prompts: int
@@ -95,13 +95,13 @@ def answers(
     return Answers(perplexity(model, text_ids), greedy_tokens(model, prompts, n))
 
 
-def compare(candidate: Answers, reference: Answers) -> Comparison:
+def compare(candidate: Answers, reference: Answers) -> QualityComparison:
     pairs = list(zip(candidate.tokens, reference.tokens, strict=True))
     firsts = [
         next((i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y), len(a))
         for a, b in pairs
     ]
-    return Comparison(
+    return QualityComparison(
         perplexity_change=candidate.perplexity / reference.perplexity - 1,
         identical=sum(a == b for a, b in pairs),
         prompts=len(pairs),
