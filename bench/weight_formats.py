@@ -2,7 +2,7 @@
 kernel on this machine, against fp32, on the packaged SmolLM2-135M-Instruct.
 
     .venv/bin/python bench/weight_formats.py [--formats fp32,fp16,bf16,int8,int4,dyn-int8]
-        [--sections speed,quality] [--rounds 5] [--threads N] [--prompts 200]
+        [--sections speed,quality,reuse] [--rounds 5] [--threads N] [--prompts 200]
         [--out bench/out/weight_formats]
 
 The model (`LlamaModel`) is the engine's; only its weight format changes (the `WeightFormat`
@@ -27,8 +27,11 @@ Quality (`--sections quality`), each format against fp32:
 - perplexity of tests/engine/data/hwu64_intents.txt (CC BY 4.0), one context;
 - on `--prompts` of tests/engine/data/banking77_prompts.txt (CC BY 4.0) as chat prompts, the
   share whose first 16 greedy tokens equal fp32's (25 prompts batched a step).
-Gate: perplexity within 3% of fp32's and ≥ 80% of prompts identical. Everything printed is
-also written to `<out>/results-<threads>t.md`.
+Gate: perplexity within 3% of fp32's and ≥ 80% of prompts identical.
+KV reuse (`--sections reuse`), each format alone: on the first 50 of those prompts after a
+shared system prompt, the greedy tokens with the system prompt prefilled first and the question
+after it (what the engine's prefix reuse does) against the whole prompt at once.
+Everything printed is also written to `<out>/results-<threads>t.md`.
 """
 
 from __future__ import annotations
@@ -250,6 +253,59 @@ def quality(checkpoint: Checkpoint, names: list[str], n_prompts: int) -> None:
               f"| {'pass' if c.passes else 'FAIL'} |", flush=True)  # fmt: skip
 
 
+REUSE_SYSTEM = (
+    "You are a helpful banking assistant. Answer briefly and politely, and never invent "
+    "account details. "
+) * 2
+
+
+def greedy_split(model: LlamaModel, ids: list[int], split: int) -> tuple[list[int], list[Any]]:
+    """The first `NEW_TOKENS` greedy tokens of `ids` and their logits, the prompt prefilled at
+    once (`split` 0) or as its first `split` tokens then the rest (what KV reuse does)."""
+    ws = model.new_workspace(len(ids) + NEW_TOKENS)
+    if split:
+        model.forward(torch.tensor(ids[:split]), ws, 0)
+    logits = model.forward(torch.tensor(ids[split:]), ws, split)
+    tokens, seen = [int(logits.argmax())], [logits]
+    for step in range(NEW_TOKENS - 1):
+        logits = model.forward(torch.tensor([tokens[-1]]), ws, len(ids) + step)
+        tokens.append(int(logits.argmax()))
+        seen.append(logits)
+    return tokens, seen
+
+
+def reuse(checkpoint: Checkpoint, names: list[str], n_prompts: int) -> None:
+    """KV reuse within a format: a shared system prompt prefilled alone, then each question
+    after it, against the whole prompt at once; identical greedy tokens and the largest logit
+    difference up to the first differing token."""
+    tokenizer = checkpoint.tokenizer
+    system = {"role": "system", "content": REUSE_SYSTEM}
+    framed = tokenizer.apply_chat_template([system], tokenize=True, return_dict=True)
+    split = len(framed["input_ids"])
+    lines = (DATA / "banking77_prompts.txt").read_text().splitlines()[:n_prompts]
+    prompts = [
+        list(tokenizer.apply_chat_template(
+            [system, {"role": "user", "content": line}], add_generation_prompt=True,
+            tokenize=True, return_dict=True,
+        )["input_ids"])
+        for line in lines
+    ]  # fmt: skip
+    print(f"\nKV reuse: a {split}-token system prompt reused vs recomputed, {NEW_TOKENS} greedy "
+          f"tokens on {len(prompts)} prompts\n")  # fmt: skip
+    print("| format | prompts with identical tokens | max logit difference |")
+    print("|---|---:|---:|")
+    for name in names:
+        model, same, worst = load(checkpoint, name), 0, 0.0
+        with torch.inference_mode():
+            for ids in prompts:
+                (a, la), (b, lb) = greedy_split(model, ids, 0), greedy_split(model, ids, split)
+                same += a == b
+                upto = next((i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y), -1)
+                pairs = list(zip(la, lb, strict=True))[: upto + 1 if upto >= 0 else None]
+                worst = max(worst, *((x - y).abs().max().item() for x, y in pairs))
+        print(f"| {name} | {same}/{len(prompts)} | {worst:.1e} |", flush=True)
+
+
 def run(args: argparse.Namespace) -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     torch.set_num_threads(args.threads)
@@ -268,6 +324,8 @@ def run(args: argparse.Namespace) -> None:
         speed(checkpoint, names, args.rounds)
     if "quality" in sections:
         quality(checkpoint, names, args.prompts)
+    if "reuse" in sections:
+        reuse(checkpoint, names, min(args.prompts, 50))
     print(f"load average at the end {os.getloadavg()[0]:.1f}")
 
 
