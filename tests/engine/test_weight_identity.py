@@ -19,7 +19,8 @@ from infercache.gateway.config import GatewayConfig
 from infercache.gateway.engine_upstream import EngineUpstream
 from infercache.gateway.http_server import server_config
 from infercache.settings import Settings
-from tests.harness.servers import serve
+from tests.harness.processes import start, stop
+from tests.harness.servers import free_port, serve
 
 
 def test_the_served_version_names_the_format_and_the_activation_dtype() -> None:
@@ -86,3 +87,25 @@ def test_swapping_the_format_on_one_store_never_serves_the_other_formats_answer(
         seen.setdefault(weights, version)
         assert seen[weights] == version  # the same format keeps the same identity
     assert seen["fp32"] != seen["fp16"]
+
+
+def test_engine_serve_names_the_format_in_its_ready_line_and_models(
+    tiny_dir: Path, tmp_path: Path
+) -> None:
+    """`engine serve --weights fp32` (not the default): the ready line and /v1/models name
+    the format and the version that carries it."""
+    weights, port = "fp32", free_port()
+    args = ["engine", "serve", "--model", str(tiny_dir), "--weights", weights]
+    process, line = start(
+        [*args, "--data-dir", str(tmp_path), "--port", str(port)],
+        "infercache engine ready",
+        on_stderr=False,
+    )
+    try:
+        models = httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=30).json()["data"]
+    finally:
+        stop(process)
+    [model] = models
+    assert model["weights"] == weights
+    assert model["version"].endswith(f"-{weights}")
+    assert f"weights: {weights}; version: {model['version']}" in line
