@@ -52,7 +52,12 @@ import torch
 from infercache.engine.linear import Fp16Linear, Projection
 from infercache.engine.model import LlamaModel, Segment
 from infercache.engine.quality import Answers, answers, compare
-from infercache.engine.weight_formats import WeightFormat, weight_format
+from infercache.engine.weight_formats import (
+    DenseTable,
+    EmbeddingTable,
+    WeightFormat,
+    weight_format,
+)
 from infercache.engine.weights import Checkpoint, load_checkpoint, resolve_model
 from infercache.settings import default_data_dir
 
@@ -140,8 +145,8 @@ class Candidate:
     def head(self, weight: torch.Tensor, *, packed: bool) -> Projection:
         return self._head(weight)
 
-    def embedding(self, weight: torch.Tensor) -> torch.Tensor:
-        return weight.to(torch.float16).contiguous()
+    def embedding(self, weight: torch.Tensor) -> EmbeddingTable:
+        return DenseTable(weight.to(torch.float16))
 
 
 CANDIDATES: dict[str, Callable[[], WeightFormat]] = {

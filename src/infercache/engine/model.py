@@ -194,7 +194,7 @@ class LlamaModel:
             self._check(seg)
         with torch.inference_mode():
             tokens = segments[0].token_ids if len(segments) == 1 else _cat_ids(segments)
-            x = F.embedding(tokens, self._embed).to(self.dtype)
+            x = self._embed.lookup(tokens).to(self.dtype)
             rows = _Rows.of(segments, self._cos, self._sin, self.dtype)
             for index, layer in enumerate(self._layers):
                 h = F.rms_norm(x, (x.shape[-1],), layer.input_norm, self.spec.rms_norm_eps)
