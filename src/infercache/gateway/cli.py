@@ -20,7 +20,12 @@ from typing import Any
 from infercache.cli_cache import add_store_options, settings_from_args
 from infercache.engine.cli import add_weights_option
 from infercache.errors import ConfigError, InfercacheError
-from infercache.gateway.config import GatewayConfig, UpstreamSpec, parse_api_keys
+from infercache.gateway.config import (
+    GatewayConfig,
+    UpstreamSpec,
+    parse_api_keys,
+    parse_breakpoints,
+)
 from infercache.listen import bind_listener
 from infercache.settings import Settings
 from infercache.urls import mask_credentials
@@ -62,6 +67,8 @@ def _config(args: argparse.Namespace) -> GatewayConfig:
         flags["max_body_bytes"] = args.max_body_bytes
     if args.store_optional:
         flags["store_optional"] = True
+    if args.anthropic_breakpoints:
+        flags.update(parse_breakpoints(args.anthropic_breakpoints))
     return config.with_values(flags, source="command line").with_env(os.environ)
 
 
@@ -153,6 +160,15 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         "built-in engine runs in this process (the embedded default).",
     )
     add_store_options(p)
+    _upstream_options(p)
+    _access_options(p)
+    _engine_options(p)
+    p.set_defaults(handler=_serve)
+
+
+def _upstream_options(p: argparse.ArgumentParser) -> None:
+    """Where the gateway listens, what it calls on a miss, and whether it starts without its
+    store."""
     p.add_argument(
         "--store-optional",
         action="store_true",
@@ -166,7 +182,16 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         action="append",
         metavar="URL[,kind=K][,key_env=VAR]",
         help="an OpenAI-compatible base URL (repeat for replicas; prefix-aware routing); kind is "
-        "openai (default), vllm or sglang; key_env names the variable holding its API key",
+        "openai (default), vllm, sglang or anthropic (api.anthropic.com: /v1/messages); key_env "
+        "names the variable holding its API key",
+    )
+    p.add_argument(
+        "--anthropic-breakpoints",
+        action="append",
+        metavar="[TENANT=]POLICY",
+        help="an Anthropic upstream's cache_control breakpoints: inject (mark a prefix only "
+        "once seen before, so none asked once pays the write premium), pass (the client's) or "
+        "strip; TENANT=POLICY for one tenant (repeatable; default inject)",
     )
     p.add_argument(
         "--upstream-key-env",
@@ -186,6 +211,13 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         help="a client header that passed-through requests carry upstream, beyond the allowed "
         "content, version and SDK headers (repeatable; never a credential header; default none)",
     )
+    p.add_argument(
+        "--max-body-bytes", type=int, help="reject larger bodies with 413 (default 4194304)"
+    )
+
+
+def _access_options(p: argparse.ArgumentParser) -> None:
+    """Who may call the gateway, and what it records of the calls."""
     p.add_argument(
         "--api-key",
         action="append",
@@ -220,9 +252,10 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         help="a span per request, exported over OTLP/HTTP (the OTEL_* variables configure it; "
         "on by itself when OTEL_EXPORTER_OTLP_ENDPOINT is set; needs infercache[otel])",
     )
-    p.add_argument(
-        "--max-body-bytes", type=int, help="reject larger bodies with 413 (default 4194304)"
-    )
+
+
+def _engine_options(p: argparse.ArgumentParser) -> None:
+    """The semantic layer, and the built-in engine (serving without --upstream)."""
     p.add_argument(
         "--semantic",
         nargs="?",
@@ -260,4 +293,3 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         "Retry-After, passed to the client and never stored (default 64)",
     )
     add_weights_option(p, prefix="built-in engine: ")
-    p.set_defaults(handler=_serve)
