@@ -2,7 +2,8 @@
 requests of the packaged model that share prefixes: one system prompt with different questions,
 and multi-turn conversations built turn by turn (each turn reusing the previous answer).
 Both sides run step by step on one model (a runner with the prefix cache, one without); every
-step's logits are compared.
+step's logits are compared. The model is the packaged one in the weight format the engine
+serves by default (issue 28: reuse stays exact within a format).
 
 The reusing side also has a disk KV tier (issue 27, acceptance 1), and is restarted in the
 middle of the set: a new prefix cache, empty, over a new tier opened on the same directory, so
@@ -95,8 +96,9 @@ def step_both(warm: Runner, cold: Runner, prompt: list[int]) -> tuple[list[int],
 
 @pytest.mark.slow
 def test_reuse_is_token_identical_to_recomputation_on_50_requests(
-    smol_model: LlamaModel, smol_tokenizer: ChatTokenizer, tmp_path: Path
+    smol_served_model: LlamaModel, smol_tokenizer: ChatTokenizer, tmp_path: Path
 ) -> None:
+    smol_model = smol_served_model
     events = StrategyMetrics("prefix")
     settings = TierSettings(disk_bytes=256 * 2**20, disk_dir=tmp_path / "kv", block_tokens=16)
 

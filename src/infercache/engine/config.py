@@ -14,7 +14,10 @@ Parameters (units in the names):
 - `prefix_cache`: `False` recomputes every prompt (reported as `bypassed` misses).
 - `share_prefix_across_tenants`: `True` lets one tenant reuse another's KV. Off by default: it
   would leak, through time to first token, whether another tenant sent the same prefix.
-- `dtype`: weights, activations and KV (`float32` is the reference; `bfloat16` halves KV bytes).
+- `weights`: the projections' weight format (weight_formats.py): `fp16` (the default: half the
+  bytes a token, float32 activations) or `fp32` (the reference). Part of the model's identity.
+- `dtype`: activations and KV (`float32` is the reference; `bfloat16` halves KV bytes). Part
+  of the model's identity too: the answers differ.
 KV tiers below the radix tree (kv_tiers.py; `TierSettings`):
 - `kv_disk_bytes`: the disk tier's budget (0: no disk tier); `kv_disk_dir` its directory
   (default `<data_dir>/kv`), one engine process at a time.
@@ -43,6 +46,10 @@ from infercache.errors import ConfigError
 from infercache.settings import default_data_dir
 
 DType = Literal["float32", "bfloat16"]
+WeightsName = Literal["fp32", "fp16"]
+WEIGHTS_NAMES: tuple[WeightsName, ...] = ("fp32", "fp16")
+# Chosen by measurement (bench/README.md, "Weight formats"): passes the quality gate, faster.
+DEFAULT_WEIGHTS: WeightsName = "fp16"
 DEFAULT_MAX_KV_BYTES = 512 * 2**20
 DEFAULT_KV_BLOCK_TOKENS = 64  # 2.8 MiB of the packaged model's fp32 KV: one file, one key
 
@@ -109,6 +116,7 @@ class EngineConfig:
     prefix_cache: bool = True
     share_prefix_across_tenants: bool = False
     dtype: DType = "float32"
+    weights: WeightsName = DEFAULT_WEIGHTS
     max_batch: int = 16
     max_queue: int = 64
     max_step_tokens: int = 256
@@ -131,6 +139,10 @@ class EngineConfig:
             raise ConfigError(f"threads must be >= 1, got {self.threads}")
         if self.dtype not in ("float32", "bfloat16"):
             raise ConfigError(f"dtype must be float32 or bfloat16, got {self.dtype!r}")
+        if self.weights not in WEIGHTS_NAMES:
+            raise ConfigError(
+                f"weights must be one of {', '.join(WEIGHTS_NAMES)}, got {self.weights!r}"
+            )
         if self.max_running_kv_bytes < 1:
             raise ConfigError(f"max_running_kv_bytes must be >= 1, got {self.max_running_kv_bytes}")
         self.batch_limits(bytes_per_token=1)  # checks the batch settings at start-up
