@@ -94,6 +94,9 @@ class ChatRequest(NamedTuple):  # a NamedTuple, not a frozen dataclass: built on
     body: Mapping[str, Any]
     directives: Directives
     endpoint: Endpoint = Endpoint.CHAT
+    # The model version it is answered by (None: the model's one, unversioned): never from the
+    # body; the gateway's routing or the library's caller says (versions.py).
+    version: str | None = None
 
     @property
     def model(self) -> str:
@@ -247,19 +250,24 @@ def _validate_body(body: Mapping[str, Any], endpoint: Endpoint) -> None:
 
 
 def parse_request(
-    body: object, *, tenant: str | None = None, endpoint: Endpoint = Endpoint.CHAT
+    body: object,
+    *,
+    tenant: str | None = None,
+    endpoint: Endpoint = Endpoint.CHAT,
+    version: str | None = None,
 ) -> ChatRequest:
     """Validate a chat-completions (or legacy completions) body and split off its
     `infercache` directives.
 
     `tenant`, when given (the gateway's authenticated tenant), overrides the body's claim.
+    `version`: the model version that answers it (None: unversioned).
     """
     if not isinstance(body, dict):
         raise InvalidRequestError(f"the request body must be a JSON object, got {_json_kind(body)}")
     _validate_body(body, endpoint)
     directives = parse_directives(body.get(DIRECTIVES_FIELD), tenant)
     upstream_body = {k: v for k, v in body.items() if k != DIRECTIVES_FIELD}
-    return ChatRequest(body=upstream_body, directives=directives, endpoint=endpoint)
+    return ChatRequest(upstream_body, directives, endpoint, version)
 
 
 def _json_kind(value: object) -> str:

@@ -20,6 +20,7 @@ from typing import Any
 from infercache.cli_cache import add_store_options, settings_from_args
 from infercache.errors import ConfigError, InfercacheError
 from infercache.gateway.config import GatewayConfig, UpstreamSpec, parse_api_keys
+from infercache.gateway.rollout_options import add_rollout_options, rollout_flags
 from infercache.listen import bind_listener
 from infercache.settings import Settings
 from infercache.urls import mask_credentials
@@ -61,6 +62,8 @@ def _config(args: argparse.Namespace) -> GatewayConfig:
         flags["max_body_bytes"] = args.max_body_bytes
     if args.store_optional:
         flags["store_optional"] = True
+    if args.canary:
+        flags["rollout"] = rollout_flags(args)
     return config.with_values(flags, source="command line").with_env(os.environ)
 
 
@@ -140,6 +143,7 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     )
     add_store_options(p)
     _upstream_options(p)
+    add_rollout_options(p)
     _access_options(p)
     _engine_options(p)
     p.set_defaults(handler=_serve)

@@ -180,21 +180,6 @@ async def admin_invalidate(state: AppState, request: Request) -> Response:
     return JSONResponse({"invalidated_tags": n})
 
 
-async def admin_model_version(state: AppState, request: Request) -> Response:
-    state.auth.require_admin(request.headers.get("authorization"))
-    body = await read_json(request, state.max_body_bytes)
-    if not isinstance(body, dict):
-        raise InvalidRequestError("the request body must be a JSON object")
-    model, version = body.get("model"), body.get("version")
-    if not isinstance(model, str) or not model:
-        raise InvalidRequestError("'model' must be a non-empty string", param="model")
-    if not isinstance(version, str) or not version:
-        raise InvalidRequestError("'version' must be a non-empty string", param="version")
-    gateway = state.gateway
-    changed = await gateway.store_io.off_loop(gateway.tracker.observe, model, version, "admin")
-    return JSONResponse({"model": model, "version": version, "changed": changed})
-
-
 def header_map(request: Request) -> dict[str, str]:
     """The request's headers as a dict, a repeated name's first value (as Starlette's
     `Headers.get` reads it; ASGI servers send the names lower-cased): one pass over them,

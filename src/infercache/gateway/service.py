@@ -2,7 +2,11 @@
 
     chat(body, tenant, bearer, endpoint)    tenant: auth.resolve_tenant's, the only decision
       entry = _open(tenant, body)           one request-log line and span, closed once
-      outcome = store_io.read(cache.begin)  the library's layers and policy (cache.py), each
+      placement = versions.place            route first: the version of the replica it would
+                                            be sent to, its rollout arm (version_steps.py);
+                                            placed again once if that version was retired
+      outcome = store_io.read(cache.begin)  the library's layers and policy (cache.py), under
+                                            that version; each
                                             store call within its budget, where store_guard.py
                                             says: on the loop when the store cannot make it
                                             wait (memory, SQLite), else on the store pool
@@ -12,7 +16,7 @@
                                             fetch through the replicas (replica_fetch.py)
           not streaming: await its answer → JSON
           streaming: wait for its first event (a refusal keeps its own HTTP status), then SSE
-      entry.close(status, answer)
+      entry.close(status, answer)           and the answer mirrored, for shadow traffic
     embeddings(body, tenant, bearer)        per input (../embeddings/), the missing inputs
                                             fetched through the same protocol
 
@@ -36,6 +40,7 @@ from infercache.embeddings.embedding_miss import AsyncEmbeddingFunction
 from infercache.errors import InfercacheError, NotFoundError, UpstreamError
 from infercache.gateway.across_replicas import AcrossReplicas
 from infercache.gateway.endpoints import ENDPOINTS, CachedEndpoint
+from infercache.gateway.placement import Placement
 from infercache.gateway.prefix_usage import UpstreamPrefixUsage
 from infercache.gateway.replica_fetch import ReplicaFetch
 from infercache.gateway.replica_load import LoadPoller
@@ -44,6 +49,8 @@ from infercache.gateway.router import PrefixRouter, RouterConfig
 from infercache.gateway.tracing import NoTracer, RequestTracer
 from infercache.gateway.traffic import RequestMetrics
 from infercache.gateway.upstream import EmbeddingsUpstream, Upstream
+from infercache.gateway.version_probe import VersionProber
+from infercache.gateway.version_steps import VersionSteps
 from infercache.gateway.versions import ModelVersionTracker
 from infercache.hit_usage import served_hit
 from infercache.http_errors import internal_error_body
@@ -52,6 +59,8 @@ from infercache.miss_flight import MissFlight, coalesce
 from infercache.request import Endpoint
 
 log = logging.getLogger(__name__)
+
+Mirror = Callable[[dict[str, Any]], None]  # an answer to shadow traffic (version_steps.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +103,9 @@ class Gateway:
         self.request_log = request_log
         self.flights = cache.flights
         self.store_io = cache.store_io  # where store I/O runs (store_guard.py)
+        self.versions = VersionSteps(cache, tracker, self.router, self.upstreams, request_log)
+        self.rollout = self.versions.rollout
+        self.prober: VersionProber | None = None  # the app's lifespan starts it
         self.replicas = ReplicaFetch(
             self.upstreams,
             self.router,
@@ -110,6 +122,7 @@ class Gateway:
         """The loop the gateway serves on; background threads reach the upstreams through it."""
         self._loop = loop
         self.load_poller.start()
+        self.versions.shadow.start()
 
     def background_fetch(
         self, tenant: str, bearer: str | None
@@ -141,18 +154,28 @@ class Gateway:
         adapter = ENDPOINTS[endpoint]
         entry = self._open(tenant, body, adapter.operation)
         try:
-            outcome = await self._begin(body, tenant, bearer, endpoint)
-            entry.layer = LAYER_HEADER[outcome.layer]
+            placement = self.versions.place(tenant, body)
+            outcome = await self._begin(body, tenant, bearer, endpoint, placement)
+            if self.versions.replan(outcome, placement):  # its version was retired elsewhere
+                placement = self.versions.place(tenant, body)
+                outcome = await self._begin(body, tenant, bearer, endpoint, placement)
+            entry.layer, entry.version = LAYER_HEADER[outcome.layer], placement.version
+            self.versions.count(body, placement, entry.layer)
+            mirror = self.versions.mirror(tenant, body, placement)
             if isinstance(outcome, Completion):
                 reply = self._replay(outcome, body, adapter)
                 entry.close(status=200, response=outcome.response)
+                if mirror is not None:
+                    mirror(outcome.response)
                 return reply
-            source = self.replicas.source(bearer)
+            source = self.replicas.source(bearer, placement)
             flight = coalesce(outcome, self.flights, source, self.store_io, self._clock)
             if outcome.request.stream:
-                return await self._stream(outcome, flight, entry, adapter)
+                return await self._stream(outcome, flight, entry, adapter, mirror)
             done: Completion = await flight.answer()
             entry.close(status=200, response=done.response, upstream_s=done.upstream_s)
+            if mirror is not None:
+                mirror(done.response)
             return self._replay(done, body, adapter)
         except BaseException as exc:
             entry.close(status=_status_of(exc))
@@ -172,13 +195,26 @@ class Gateway:
         )
 
     def _begin(
-        self, body: dict[str, Any], tenant: str, bearer: str | None, endpoint: Endpoint
+        self,
+        body: dict[str, Any],
+        tenant: str,
+        bearer: str | None,
+        endpoint: Endpoint,
+        placement: Placement,
     ) -> Coroutine[Any, Any, Completion | Miss]:
-        """The lookup, where StoreIO says (a coroutine: one frame less on every request)."""
+        """The lookup under the placement's version, where StoreIO says (a coroutine: one
+        frame less on every request)."""
         # Live verification needs a way upstream only when the semantic layer is on.
         verify = self.background_fetch(tenant, bearer) if self.cache.semantic else None
         return self.store_io.read(
-            self.cache.begin, body, tenant=tenant, verify=verify, endpoint=endpoint
+            self.cache.begin,
+            body,
+            tenant=tenant,
+            verify=verify,
+            endpoint=endpoint,
+            version=placement.version,
+            cached=placement.cached,
+            follow_label=placement.version is None,
         )
 
     def _replay(
@@ -203,14 +239,19 @@ class Gateway:
         return StreamReply(headers, replay())
 
     async def _stream(
-        self, miss: Miss, flight: MissFlight[Completion], entry: LogEntry, adapter: CachedEndpoint
+        self,
+        miss: Miss,
+        flight: MissFlight[Completion],
+        entry: LogEntry,
+        adapter: CachedEndpoint,
+        mirror: Mirror | None,
     ) -> StreamReply:
         coalesced = await flight.start_stream()  # raises an upstream refusal
         if coalesced:
             headers = layer_headers(Layer.EXACT, age_s=0.0, coalesced=True)
         else:
             headers = layer_headers(miss.layer)
-        events = self._events(miss, flight, entry, adapter, coalesced)
+        events = self._events(miss, flight, entry, adapter, coalesced, mirror)
         return StreamReply(headers, events)
 
     async def _events(
@@ -220,6 +261,7 @@ class Gateway:
         entry: LogEntry,
         adapter: CachedEndpoint,
         coalesced: bool,
+        mirror: Mirror | None,
     ) -> AsyncIterator[bytes]:
         """The flight's chunks as this client asked for them (the endpoint's writer), then the
         end; an error event when the answer fails. A coalesced reader's usage is a hit's."""
@@ -236,6 +278,8 @@ class Gateway:
                         yield event
             done = flight.flight.outcome()
             yield writer.end
+            if mirror is not None:
+                mirror(done.response)
         except UpstreamError as exc:  # cut off upstream, or every other reader left
             yield writer.error(exc.to_openai())
         except Exception:  # logged; the client gets an error event
@@ -282,6 +326,7 @@ class Gateway:
         then the cache, so what its store holds in memory (SQLite's batched recency of hits)
         is written and the semantic layer's sync thread ends."""
         await self.load_poller.aclose()
+        await self.versions.shadow.aclose()
         for upstream in self.upstreams:
             await upstream.aclose()
         if self.request_log is not None:

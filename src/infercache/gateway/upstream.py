@@ -17,10 +17,11 @@ and `/stats` show.
 
 The tenant is forwarded as an `x-infercache-tenant` header, which the built-in engine uses to
 salt its KV prefix cache. For vLLM and SGLang upstreams (`kind`), the body's `cache_salt` is set
-from the tenant, `HMAC(deployment secret, tenant)`, replacing whatever the client sent, so one
-tenant's time to first token can never reveal what another sent (vLLM CVE-2025-46570) and no
-client can choose another's salt; for other kinds a client's `cache_salt` is dropped. Nothing
-else in the body is changed.
+from the tenant and the model version the replica serves (`salt_version`, gateway/versions.py),
+`HMAC(deployment secret, tenant, version)`, replacing whatever the client sent, so one tenant's
+time to first token can never reveal what another sent (vLLM CVE-2025-46570), no client can
+choose another's salt, and no KV is reused across versions; for other kinds a client's
+`cache_salt` is dropped. Nothing else in the body is changed.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from __future__ import annotations
 import base64
 import hmac
 import logging
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
@@ -176,9 +177,13 @@ class PassThrough(Protocol):
         forwarding.py allows and no value holding one of `secrets`."""
 
 
-def cache_salt(secret: bytes, tenant: str) -> str:
-    """The KV-cache salt of `tenant`: stable for one tenant, unguessable across tenants."""
-    return hmac.digest(secret, b"cache_salt\x00" + tenant.encode(), "sha256").hex()[:32]
+def cache_salt(secret: bytes, tenant: str, version: str | None = None) -> str:
+    """The KV-cache salt of `tenant`: stable for one tenant, unguessable across tenants, and
+    another for each model version the replica serves (no KV reused across versions)."""
+    message = b"cache_salt\x00" + tenant.encode()
+    if version is not None:
+        message += b"\x00version\x00" + version.encode()
+    return hmac.digest(secret, message, "sha256").hex()[:32]
 
 
 class HTTPUpstream:
@@ -218,6 +223,8 @@ class HTTPUpstream:
         )  # fmt: skip
         self._max_connections = max_connections
         self._session: aiohttp.ClientSession | None = None
+        # The version this replica serves a model at (gateway/versions.py), for its KV salt.
+        self.salt_version: Callable[[str], str | None] | None = None
 
     def _client(self) -> aiohttp.ClientSession:
         # Built on first use: a session belongs to the event loop that serves requests.
@@ -231,7 +238,13 @@ class HTTPUpstream:
     def _body(self, body: dict[str, Any], tenant: str) -> dict[str, Any]:
         out = {k: v for k, v in body.items() if k != "cache_salt"}
         if self._salt_secret is not None and self.kind in SALTED_KINDS:
-            out["cache_salt"] = cache_salt(self._salt_secret, tenant)
+            model = body.get("model")
+            version = (
+                self.salt_version(model)
+                if self.salt_version is not None and isinstance(model, str)
+                else None
+            )
+            out["cache_salt"] = cache_salt(self._salt_secret, tenant, version)
         return out
 
     def _headers(self, tenant: str, api_key: str | None) -> dict[str, str]:
