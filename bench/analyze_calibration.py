@@ -42,17 +42,17 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from infercache.analyze.embedders import candidate_embedder
-from infercache.analyze.near_duplicates import first_accepted
-from infercache.analyze.scoped_texts import Neighbour, ScopedTexts
-from infercache.analyze.word_index import jaccard, words
-from infercache.semantic.calibrate import ScoredPair, evaluate, tune
+from infercache.analyze.near_duplicates.embedders import candidate_embedder
+from infercache.analyze.near_duplicates.finder import first_accepted
+from infercache.analyze.near_duplicates.scoped_texts import Neighbour, ScopedTexts
+from infercache.analyze.near_duplicates.word_index import jaccard, words
 from infercache.semantic.decision import accept
 from infercache.semantic.embedder import Embedder, MiniLMEmbedder
 from infercache.semantic.guards import default_guards
 from infercache.semantic.index import FlatIndex
-from infercache.semantic.pairs import Pair
 from infercache.semantic.scope import Query
+from infercache.semantic.tuning.calibrate import ScoredPair, evaluate, tune
+from infercache.semantic.tuning.pairs import Pair
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -251,7 +251,7 @@ def main() -> None:
         "hwu64": scope_recall([t for t, _ in hwu], minilm, static, threshold, floor, args.seed),
     }
     document = {
-        "schema": "infercache.analyze.default_matcher/1",
+        "schema": "infercache.analyze.near_duplicates.default_matcher/1",
         "label": LABEL,
         "embedder": minilm.embedder.name,
         "threshold": threshold,

@@ -33,11 +33,11 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from infercache.semantic.calibrate import ScoredPair, evaluate, tune
 from infercache.semantic.embedder import Embedder, MiniLMEmbedder
 from infercache.semantic.guards import DEFAULT_GUARDS, Guard, build_guards, default_guards
 from infercache.semantic.index import FlatIndex, VectorIndex
-from infercache.semantic.pairs import Pair, read_pairs
+from infercache.semantic.tuning.calibrate import ScoredPair, evaluate, tune
+from infercache.semantic.tuning.pairs import Pair, read_pairs
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))

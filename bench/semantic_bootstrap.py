@@ -81,8 +81,8 @@ def record(i: int, scopes: int, rng: np.random.Generator) -> tuple[str, Entry]:
 
 
 def replica(url: str, tmp: Path, name: str) -> tuple[Cache, SemanticLayer, ReplicaSync, float]:
-    """A replica started as semantic/setup.py starts one; (cache, layer, its sync, seconds to
-    start)."""
+    """A replica started as gateway/semantic_setup.py starts one; (cache, layer, its sync,
+    seconds to start)."""
     started = time.perf_counter()
     position = tail_before_rebuild(url)
     cache = Cache(Settings(data_dir=tmp / name, store_url=url), clock=SystemClock())

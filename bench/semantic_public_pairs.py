@@ -23,7 +23,7 @@ from collections import defaultdict
 from collections.abc import Collection, Sequence
 from pathlib import Path
 
-from infercache.semantic.pairs import Pair
+from infercache.semantic.tuning.pairs import Pair
 
 IntentRow = tuple[str, str]
 

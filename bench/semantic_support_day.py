@@ -45,15 +45,15 @@ from infercache.cache import Cache
 from infercache.clock import ManualClock
 from infercache.completion import Layer
 from infercache.semantic.answer_stats import AnswerStatsConfig
-from infercache.semantic.cache_sim import simulate_lookups, tune_lookups
 from infercache.semantic.embedder import Embedder
-from infercache.semantic.fit import FitOptions, fit_matcher
+from infercache.semantic.from_settings import answer_stats_for
 from infercache.semantic.guards import default_guards
-from infercache.semantic.intents import LabelledText, split_labelled
 from infercache.semantic.judges import ExactAnswerJudge
 from infercache.semantic.layer import SemanticConfig, ShadowConfig
 from infercache.semantic.matcher import CosineMatcher, Matcher
-from infercache.semantic.setup import answer_stats_for
+from infercache.semantic.tuning.cache_sim import simulate_lookups, tune_lookups
+from infercache.semantic.tuning.fit import FitOptions, fit_matcher
+from infercache.semantic.tuning.intents import LabelledText, split_labelled
 from infercache.semantic.verify import FalseHitMonitor, Verifier
 from infercache.settings import Settings
 
@@ -254,7 +254,7 @@ def configurations(
     parts = load_fitted(out, base)
     adapted = parts.embedder  # its base remembers every vector
     matcher: Matcher = parts.matcher
-    t_fit = fitted.fitted.threshold
+    t_fit = fitted.fitted.evaluation.threshold
     shadow = ShadowConfig(target_false_hit=target, min_pairs=300, window=5000)
     stats = answer_stats_for(matcher)  # what `serve` uses with a fitted matcher
     plain_t = plain_threshold(day, base, target)

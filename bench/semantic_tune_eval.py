@@ -30,14 +30,14 @@ from typing import Any
 
 import numpy as np
 
-from infercache.semantic.calibrate import ScoredPair, evaluate
 from infercache.semantic.embedder import MiniLMEmbedder
-from infercache.semantic.fit import FitOptions, fit_matcher
 from infercache.semantic.guards import default_guards
-from infercache.semantic.intents import LabelledText
 from infercache.semantic.matcher import CosineMatcher, load_fitted
-from infercache.semantic.pairs import Pair, read_pairs
-from infercache.semantic.tune import Served, score_pairs_with
+from infercache.semantic.tuning.calibrate import ScoredPair, evaluate
+from infercache.semantic.tuning.fit import FitOptions, fit_matcher
+from infercache.semantic.tuning.intents import LabelledText
+from infercache.semantic.tuning.pairs import Pair, read_pairs
+from infercache.semantic.tuning.tune import Served, score_pairs_with
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -97,13 +97,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         options=FitOptions(target_false_hit=args.target, guards=tuple(guards)),
     )  # fmt: skip
     print(f"fitted on {len(labelled)} labelled texts in {time.perf_counter() - started:.0f} s: "
-          f"threshold {fitted.fitted.threshold:.4f}")  # fmt: skip
+          f"threshold {fitted.fitted.evaluation.threshold:.4f}")  # fmt: skip
     parts = load_fitted(args.out / "matcher", base)
     served = {
         f"plain cosine {PLAIN_THRESHOLD}": Served(
             base, CosineMatcher(), PLAIN_THRESHOLD, guards, None),
-        f"fitted {fitted.fitted.threshold:.4f}": Served(
-            parts.embedder, parts.matcher, fitted.fitted.threshold, guards, "matcher"),
+        f"fitted {fitted.fitted.evaluation.threshold:.4f}": Served(
+            parts.embedder, parts.matcher, fitted.fitted.evaluation.threshold, guards, "matcher"),
     }  # fmt: skip
     if fitted.plain is not None:
         served[f"plain cosine tuned on the same texts {fitted.plain.threshold:.4f}"] = Served(

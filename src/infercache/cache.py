@@ -276,7 +276,7 @@ class Cache:
         for metrics in (self._exact_metrics, self.semantic.metrics):  # both looked it up
             metrics.prompt_tokens(hit.entry.prompt_tokens)
         if verify is not None:
-            self.semantic.verify(req.body, response, hit.similarity, verify)
+            self.semantic.verify(hit, req.body, response, verify)
         keys: tuple[str, ...] = (hit.key,)
         if self.semantic.config.store_hits_as_exact:
             self.exact.store(lookup, req, response, upstream_s=hit.entry.upstream_s)

@@ -57,7 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     from infercache.cli_cache import register as register_cache
     from infercache.engine.cli import register as register_engine
     from infercache.gateway.cli import register as register_gateway
-    from infercache.semantic.cli import register as register_semantic
+    from infercache.semantic.tuning.cli import register as register_semantic
 
     register_gateway(sub)
     register_cache(sub)

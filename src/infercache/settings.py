@@ -90,9 +90,12 @@ class SemanticSettings:
     judge: str = "embedding"
     shadow_min_pairs: int = 300
     shadow_window: int = 5000
+    shadow_refit_every: int = 0  # judged pairs between shadow's head refits (0: never)
     answer_stats: bool = True
     k: int = 4
     store_hits_as_exact: bool = False
+    floor: float | None = None  # what unrelated text reaches (`tune`): never served below
+    calibrated_on: str | None = None  # `tune`'s line on its data, bound and floor
 
     def __post_init__(self) -> None:
         if self.threshold is not None and not -1.0 <= self.threshold <= 1.0:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from infercache.analyze.default_matcher import load_default_matcher
+from infercache.analyze.near_duplicates.default_matcher import load_default_matcher
 from infercache.analyze.options import PUBLIC_LABEL
 from tests.analyze.generators import support_bot
 from tests.harness.cli import run_analyze

@@ -35,9 +35,9 @@ from bench.semantic_support_day import ask as bank_ask
 from bench.semantic_support_day import build_day
 from infercache.gateway.build import build
 from infercache.gateway.config import GatewayConfig
+from infercache.gateway.semantic_setup import enable_from_settings
 from infercache.semantic.embedder import Embedder, Matrix, MiniLMEmbedder, StaticEmbedder
 from infercache.semantic.layer import SemanticLayer
-from infercache.semantic.setup import enable_from_settings
 from infercache.settings import SemanticSettings, Settings
 from tests.harness.servers import serve
 from tests.harness.upstreams import FakeUpstream

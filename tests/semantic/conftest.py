@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from infercache.semantic.embedder import HashingEmbedder, MiniLMEmbedder, StaticEmbedder
-from infercache.semantic.pairs import Pair, read_pairs
+from infercache.semantic.tuning.pairs import Pair, read_pairs
 
 HARD_CASES = Path(__file__).parent / "data" / "hard_cases.tsv"
 

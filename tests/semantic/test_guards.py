@@ -21,7 +21,7 @@ from infercache.semantic.guards import (
     default_guards,
     guard_names,
 )
-from infercache.semantic.pairs import Pair
+from infercache.semantic.tuning.pairs import Pair
 from tests.semantic.conftest import HARD_CASES
 
 
@@ -70,8 +70,14 @@ def test_currency_guard_maps_symbols_codes_and_names_to_one_code() -> None:
     ["it is not here", "I can't log in", "I cant log in", "never again", "without a fee", "no"],
 )
 def test_negation_guard_sees_negation_cues(negated: str) -> None:
-    assert NegationGuard().features(negated) == {"negated"}
+    assert NegationGuard().features(negated) == {"negated:1"}
     assert NegationGuard().features("it is here, I can log in") == frozenset()
+
+
+def test_negation_guard_counts_negations_so_removing_one_of_two_is_seen() -> None:
+    two = "Why wasn't my top-up accepted? I can't find the money."
+    assert NegationGuard().features(two) == {"negated:2"}
+    assert not NegationGuard().check(two, "Why was my top-up accepted? I can't find the money.")
 
 
 def test_entity_guard_ignores_sentence_starts_and_the_pronoun_i() -> None:
@@ -101,7 +107,10 @@ def test_guard_names_round_trip_through_build_guards() -> None:
     assert [g.name for g in build_guards(g.name for g in default_guards())] == [
         g.name for g in default_guards()
     ]
-    assert set(guard_names()) == {"numbers", "dates", "currencies", "negation", "entities"}
+    assert set(guard_names()) == {
+        *("numbers", "dates", "currencies", "negation", "entities"),
+        *("surplus", "contacts", "instructions", "swaps"),
+    }
 
 
 def test_unknown_guards_and_modes_are_config_errors_naming_them() -> None:
@@ -155,7 +164,10 @@ def test_default_guards_veto_the_number_date_and_negation_hard_negatives(
         if not pair.same and kind in ("numbers", "dates", "negation"):
             assert decision.guard == kind, (pair, decision)
         if not pair.same and kind in ("currencies", "entities"):
-            assert decision.guard in (None, "numbers"), (pair, decision)  # not on by default
+            assert decision.guard in (None, "numbers", "swaps"), (
+                pair,
+                decision,
+            )  # not on by default
 
 
 def test_accept_rejects_below_the_threshold_before_any_guard() -> None:

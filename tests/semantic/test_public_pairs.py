@@ -17,7 +17,7 @@ from bench.semantic_public_pairs import (
     read_mrpc,
     read_stsb,
 )
-from infercache.semantic.pairs import Pair
+from infercache.semantic.tuning.pairs import Pair
 
 
 def write(path: Path, text: str) -> Path:

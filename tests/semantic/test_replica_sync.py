@@ -37,7 +37,7 @@ def store_url(redis_server: RedisServer, redis_prefix: str) -> str:
 
 @pytest.fixture
 def make_replica(tmp_path: Path, clock: ManualClock, store_url: str) -> Iterator[MakeReplica]:
-    """A replica as `semantic/setup.py` assembles one on Redis: the feed's tail, the layer's
+    """A replica as `gateway/semantic_setup.py` assembles one on Redis: the feed's tail, the layer's
     start-up rebuild, then the sync attached (all replicas share the injected clock)."""
     made: list[Cache] = []
 

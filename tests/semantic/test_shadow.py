@@ -12,8 +12,8 @@ import pytest
 
 from infercache.clock import ManualClock
 from infercache.metrics import StrategyMetrics
-from infercache.semantic.calibrate import wilson_upper
 from infercache.semantic.shadow import LiveCalibration, wilson_uppers
+from infercache.semantic.tuning.calibrate import wilson_upper
 from infercache.stores import open_store
 
 

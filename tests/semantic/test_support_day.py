@@ -20,13 +20,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bench.semantic_support_day import Day, build_day, replay
+from bench.semantic_support_day import Day, build_day
+from infercache.errors import InvalidRequestError
 from infercache.semantic.embedder import Matrix, MiniLMEmbedder
-from infercache.semantic.fit import FitOptions, fit_matcher
 from infercache.semantic.guards import default_guards
-from infercache.semantic.layer import SemanticConfig
-from infercache.semantic.matcher import load_fitted
-from infercache.semantic.setup import answer_stats_for
+from infercache.semantic.ood_set import ood_texts
+from infercache.semantic.tuning.fit import FitOptions, fit_matcher
 
 pytestmark = pytest.mark.slow
 
@@ -51,31 +50,20 @@ def read_slice(name: str) -> list[tuple[str, str]]:
         return [(row["text"], row["label"]) for row in csv.DictReader(handle)]
 
 
-def test_the_fitted_matcher_answers_half_the_paraphrases_at_one_percent_wrong(
+def test_tune_fit_refuses_one_percent_on_this_slice_and_says_what_it_needs(
     tmp_path: Path, minilm: MiniLMEmbedder
 ) -> None:
+    """Calibrated as served (a replay from an empty cache, labels held out, out-of-domain
+    questions interleaved), the slice cannot certify 1% — where the old calibration, each text
+    against all the others, promised it and a day served more — and `tune` says why. (At 5%
+    it refuses too: one wrong answer among the 52 most certain ones; bench/README.md.)"""
     rows = read_slice("banking77")
     day: Day = build_day(rows, requests=1500, known_share=1.0, seed=0)
-    embedder = Remembered(minilm, sorted({t for t, _ in rows}))
-    guards = tuple(default_guards())
-    fitted = fit_matcher(
-        day.tune_rows, embedder, tmp_path / "matcher", base_kind="minilm",
-        options=FitOptions(target_false_hit=0.01, shares=(0.4, 0.2, 0.4), guards=guards),
+    ood = ood_texts()
+    embedder = Remembered(minilm, sorted({t for t, _ in rows} | set(ood)))
+    options = FitOptions(
+        target_false_hit=0.01, shares=(0.4, 0.2, 0.4), guards=tuple(default_guards()),
+        ood=tuple(ood),
     )  # fmt: skip
-    parts = load_fitted(tmp_path / "matcher", embedder)
-    config = SemanticConfig(
-        threshold=fitted.fitted.threshold,
-        matcher=parts.matcher,
-        answer_stats=answer_stats_for(parts.matcher),
-    )
-    result = replay(day, parts.embedder, config, verify_rate=0.1, data_dir=tmp_path)
-    plain = replay(
-        day, embedder, SemanticConfig(threshold=0.93, answer_stats=None), verify_rate=0.0,
-        data_dir=tmp_path,
-    )  # fmt: skip
-    assert fitted.fitted.false_hit_upper is not None
-    assert fitted.fitted.false_hit_upper <= 0.01  # tune's own bound, on texts the fit never saw
-    assert result["same_answer_paraphrases"] > 200
-    assert result["answered_share"] >= 0.5
-    assert result["wrong_share"] <= 0.01
-    assert plain["answered_share"] < result["answered_share"]
+    with pytest.raises(InvalidRequestError, match="more served answers per wrong one"):
+        fit_matcher(day.tune_rows, embedder, tmp_path / "m", base_kind="minilm", options=options)

@@ -10,7 +10,7 @@ One streaming pass over a day of requests (analysis.py wires it):
                          cacheability (policy.not_cacheable_reason);
                          reader_process.py runs reading and preparing in a child process
     census.py            each request in one class: exact repeat, near-duplicate
-                         (near_duplicates.py), shared prefix (simulated_prefix_cache.py over
+                         (near_duplicates/finder.py), shared prefix (simulated_prefix_cache.py over
                          the engine's radix tree), unique; prefix token share, reuse
                          distances, per tenant and model
     prefix_breakers.py   prompt layouts that defeat prefix reuse (a timestamp up front, ...)
@@ -27,6 +27,9 @@ One streaming pass over a day of requests (analysis.py wires it):
                          from replay_numbers.py); text.py, html_page.py, plots.py and
                          alerts.py render it
     cli.py               `infercache analyze`, registered with `register(subparsers)`
+    near_duplicates/     the near-duplicate census: finder.py (the layer's accept rule on a
+                         sample), scoped_texts.py, word_index.py, ngram_embedder.py,
+                         default_matcher.py, embedders.py
 
 Prompt → token ids lives beside the analyzer, not in it (`infercache.tokenizing`): the serving
 gateway's redacted request log (redaction.py) tokenises too, and the gateway never stands on

@@ -4,7 +4,7 @@ and replays, request by request in time order.
     LogReader (log_reader.py) ─records─▶ RequestPreparer (prepared_request.py)
         ─requests─▶ a window of requests:
         1. Census.remember(request): exact repeat or not                       (census.py)
-        2. NearDuplicateFinder.check(window): one embedding batch      (near_duplicates.py)
+        2. NearDuplicateFinder.check(window): one embedding batch      (near_duplicates/finder.py)
         3. each request: Census.observe(request, repeat, near)  (census.py, prefix_breakers.py)
                          RateFit.add(its timing)                             (cost_model.py)
                          Replay.observe(request, census reuse) for each replay (replay.py)
@@ -40,17 +40,17 @@ from pathlib import Path
 from infercache.analyze.census import NOT_CHECKED, Census, CensusResult
 from infercache.analyze.cost_model import CostModel, RateFit
 from infercache.analyze.log_reader import LineErrors, Progress, estimate_lines
-from infercache.analyze.near_duplicates import (
+from infercache.analyze.near_duplicates.finder import (
     CandidateStage,
     NearDuplicateFinder,
     PrimedEmbedder,
 )
+from infercache.analyze.near_duplicates.scoped_texts import small_flat_index
 from infercache.analyze.options import AnalyzeOptions, SemanticOptions
 from infercache.analyze.prefix_breakers import Breaker, BreakerFinder
 from infercache.analyze.prepared_request import PreparedRequest
 from infercache.analyze.reader_process import ChildEvents, SourceSpec, produce
 from infercache.analyze.replay import CENSUS, TREE, Replay, ReplayResult, ReplaySetup, SemanticParts
-from infercache.analyze.scoped_texts import small_flat_index
 from infercache.clock import Clock, SystemClock
 from infercache.errors import ConfigError
 from infercache.intervals import sample_size

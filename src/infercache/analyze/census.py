@@ -3,7 +3,7 @@
 1. `exact_repeat`: its exact identity (prepared_request.py: the cache's exact key) was seen
    before;
 2. `near_duplicate`: an earlier request of the same semantic scope is accepted as its
-   near-duplicate at the calibrated threshold (near_duplicates.py);
+   near-duplicate at the calibrated threshold (near_duplicates/finder.py);
 3. `shared_prefix`: it reuses at least `min_prefix_share` of its prompt from earlier prompts'
    prefixes in the same KV namespace (simulated_prefix_cache.py, the engine's radix tree,
    unbounded); how many tokens it shares is reported beside, not used as a bar;
@@ -38,7 +38,7 @@ from enum import StrEnum
 from typing import NamedTuple
 
 from infercache.analyze.kv_sweep import BudgetSweep
-from infercache.analyze.near_duplicates import NearCheck
+from infercache.analyze.near_duplicates.finder import NearCheck
 from infercache.analyze.options import AnalyzeOptions
 from infercache.analyze.prefix_breakers import BreakerFinder
 from infercache.analyze.prepared_request import PreparedRequest

@@ -11,7 +11,7 @@
 Settings come from `Settings.load` (defaults, `--config` TOML, `INFERCACHE_*` environment),
 then the flags. Near-duplicates use the user's calibrated threshold (`--semantic-threshold`,
 else `[semantic] threshold` of `--config`, written by `infercache tune --write-config`), else
-the packaged public calibration (default_matcher.py), labelled as such everywhere.
+the packaged public calibration (near_duplicates/default_matcher.py), labelled as such everywhere.
 Optional parts (extras.py): without `infercache[semantic]` the default measures no
 near-duplicates (the report says why), without `infercache[engine]` tokens are counted with
 chars4, and `--format html` needs `infercache[report]`; each asked for explicitly is an error
@@ -37,7 +37,6 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from infercache.analyze.cost_model import PROFILE_HELP
-from infercache.analyze.embedders import embedders
 from infercache.analyze.flags import (
     SMOLLM2_KV_BYTES_PER_TOKEN,
     options_from,
@@ -46,6 +45,7 @@ from infercache.analyze.flags import (
     parse_size,
     rules_from,
 )
+from infercache.analyze.near_duplicates.embedders import embedders
 from infercache.analyze.options import AnalyzeOptions
 from infercache.errors import ConfigError, InfercacheError
 from infercache.extras import available, require

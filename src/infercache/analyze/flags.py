@@ -88,7 +88,7 @@ def semantic_options(
                 "the packaged calibration is for the minilm embedder: give --semantic-threshold "
                 f"(calibrated with `infercache tune`) to use {args.embedder}"
             )
-        from infercache.analyze.default_matcher import load_default_matcher
+        from infercache.analyze.near_duplicates.default_matcher import load_default_matcher
 
         return load_default_matcher().options, ""
     require("semantic", f"near-duplicates ({source})")

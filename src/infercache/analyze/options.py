@@ -15,7 +15,8 @@
   is reached the least recently used prefixes go and prefix figures become lower bounds (the
   report says so). `census_max_identities` bounds the exact identities remembered likewise.
 - `semantic`: the near-duplicate rule (a calibrated threshold: the user's, or the packaged
-  public calibration, default_matcher.py), or None (no near-duplicates, no semantic replay).
+  public calibration, near_duplicates/default_matcher.py), or None (no near-duplicates, no
+  semantic replay).
 - `upstream`: how upstream seconds are priced (cost_model.py): fitted from the log's timings
   or a named profile.
 - `sweep`: replay again at each `ttl_grid_s` and each `capacity_factors` × the exact store's
@@ -39,7 +40,7 @@ WINDOW_S = {"day": 86_400.0, "hour": 3_600.0}
 @dataclass(frozen=True, slots=True)
 class CandidateFilter:
     """On large logs only a uniform sample of the requests is checked, and only against the
-    candidates a fast embedder and shared words find (near_duplicates.py): the `k` nearest
+    candidates a fast embedder and shared words find (near_duplicates/finder.py): the `k` nearest
     by `embedder` and the `k` best by shared words, keeping those that share at least
     `min_word_jaccard` (in [0, 1]) of their words with the query."""
 

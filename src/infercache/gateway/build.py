@@ -116,7 +116,7 @@ def build(
         tracer=tracer or (otlp_tracer() if config.otel else None),
     )
     if settings.semantic.enabled:
-        from infercache.semantic.setup import enable_from_settings
+        from infercache.gateway.semantic_setup import enable_from_settings
 
         enable_from_settings(
             cache,

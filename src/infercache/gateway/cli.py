@@ -118,6 +118,9 @@ def _serve(args: argparse.Namespace) -> int:
         if built.store is not None
         else mask_credentials(built.cache.backend.url)
     )
+    if semantic is not None:
+        on = settings.semantic.calibrated_on or "nothing recorded (no `tune` line in the config)"
+        print(f"infercache serve: semantic {mode}, calibrated on: {on}", flush=True)
     ready_line = (
         f"infercache gateway ready on http://{config.host}:{config.port}/v1 "
         f"(upstream: {upstream}; store: {store}; semantic: {mode})"

@@ -68,6 +68,11 @@ class AnswerStats:
     def __len__(self) -> int:
         return len(self._groups)
 
+    def clear(self) -> None:
+        """Forget every group (the matcher's scale changed: shadow_fit.py)."""
+        with self._lock:
+            self._groups.clear()
+
     def record(self, key: GroupKey, score: float, wrong: bool) -> None:
         with self._lock:
             group = self._group(key)

@@ -18,8 +18,10 @@ Features:
 - `dates`: month and weekday names ("may"/"march" only next to a digit), today / tomorrow /
   yesterday / tonight, this|next|last + week|month|year|weekend, am/pm, parts of the day.
 - `currencies`: symbols, ISO codes and names mapped to one code ($, usd, dollars → USD).
-- `negation`: presence of a negation cue (not, no, never, without, none, nothing, nobody,
-  neither, nor, cannot, and every n't / nt contraction). Only `differ` makes sense here.
+- `negation`: how many negation cues a text has (not, no, never, without, none, nothing,
+  nobody, neither, nor, cannot, and every n't / nt contraction): one negation removed from a
+  text that has two ("why wasn't it accepted ... I can't find it") changes it as surely as
+  the only one. Only `differ` makes sense here.
 - `entities`: capitalised words not at a sentence start (plus all-caps acronyms), excluding "I";
   an entity counts as missing from the other text only if that word does not occur there in any
   case, so Title Case headlines match their lower-case paraphrases.
@@ -31,11 +33,17 @@ bench/README.md); `default_guards()` returns that choice.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from decimal import Decimal, InvalidOperation
 from typing import Literal, Protocol
 
 from infercache.errors import ConfigError
+from infercache.semantic.content_guards import (
+    ContactGuard,
+    InstructionGuard,
+    SurplusGuard,
+    SwapGuard,
+)
 
 Mode = Literal["differ", "conflict"]
 
@@ -217,11 +225,11 @@ class NegationGuard(FeatureGuard):
     kind = "negation"
 
     def features(self, text: str) -> frozenset[str]:
+        count = 0
         for token in _tokens(text):
             lower = token.lower().replace("’", "'")
-            if lower in _NEGATIONS or lower.endswith("n't"):
-                return frozenset({"negated"})
-        return frozenset()
+            count += lower in _NEGATIONS or lower.endswith("n't")
+        return frozenset({f"negated:{count}"}) if count else frozenset()
 
 
 # A token starts a sentence when nothing but spaces, quotes or brackets separate it from the
@@ -257,10 +265,13 @@ class EntityGuard(FeatureGuard):
 _BY_NAME: dict[str, type[FeatureGuard]] = {
     g.kind: g for g in (NumberGuard, DateGuard, CurrencyGuard, NegationGuard, EntityGuard)
 }
+_CONTENT: dict[str, Callable[[], Guard]] = {
+    g.kind: g for g in (SurplusGuard, ContactGuard, InstructionGuard, SwapGuard)
+}
 
 
 def guard_names() -> list[str]:
-    return list(_BY_NAME)
+    return [*_BY_NAME, *_CONTENT]
 
 
 def build_guards(specs: Iterable[str]) -> list[Guard]:
@@ -268,8 +279,12 @@ def build_guards(specs: Iterable[str]) -> list[Guard]:
     guards: list[Guard] = []
     for spec in specs:
         name, _, mode = spec.strip().partition(":")
+        if name in _CONTENT and not mode:
+            guards.append(_CONTENT[name]())
+            continue
         if name not in _BY_NAME:
-            raise ConfigError(f"unknown guard {name!r}; known: {', '.join(_BY_NAME)}")
+            known = ", ".join(guard_names())
+            raise ConfigError(f"unknown guard {name!r} (or mode {mode!r}); known: {known}")
         guards.append(_BY_NAME[name](_mode(mode or "differ")))
     return guards
 
@@ -282,12 +297,16 @@ def _mode(text: str) -> Mode:
     raise ConfigError(f"guard mode must be 'differ' or 'conflict', got {text!r}")
 
 
-DEFAULT_GUARDS = ("numbers", "dates", "negation")
+DEFAULT_GUARDS = (
+    "numbers", "dates", "negation", "surplus", "contacts", "instructions", "swaps",
+)  # fmt: skip
 
 
 def default_guards() -> list[Guard]:
     """The guards that paid for themselves in bench/semantic.py (figures in bench/README.md):
     numbers (+2.7 points of hit rate at equal false-hit rate on held-out public pairs), dates
-    and negation (neutral there, but the only guards catching their hard cases). Currencies and
+    and negation (neutral there, but the only guards catching their hard cases), and the
+    content guards (content_guards.py: a question that says more, a link or contact detail,
+    an instruction, a swapped name or opposite), which stop cache poisoning. Currencies and
     entities bought nothing measurable and stay opt-in (`build_guards`)."""
     return build_guards(DEFAULT_GUARDS)

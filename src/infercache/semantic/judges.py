@@ -8,7 +8,11 @@ Every judge has one method, `same(request, cached, fresh) -> bool`, and a `name`
   ignored). For FAQ bots whose upstream answers deterministically.
 - `NormalisedEqualityJudge` (`equality`): equal after folding case, whitespace and punctuation.
 - `EmbeddingJudge` (`embedding`): the answers' embeddings have cosine similarity (in [-1, 1])
-  at or above `min_similarity`.
+  at or above `min_similarity`, unless they are one text with content words swapped: answers
+  built on one template ("Thanks for asking about card arrival. Open the app...") differ only
+  in what they are about, and embed within ~0.9 of each other; when at least 60% of the longer
+  answer's words match in order and a changed run holds a content word on each side, they are
+  different answers.
 - `LLMJudge` (`llm`): asks a model, through the upstream, a yes/no question.
 A judge may raise (an upstream error, say): callers treat that as "no verdict", never as one.
 """
@@ -16,7 +20,9 @@ A judge may raise (an upstream error, say): callers treat that as "no verdict", 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from difflib import SequenceMatcher
 from typing import Any, Protocol
 
 import numpy as np
@@ -71,15 +77,34 @@ class NormalisedEqualityJudge:
 
 
 class EmbeddingJudge:
-    """Same when the answers' embeddings have cosine similarity ≥ `min_similarity`."""
+    """Same when the answers' embeddings have cosine similarity ≥ `min_similarity` (and they
+    are not one text with content words swapped). Answer vectors are remembered (at most
+    `max_remembered`, then forgotten all at once); `remember` embeds many in one batch."""
 
     name = "embedding"
 
-    def __init__(self, embedder: Embedder, min_similarity: float = 0.85) -> None:
+    def __init__(
+        self, embedder: Embedder, min_similarity: float = 0.85, *, max_remembered: int = 50_000
+    ) -> None:
         if not -1.0 <= min_similarity <= 1.0:
             raise ValueError(f"min_similarity is a cosine in [-1, 1], got {min_similarity}")
         self._embedder = embedder
         self._min = min_similarity
+        self._max = max_remembered
+        self._vectors: dict[str, Any] = {}
+        self._lock = threading.Lock()
+
+    def remember(self, texts: Sequence[str]) -> None:
+        """Embed the answer texts not remembered yet, in batches."""
+        with self._lock:
+            new = [t for t in dict.fromkeys(texts) if t not in self._vectors]
+        for start in range(0, len(new), 256):
+            batch = new[start : start + 256]
+            vectors = self._embedder.embed(batch)
+            with self._lock:
+                if len(self._vectors) + len(batch) > self._max:
+                    self._vectors.clear()
+                self._vectors.update(zip(batch, vectors, strict=True))
 
     def same(
         self, request: Mapping[str, Any], cached: Mapping[str, Any], fresh: Mapping[str, Any]
@@ -87,8 +112,40 @@ class EmbeddingJudge:
         a, b = answer_text(cached), answer_text(fresh)
         if a.strip() == b.strip():
             return True  # no need to embed identical answers
-        vectors = self._embedder.embed([a, b])
-        return float(np.dot(vectors[0], vectors[1])) >= self._min
+        if content_swapped(a, b):
+            return False
+        self.remember([a, b])
+        with self._lock:
+            va, vb = self._vectors.get(a), self._vectors.get(b)
+        if va is None or vb is None:  # forgotten meanwhile by another thread
+            va, vb = self._embedder.embed([a, b])
+        return float(np.dot(va, vb)) >= self._min
+
+
+_WORD = re.compile(r"\w+", re.UNICODE)
+_FUNCTION_WORDS = frozenset(
+    {
+        "a", "an", "the", "this", "that", "these", "those", "your", "my", "our", "their", "its",
+        "his", "her", "you", "we", "they", "i", "it", "is", "are", "be", "to", "of", "in", "on",
+        "at", "for", "with", "by", "from", "and", "or", "so", "then", "there", "here", "just",
+        "please",
+    }
+)  # fmt: skip
+
+
+def content_swapped(a: str, b: str, *, matched_share: float = 0.6) -> bool:
+    """Whether `a` and `b` are one text with content words changed (see EmbeddingJudge)."""
+    wa, wb = _WORD.findall(a.casefold()), _WORD.findall(b.casefold())
+    if wa == wb or not wa or not wb:
+        return False
+    matcher = SequenceMatcher(None, wa, wb, autojunk=False)
+    matched = sum(block.size for block in matcher.get_matching_blocks())
+    if matched < matched_share * max(len(wa), len(wb)):
+        return False
+    return any(
+        tag == "replace" and set(wa[i1:i2]) - _FUNCTION_WORDS and set(wb[j1:j2]) - _FUNCTION_WORDS
+        for tag, i1, i2, j1, j2 in matcher.get_opcodes()
+    )
 
 
 class LLMJudge:

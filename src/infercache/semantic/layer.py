@@ -18,24 +18,20 @@ Lookup (after an exact miss), `lookup`:
      whose entry is gone is dropped from the index on the spot; one merely older than this
      request's max-age stays for the others. The first such is the hit.
      In shadow (no operating point) nothing is served: the best candidate is only noted.
-Store (after the exact layer stored an answer), `store`: the `records.SemanticRecord` (scope,
-text, answer digest, vector) goes to the same backend under `sem:{exact key}` with the exact
-entry's expiry (a restart rebuilds every index from it, `rebuild`); the vector joins its
-scope's index. If the lookup noted a candidate, the judge compares its stored answer with this
-fresh one in the background, and the verdict feeds the answer's statistics and the live
-calibration (`_judged`).
-Verification (`verify`) re-asks a sample of hits upstream in the background; a complaint
-(`report_wrong`) retires the entry that served a wrong answer. Every verdict goes to
-`outcomes.Outcomes`, which keeps the global threshold and the per-answer statistics.
+Store (after the exact layer stored an answer), `store`: the record is persisted
+(persistence.py: `sem:{exact key}`, expiring with the entry, shared with the other replicas
+through a feed on Redis) and the vector joins its scope's index. If the lookup noted a
+candidate, its stored answer is judged against this fresh one in the background
+(verification.py), and the verdict feeds the answer's statistics and the live calibration.
+Verification (`verify`) re-asks a sample of hits upstream in the background, judged at the
+`SemanticHit`'s own score and answer group; a complaint (`report_wrong`) retires the entry that
+served a wrong answer. Every verdict goes to `outcomes.Outcomes`, which keeps the global
+threshold and the per-answer statistics.
 
-Indexes are per process. On a Redis store the replicas share them through a feed
-(replica_sync.py): `store` publishes `ADD {key}` once its record is written and `report_wrong`
-publishes `REMOVE {key}`, best effort (a failed publish is counted as `feed_errors` and logged;
-the entry still reaches the others at their next rebuild), and every replica follows the feed.
-Without a feed (memory, SQLite) another process's new records are seen after its restart.
-Correctness never rests on the feed: every candidate is checked against the store on read.
-Thread-safe (the registry, statistics and calibrations each hold a lock; a rebuild that replaces
-the indexes swaps in a complete new registry).
+`rebuild` fills the indexes from the store's records (a restart); `refresh_key` applies one
+replica's add. Correctness never rests on the feed: every candidate is checked against the store
+on read. Thread-safe (the registry, statistics and calibrations each hold a lock; a rebuild
+that replaces the indexes swaps in a complete new registry).
 """
 
 from __future__ import annotations
@@ -47,7 +43,6 @@ from typing import Any, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
-import orjson
 
 from infercache.clock import Clock
 from infercache.errors import EmbedderError, InfercacheError, StoreError
@@ -61,21 +56,17 @@ from infercache.semantic.growing_index import GrowingIndex
 from infercache.semantic.guards import Guard
 from infercache.semantic.index import IndexFactory
 from infercache.semantic.layer_config import SemanticConfig, ShadowConfig
-from infercache.semantic.matcher import NearbyAnswer
+from infercache.semantic.lookup_result import Noted, Probe, SemanticHit
+from infercache.semantic.matcher import Matcher, NearbyAnswer
 from infercache.semantic.outcomes import Outcomes
-from infercache.semantic.records import (
-    RECORD_PREFIX,
-    SemanticRecord,
-    answer_digest,
-    decode_record,
-    encode_record,
-    record_key,
-)
-from infercache.semantic.registry import Candidate, IndexedItem, ScopedIndexes
+from infercache.semantic.persistence import Records
+from infercache.semantic.registry import Candidate, ScopedIndexes
 from infercache.semantic.scope import Query, query_of
+from infercache.semantic.shadow_fit import shadow_fit_for
+from infercache.semantic.verification import Verification
 from infercache.semantic.verify import Fetch, Tightened, Verifier
 from infercache.stores.base import Backend, Entry
-from infercache.stores.feed import Feed, FeedEvent, FeedKind
+from infercache.stores.feed import Feed, FeedKind
 from infercache.versions import VersionView
 
 __all__ = ["Probe", "SemanticConfig", "SemanticHit", "SemanticLayer", "ShadowConfig"]
@@ -87,32 +78,6 @@ _REFUSED = {
     Reason.BELOW_THRESHOLD: MissReason.BELOW_THRESHOLD,
     Reason.GUARD: MissReason.GUARD_REJECTED,
 }
-
-
-class Noted(NamedTuple):
-    """A miss's best candidate, to be judged against the fresh answer when it arrives."""
-
-    key: str
-    score: float
-    group: GroupKey
-    cached: bytes  # the candidate's stored response body
-
-
-class Probe(NamedTuple):
-    """What a lookup computed, reused when the answer is stored (the embedding is the costly
-    part; the scope is recomputed then, since the answer may be stored under a newer view)."""
-
-    query: Query
-    vector: npt.NDArray[np.float32]
-    noted: Noted | None = None
-
-
-class SemanticHit(NamedTuple):
-    entry: Entry
-    key: str  # the exact key of the near-duplicate whose answer is served
-    similarity: float  # cosine similarity in [-1, 1] (what `x-infercache-similarity` shows)
-    score: float = float("nan")  # the matcher's decision score the threshold was applied to
-    group: GroupKey | None = None  # the answer group whose statistics the hit belongs to
 
 
 class _Choice(NamedTuple):
@@ -136,6 +101,8 @@ class SemanticLayer:
         index_factory: IndexFactory | None = None,
         verifier: Verifier | None = None,
     ) -> None:
+        if config.shadow is not None and verifier is None:
+            raise ValueError("shadow mode needs a verifier (its judge labels the pairs)")
         self.backend = backend
         self.exact = exact
         self.embedder = embedder
@@ -149,11 +116,10 @@ class SemanticLayer:
         self._index_factory = index_factory or GrowingIndex
         self.indexes = self._new_indexes()
         self.rebuilds = 0  # completed `rebuild`s (0: the index has never been read from store)
-        self.feed: Feed | None = None  # where adds and removals are published (replica_sync)
-        self.published: str | None = None  # the position of the last event published
+        self.records = Records(
+            backend, embedder_name=embedder.name, dim=embedder.dim, metrics=metrics, clock=clock
+        )
         self._on_close: list[Callable[[], None]] = []
-        if config.shadow is not None and verifier is None:
-            raise ValueError("shadow mode needs a verifier (its judge labels the pairs)")
         self.outcomes = Outcomes(
             backend,
             config=config,
@@ -161,8 +127,25 @@ class SemanticLayer:
             metrics=metrics,
             monitor=verifier.monitor if verifier is not None else None,
         )
+        self._scoring = threading.Lock()
+        self.shadow_fit = shadow_fit_for(
+            config.shadow, verifier, on_switch=self._switch_matcher, current=lambda: self.matcher
+        )
+        self.verification = Verification(
+            verifier, self.outcomes, metrics, matcher=lambda: self.matcher, learn=self.shadow_fit
+        )
         self._k = max(config.k, self.matcher.k or 0)
-        self._last_hit = threading.local()  # for `verify`, called right after `lookup`
+
+    def _switch_matcher(self, matcher: Matcher, pairs: list[tuple[float, bool]]) -> None:
+        """Serve with `matcher` from now on, the live calibration rescored on its scale and the
+        per-answer statistics (on the old scale) forgotten; a lookup sees both or neither."""
+        with self._scoring:
+            self.matcher = matcher
+            if self.outcomes.calibration is not None:
+                self.outcomes.calibration.reset(pairs, f"{matcher.name}:{self.embedder.name}")
+            if self.outcomes.answer_stats is not None:
+                self.outcomes.answer_stats.clear()
+        self.metrics.count("shadow_refit_switches")
 
     def _new_indexes(self) -> ScopedIndexes:
         return ScopedIndexes(
@@ -173,6 +156,20 @@ class SemanticLayer:
     def threshold(self) -> float | None:
         """The global threshold served at now (None: in shadow, nothing is served)."""
         return self.outcomes.threshold
+
+    @property
+    def feed(self) -> Feed | None:
+        """Where adds and removals are published to other replicas (replica_sync.py)."""
+        return self.records.feed
+
+    @feed.setter
+    def feed(self, feed: Feed | None) -> None:
+        self.records.feed = feed
+
+    @property
+    def published(self) -> str | None:
+        """The feed position of the last event this layer published."""
+        return self.records.published
 
     def tighten(self, event: Tightened) -> None:
         self.outcomes.tighten(event)
@@ -196,11 +193,11 @@ class SemanticLayer:
         candidates = self.indexes.search(query.scope, vector, self._k)
         if candidates:
             self.metrics.observe("nn_similarity", candidates[0].similarity, SIMILARITY_BUCKETS)
-        base = self.threshold
-        choice = self._choose(query, view, request, candidates, base)
+        with self._scoring:  # a shadow refit switches matcher and threshold together
+            matcher, base = self.matcher, self.threshold
+        choice = self._choose(query, view, request, candidates, matcher, base)
         self.metrics.overhead(self._clock.monotonic_s() - started)
         probe = Probe(query, vector, choice.noted)
-        self._last_hit.value = choice.hit
         self.outcomes.note_lookup()
         if base is None:
             self.metrics.count("shadow_lookups")
@@ -223,14 +220,19 @@ class SemanticLayer:
         view: VersionView,
         request: ChatRequest,
         candidates: list[Candidate],
+        matcher: Matcher,
         base: float | None,
     ) -> _Choice:
         """The hit (the first candidate, in ranked order, that its threshold and the guards
         accept and whose entry is fresh), why there is none, and the candidate to judge."""
-        neighbours = [NearbyAnswer(c.similarity, c.item.answer) for c in candidates]
-        scores = self.matcher.scores(neighbours)
+        count = self.indexes.answer_count
+        neighbours = [
+            NearbyAnswer(c.similarity, c.item.answer, count(c.item.scope, c.item.answer))
+            for c in candidates
+        ]
+        scores = matcher.scores(neighbours)
         reason = MissReason.ABSENT
-        best: tuple[Candidate, float, GroupKey] | None = None  # best guard-passing candidate
+        best: tuple[Candidate, float, GroupKey, int] | None = None  # best guard-passing one
         for j in ranked(scores, [n.similarity for n in neighbours]):
             candidate, score = candidates[j], scores[j]
             group = GroupKey(query.scope, candidate.item.answer or candidate.item.key)
@@ -241,7 +243,7 @@ class SemanticLayer:
             if decision.reason is Reason.GUARD:
                 continue
             if best is None:
-                best = (candidate, score, group)
+                best = (candidate, score, group, j)
             if base is None or not decision.accepted:
                 continue
             try:
@@ -260,14 +262,15 @@ class SemanticLayer:
                 continue  # too old for this request only: it stays indexed for the others
             hit = SemanticHit(entry, candidate.item.key, candidate.similarity, score, group)
             return _Choice(hit, reason, None)
-        return _Choice(None, reason, self._note(best, view, request, base))
+        return _Choice(None, reason, self._note(best, neighbours, view, request, base))
 
     def _fresh(self, candidate: Candidate, view: VersionView, request: ChatRequest) -> Entry | None:
         return self.exact.fresh_entry(candidate.item.key, view, request.directives.max_age_s)
 
     def _note(
         self,
-        best: tuple[Candidate, float, GroupKey] | None,
+        best: tuple[Candidate, float, GroupKey, int] | None,
+        neighbours: list[NearbyAnswer],
         view: VersionView,
         request: ChatRequest,
         base: float | None,
@@ -276,7 +279,7 @@ class SemanticLayer:
         in shadow; serving, when it scored near enough the threshold to move statistics."""
         if best is None or self.verifier is None:
             return None
-        candidate, score, group = best
+        candidate, score, group, position = best
         if base is not None and (
             not self.outcomes.learns_from_misses or score < base - self.config.judge_margin
         ):
@@ -289,7 +292,7 @@ class SemanticLayer:
             return None
         if entry is None:
             return None
-        return Noted(candidate.item.key, score, group, entry.response)
+        return Noted(candidate.item.key, score, group, entry.response, tuple(neighbours), position)
 
     # -- store --
 
@@ -306,42 +309,24 @@ class SemanticLayer:
             log.warning("semantic record not stored: %s", exc.message)
             return
         try:
-            answer = self.backend.get(key)
-            if answer is None:
-                return
-            digest = answer_digest(answer.response)
-            record = SemanticRecord(
-                query.scope, query.text, key, self.embedder.name, vector, digest
-            )
-            self.backend.put(record_key(key), encode_record(record, answer))
+            written = self.records.write(query, key, vector)
         except StoreError as exc:
             self.metrics.count("store_errors")
             log.warning("semantic record not stored: %s", exc)
             return
-        size = self.indexes.add(IndexedItem(query.scope, key, query.text, digest), vector)
-        self.metrics.gauge("vectors", size)
-        self._publish(FeedKind.ADD, key)
-        if probe is not None and probe.noted is not None and self.verifier is not None:
-            noted = probe.noted
-            self.verifier.judge_later(
-                request.body,
-                orjson.loads(noted.cached),
-                orjson.loads(answer.response),
-                lambda wrong: self.outcomes.judged(noted.score, noted.group, wrong, hit=False),
-            )
+        if written is None:
+            return
+        item, answer = written
+        self.metrics.gauge("vectors", self.indexes.add(item, vector))
+        self.records.publish(FeedKind.ADD, key)
+        if probe is not None and probe.noted is not None:
+            self.verification.judge_noted(request.body, probe.noted, answer.response)
 
     def rebuild(self, *, replace: bool = False) -> int:
         """Load every live record of this embedder from the store; return how many.
         `replace`: into a new registry swapped in when complete (after a feed gap: what was
         deleted meanwhile goes too), else into the current one. Raises StoreError."""
-        now_s = self._clock.now_s()
-        items: list[IndexedItem] = []
-        vectors: list[npt.NDArray[np.float32]] = []
-        for name, entry in self.backend.scan(RECORD_PREFIX):
-            indexable = self.indexable(name, entry, now_s)
-            if indexable is not None:
-                items.append(indexable[0])
-                vectors.append(indexable[1])
+        items, vectors = self.records.scan()
         indexes = self._new_indexes() if replace else self.indexes
         if items:
             indexes.add_many(items, np.stack(vectors))
@@ -350,46 +335,17 @@ class SemanticLayer:
         self.metrics.gauge("vectors", len(self.indexes))
         return len(items)
 
-    def indexable(
-        self, name: str, entry: Entry, now_s: float
-    ) -> tuple[IndexedItem, npt.NDArray[np.float32]] | None:
-        """The item and vector the record `entry` (stored under `name`) stands for; None if
-        it expired, is unreadable or holds another model's vector (not comparable)."""
-        if entry.expires_at_s <= now_s:
-            return None
-        try:
-            record = decode_record(entry)
-        except ValueError as exc:
-            log.warning("skipping the unreadable semantic record %s: %s", name, exc)
-            return None
-        if record.embedder != self.embedder.name or len(record.vector) != self.embedder.dim:
-            return None
-        return IndexedItem(record.scope, record.key, record.text, record.answer), record.vector
-
     def refresh_key(self, key: str) -> bool:
         """Index the record of exact `key` as the store holds it now (another replica's add):
         nothing if it is indexed already, dropped if it is gone. Returns whether a vector is
         held for it. Raises StoreError."""
-        name = record_key(key)
-        entry = self.backend.get(name)
-        found = None if entry is None else self.indexable(name, entry, self._clock.now_s())
+        found = self.records.read(key)
         if found is None:
             self.indexes.forget_key(key)
             return False
         if self.indexes.item_of_key(key) != found[0]:
             self.metrics.gauge("vectors", self.indexes.add(*found))
         return True
-
-    def _publish(self, kind: FeedKind, key: str) -> None:
-        """Tell the other replicas (best effort: the store is the truth, they rebuild from it)."""
-        if self.feed is None:
-            return
-        try:
-            self.published = self.feed.publish(FeedEvent(kind, key))
-            self.metrics.count("feed_published")
-        except StoreError as exc:
-            self.metrics.count("feed_errors")
-            log.warning("semantic %s of %s not shared with other replicas: %s", kind, key, exc)
 
     def on_close(self, fn: Callable[[], None]) -> None:
         self._on_close.append(fn)
@@ -408,29 +364,13 @@ class SemanticLayer:
             raise EmbedderError(f"the embedder failed: {exc.message}") from exc
         return vector
 
-    # -- feedback: verification, judgments, complaints --
+    # -- feedback: verification and complaints --
 
     def verify(
-        self,
-        body: Mapping[str, Any],
-        cached: Mapping[str, Any],
-        similarity: float,
-        fetch: Fetch,
+        self, hit: SemanticHit, body: Mapping[str, Any], cached: Mapping[str, Any], fetch: Fetch
     ) -> None:
-        """Maybe check the hit this thread's last `lookup` served, in the background."""
-        hit: SemanticHit | None = getattr(self._last_hit, "value", None)
-        if hit is None or hit.similarity != similarity:
-            hit = None  # not the hit just looked up: judge it at its similarity, no group
-        score = hit.score if hit is not None else similarity
-        group = hit.group if hit is not None else None
-        if self.verifier is not None and self.verifier.sampled():
-            self.metrics.count("verifications_scheduled")
-            self.verifier.judge_later(
-                body,
-                cached,
-                fetch,
-                lambda wrong: self.outcomes.judged(score, group, wrong, hit=True),
-            )
+        """Maybe check the served `hit` (its answer `cached`) upstream, in the background."""
+        self.verification.verify(hit, body, cached, fetch)
 
     def report_wrong(self, key: str, *, score: float, group: GroupKey | None = None) -> bool:
         """A served semantic answer was reported wrong (`key`, `score`, `group`: the
@@ -442,15 +382,9 @@ class SemanticLayer:
         if group is None and item is not None:
             group = GroupKey(item.scope, item.answer or key)
         held = self.indexes.forget_key(key)
-        try:
-            self.backend.delete(record_key(key))
-            self.backend.delete(key)
-        except StoreError as exc:
-            self.metrics.count("store_errors")
-            log.warning("could not delete the entry reported wrong: %s", exc)
-        self._publish(FeedKind.REMOVE, key)  # even undeleted: the others stop serving it
+        self.records.retire(key)
         self.metrics.gauge("vectors", len(self.indexes))
-        self.outcomes.complaint(score, group)
+        self.verification.complaint(score, group)
         return held
 
     def state(self) -> dict[str, Any]:

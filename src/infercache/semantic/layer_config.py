@@ -22,6 +22,7 @@ class ShadowConfig:
     target_false_hit: float = 0.01
     min_pairs: int = 300  # judged pairs at the operating point before serving
     window: int = 5000  # judged pairs kept (the most recent)
+    refit_every: int = 0  # judged pairs between background refits of the head (0: never)
 
     def __post_init__(self) -> None:
         if not 0 < self.target_false_hit < 1:
@@ -40,6 +41,10 @@ class SemanticConfig:
     shadow: ShadowConfig | None = None
     answer_stats: AnswerStatsConfig | None = field(default_factory=AnswerStatsConfig)
     """Per-answer thresholds (answer_stats.py); None: one global threshold for every answer."""
+    floor: float | None = None
+    """On the matcher's scale: what unrelated questions reach (`tune`, tuning/replay.py). No
+    threshold — calibrated, tightened, shadow's operating point or an answer's own — is
+    applied below it."""
     judge_margin: float = 0.1
     """Serving, a miss's best candidate is judged when it scored within this of the threshold
     (its verdict can move its answer's threshold); in shadow every best candidate is."""

@@ -7,10 +7,10 @@ decision score per candidate; `decision.accept(score, ..., threshold, guards)` d
 
 - `CosineMatcher`: the score is the cosine similarity in [-1, 1] (the plain threshold, as
   GPTCache or RedisVL apply it).
-- `FittedMatcher` (built by `infercache tune --fit`, fit.py): queries and cached texts are
-  embedded by an `AdaptedEmbedder` — the packaged model followed by a linear map trained
+- `FittedMatcher` (built by `infercache tune --fit`, tuning/fit.py): queries and cached texts
+  are embedded by an `AdaptedEmbedder` — the packaged model followed by a linear map trained
   contrastively on the user's labelled texts — and each candidate j among the k nearest gets
-  the probability that its answer is right, a logistic head over four features:
+  the probability that its answer is right, a logistic head over five features:
     1. s_j, its cosine similarity to the query;
     2. s_j − s_rival, where s_rival is the best similarity among candidates with a different
        answer, and at least `background` — how similar unrelated questions get in this
@@ -21,14 +21,22 @@ decision score per candidate; `decision.accept(score, ..., threshold, guards)` d
        by Σ exp(s/τ) over all k plus one unseen rival at `background` (a kNN posterior at
        temperature τ). The background rival keeps a sparse cache — one answer nearby, all its
        candidates agreeing — from looking like certainty when every similarity is low.
+    5. how many cached questions of the scope have j's answer, beyond j itself (capped at 3):
+       an answer given once is a one-off question's, and a lone near neighbour with such an
+       answer is the commonest wrong hit (two trivia questions about one person); an answer
+       given to many wordings is an FAQ's. (Format 1 files have four weights: this one is 0.)
+  Measured on a generated banking day, that lone neighbour (two wordings of one trivia
+  question, answered apart) is too rare in training for a linear head to learn it, so the head
+  also has `min_seen`: a candidate whose answer fewer cached questions share scores 0, never
+  served (`tune LOG --fit` sets 2: a one-off answer is not served from its single question).
   Answers are compared by digest (`records.answer_digest`); an unknown answer ("") agrees with
   nothing. The score is a probability in (0, 1); the threshold is on that scale.
 
 Artefacts live in one directory: `matcher.json` (format below) and `adapter.npy` (the float32
 `(dim, dim)` map). `load_fitted` checks the base embedder is the one the matcher was fitted on.
 
-    {"format": 1, "base": {"kind": "minilm", "name": ...}, "adapter": "adapter.npy",
-     "adapter_sha256": ..., "head": {"weights": [w1..w4], "bias": b, "k": 8,
+    {"format": 2, "base": {"kind": "minilm", "name": ...}, "adapter": "adapter.npy",
+     "adapter_sha256": ..., "head": {"weights": [w1..w5], "bias": b, "k": 8,
      "agree_band": 0.15, "temperature": 0.05, "background": b}, "fit": {...report...}}
 """
 
@@ -50,7 +58,9 @@ from infercache.semantic.embedder import Embedder, Matrix, l2_normalise
 
 MATCHER_FILE = "matcher.json"
 ADAPTER_FILE = "adapter.npy"
-FORMAT = 1
+FORMAT = 2
+READABLE_FORMATS = (1, 2)
+FEATURES = 5
 
 
 class NearbyAnswer(NamedTuple):
@@ -58,6 +68,7 @@ class NearbyAnswer(NamedTuple):
 
     similarity: float  # cosine similarity to the query, in [-1, 1]
     answer: str  # digest of the candidate's answer; "" when unknown
+    seen: int = 1  # cached questions of the scope with this answer, the candidate's included
 
 
 class Matcher(Protocol):
@@ -86,22 +97,25 @@ class CosineMatcher:
 
 @dataclass(frozen=True, slots=True)
 class Head:
-    weights: tuple[float, float, float, float]
+    weights: tuple[float, ...]  # one per feature (FEATURES)
     bias: float
     k: int = 8
     agree_band: float = 0.15
     temperature: float = 0.05
     background: float = 0.0  # cosine of unrelated questions (a high percentile), in [-1, 1]
+    min_seen: int = 1  # an answer cached for fewer questions of the scope is never served
 
     def __post_init__(self) -> None:
         if self.k < 1 or self.agree_band < 0 or self.temperature <= 0:
             raise ValueError(f"bad head parameters: {self}")
+        if len(self.weights) != FEATURES:
+            raise ValueError(f"a head has {FEATURES} weights, got {len(self.weights)}")
 
 
 def features(neighbours: Sequence[NearbyAnswer], head: Head) -> npt.NDArray[np.float64]:
-    """The `(len(neighbours), 4)` feature matrix (see the module docstring)."""
+    """The `(len(neighbours), FEATURES)` feature matrix (see the module docstring)."""
     n = len(neighbours)
-    out = np.zeros((n, 4))
+    out = np.zeros((n, FEATURES))
     if n == 0:
         return out
     sims = np.array([x.similarity for x in neighbours], dtype=np.float64)
@@ -114,7 +128,8 @@ def features(neighbours: Sequence[NearbyAnswer], head: Head) -> npt.NDArray[np.f
         rivals = sims[~same]
         rival = max(float(rivals.max()), head.background) if len(rivals) else head.background
         agree = int(np.sum(same & (sims >= sims[j] - head.agree_band))) - 1
-        out[j] = (sims[j], sims[j] - rival, min(agree, 3), votes[same].sum() / total)
+        seen = min(max(neighbours[j].seen - 1, 0), 3) if neighbours[j].answer else 0
+        out[j] = (sims[j], sims[j] - rival, min(agree, 3), votes[same].sum() / total, seen)
     return out
 
 
@@ -131,7 +146,10 @@ class FittedMatcher:
         if not neighbours:
             return []
         logits = features(neighbours, self.head) @ self._w + self.head.bias
-        return [1.0 / (1.0 + math.exp(-float(z))) for z in np.clip(logits, -60.0, 60.0)]
+        return [
+            1.0 / (1.0 + math.exp(-float(z))) if n.seen >= self.head.min_seen else 0.0
+            for z, n in zip(np.clip(logits, -60.0, 60.0), neighbours, strict=True)
+        ]
 
 
 class AdaptedEmbedder:
@@ -179,6 +197,7 @@ def save_fitted(
             "agree_band": head.agree_band,
             "temperature": head.temperature,
             "background": head.background,
+            "min_seen": head.min_seen,
         },
         "fit": report,
     }
@@ -192,7 +211,7 @@ def read_meta(directory: Path) -> dict[str, Any]:
         meta: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as exc:
         raise ConfigError(f"cannot read the fitted matcher {path}: {exc}") from exc
-    if meta.get("format") != FORMAT:
+    if meta.get("format") not in READABLE_FORMATS:
         raise ConfigError(f"{path}: unsupported matcher format {meta.get('format')!r}")
     return meta
 
@@ -213,13 +232,15 @@ def load_fitted(directory: Path, base: Embedder) -> FittedParts:
     if hashlib.sha256(adapter.astype(np.float32).tobytes()).hexdigest() != meta["adapter_sha256"]:
         raise ConfigError(f"the adapter in {directory} does not match its recorded digest")
     h = meta["head"]
+    weights = [float(w) for w in h["weights"]]
     head = Head(
-        weights=tuple(float(w) for w in h["weights"]),  # type: ignore[arg-type]
+        weights=tuple(weights + [0.0] * (FEATURES - len(weights))),
         bias=float(h["bias"]),
         k=int(h["k"]),
         agree_band=float(h["agree_band"]),
         temperature=float(h["temperature"]),
         background=float(h["background"]),
+        min_seen=int(h.get("min_seen", 1)),
     )
     embedder = AdaptedEmbedder(base, adapter)
     return FittedParts(embedder, FittedMatcher(head, f"fitted:{embedder.name}"), meta)

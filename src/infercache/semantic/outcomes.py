@@ -35,6 +35,7 @@ class Outcomes:
         monitor: FalseHitMonitor | None,
     ) -> None:
         self._metrics = metrics
+        self.floor = config.floor
         self.answer_stats = AnswerStats(config.answer_stats) if config.answer_stats else None
         self.calibration: LiveCalibration | None = None
         self.live_threshold: LiveThreshold | None = None
@@ -59,11 +60,17 @@ class Outcomes:
 
     @property
     def threshold(self) -> float | None:
-        """The global threshold served at now (None: in shadow, nothing is served)."""
+        """The global threshold served at now (None: in shadow, nothing is served), never
+        below the floor."""
         if self.calibration is not None:
-            return self.calibration.operating_point
-        assert self.live_threshold is not None
-        return self.live_threshold.value
+            value = self.calibration.operating_point
+        else:
+            assert self.live_threshold is not None
+            value = self.live_threshold.value
+        return None if value is None else self._floored(value)
+
+    def _floored(self, value: float) -> float:
+        return value if self.floor is None else max(value, self.floor)
 
     @property
     def learns_from_misses(self) -> bool:
@@ -72,7 +79,9 @@ class Outcomes:
 
     def threshold_of(self, group: GroupKey, base: float) -> float:
         """The score a candidate of answer `group` needs when the global threshold is `base`."""
-        return base if self.answer_stats is None else self.answer_stats.threshold(group, base)
+        if self.answer_stats is None:
+            return base
+        return self._floored(self.answer_stats.threshold(group, base))
 
     def note_lookup(self) -> None:
         if self.calibration is not None:

@@ -11,6 +11,8 @@ Invariants (tests/semantic/test_registry.py):
   `_items[vid]` is present exactly when `vid` is in its scope's index.
 - One exact key has at most one vector: adding a key again replaces its old vector.
 - At most `max_vectors` vectors are held in total; beyond it the oldest added go first.
+- `answer_count(scope, answer)` is how many held vectors of `scope` carry that answer digest
+  (what the fitted matcher's fifth feature reads).
 
 Thread-safe: one lock around the maps and every index call made through this class.
 """
@@ -55,6 +57,7 @@ class ScopedIndexes:
         self._indexes: dict[str, VectorIndex] = {}
         self._items: OrderedDict[int, IndexedItem] = OrderedDict()  # oldest first
         self._vid_of_key: dict[str, int] = {}
+        self._answers: dict[tuple[str, str], int] = {}  # (scope, answer) -> vectors held
 
     def __len__(self) -> int:
         return len(self._items)
@@ -91,6 +94,8 @@ class ScopedIndexes:
                     self._forget_locked(old)
                 vid = next(_VIDS)
                 self._items[vid] = items[row]
+                group = (items[row].scope, items[row].answer)
+                self._answers[group] = self._answers.get(group, 0) + 1
                 self._vid_of_key[key] = vid
                 by_scope[items[row].scope].append((vid, row))
             for scope, members in by_scope.items():
@@ -102,6 +107,13 @@ class ScopedIndexes:
             while len(self._items) > self._max_vectors:
                 self._forget_locked(next(iter(self._items)))
             return len(self._items)
+
+    def answer_count(self, scope: str, answer: str) -> int:
+        """How many held vectors of `scope` carry `answer` (1 for an unknown answer "")."""
+        if not answer:
+            return 1
+        with self._lock:
+            return self._answers.get((scope, answer), 0)
 
     def item_of_key(self, key: str) -> IndexedItem | None:
         with self._lock:
@@ -125,6 +137,12 @@ class ScopedIndexes:
         item = self._items.pop(vid, None)
         if item is None:
             return
+        group = (item.scope, item.answer)
+        left = self._answers.get(group, 1) - 1
+        if left > 0:
+            self._answers[group] = left
+        else:
+            self._answers.pop(group, None)
         if self._vid_of_key.get(item.key) == vid:
             del self._vid_of_key[item.key]
         index = self._indexes.get(item.scope)

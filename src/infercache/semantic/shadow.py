@@ -37,7 +37,7 @@ import threading
 from collections import deque
 from dataclasses import asdict, dataclass
 from statistics import NormalDist
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -59,6 +59,52 @@ def wilson_uppers(
     z2n = z * z / n
     spread = z * np.sqrt(p * (1 - p) / n + z2n / (4 * n))
     return np.minimum(1.0, (p + z2n / 2 + spread) / (1 + z2n))
+
+
+class OperatingPoint(NamedTuple):
+    serving_at: float | None  # the certified score threshold (None: no point meets the bound)
+    at: float | None  # where the walk stopped or served
+    rate: float | None
+    upper: float | None
+
+
+def operating_point(
+    scores: npt.NDArray[np.float64],
+    wrong: npt.NDArray[np.bool_],
+    target: float,
+    min_pairs: int,
+    confidence: float = 0.95,
+) -> OperatingPoint:
+    """Fixed-sequence testing over judged pairs (module docstring): from the strictest point
+    with pairs enough that it could pass with none wrong, walk down while each point's one-sided
+    Wilson upper bound is <= `target`; the last accepted point is served."""
+    none = OperatingPoint(None, None, None, None)
+    if len(scores) < min_pairs:
+        return none
+    order = np.argsort(-scores, kind="stable")
+    scores, wrong = scores[order], wrong[order]
+    served = np.arange(1, len(scores) + 1)
+    wrong_served = np.cumsum(wrong.astype(np.int64))
+    at = np.flatnonzero(np.append(scores[1:] < scores[:-1], True) & (served >= min_pairs))
+    if len(at) == 0:
+        return none
+    upper = wilson_uppers(wrong_served[at], served[at], confidence)
+    rate = wrong_served[at] / served[at]
+    # `at` runs from the strictest point down. The walk starts at the first point with pairs
+    # enough that it could pass at all (with none wrong): a rule on counts alone, not on the
+    # verdicts, so it does not spend the test.
+    clean_upper = wilson_uppers(np.zeros_like(served[at]), served[at], confidence)
+    start = int(np.argmax(clean_upper <= target))
+    fails = upper[start:] > target
+    accepted = int(np.argmax(fails)) if fails.any() else len(fails)
+    if clean_upper[start] > target:
+        accepted = 0  # no point has pairs enough yet
+    if accepted:
+        i = start + accepted - 1
+    else:  # in shadow: the bound where the walk stopped (or the lowest, before it can start)
+        i = start if clean_upper[start] <= target else int(np.argmin(upper))
+    point = float(scores[at[i]])
+    return OperatingPoint(point if accepted else None, point, float(rate[i]), float(upper[i]))
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,36 +194,30 @@ class LiveCalibration:
 
     def _recompute(self) -> None:
         """The lowest score reached walking down while each meets the bound (module docstring)."""
-        if len(self._pairs) < self.min_pairs:
-            self._operating_point, self._best = None, (None, None, None)
-            return
         scores = np.array([p[0] for p in self._pairs])
-        wrong = np.array([p[1] for p in self._pairs])
-        order = np.argsort(-scores, kind="stable")
-        scores, wrong = scores[order], wrong[order]
-        served = np.arange(1, len(scores) + 1)
-        wrong_served = np.cumsum(wrong)
-        at = np.flatnonzero(np.append(scores[1:] < scores[:-1], True) & (served >= self.min_pairs))
-        if len(at) == 0:
-            self._operating_point, self._best = None, (None, None, None)
-            return
-        upper = wilson_uppers(wrong_served[at], served[at], self._confidence)
-        rate = wrong_served[at] / served[at]
-        # `at` runs from the strictest point down. The walk starts at the first point with
-        # pairs enough that it could pass at all (with none wrong): a rule on counts alone,
-        # not on the verdicts, so it does not spend the test.
-        clean_upper = wilson_uppers(np.zeros_like(served[at]), served[at], self._confidence)
-        start = int(np.argmax(clean_upper <= self.target_false_hit))
-        fails = upper[start:] > self.target_false_hit
-        accepted = int(np.argmax(fails)) if fails.any() else len(fails)
-        if clean_upper[start] > self.target_false_hit:
-            accepted = 0  # no point has pairs enough yet
-        if accepted:
-            i = start + accepted - 1
-        else:  # in shadow: the bound where the walk stopped (or the lowest, before it can start)
-            i = start if clean_upper[start] <= self.target_false_hit else int(np.argmin(upper))
-        self._operating_point = float(scores[at[i]]) if accepted else None
-        self._best = (float(scores[at[i]]), float(rate[i]), float(upper[i]))
+        wrong = np.array([p[1] for p in self._pairs], dtype=bool)
+        point = operating_point(
+            scores, wrong, self.target_false_hit, self.min_pairs, self._confidence
+        )
+        self._operating_point = point.serving_at
+        self._best = (point.at, point.rate, point.upper)
+
+    def reset(self, pairs: list[tuple[float, bool]], name: str) -> None:
+        """Replace the judged pairs by `pairs` (the same judgments rescored on a new matcher's
+        scale, shadow_fit.py) and persist under `name` from now on (a restart, back on the
+        configured matcher, must not read them)."""
+        with self._lock:
+            before = self._operating_point
+            self._pairs.clear()
+            self._pairs.extend((score, wrong, self._lookups) for score, wrong in pairs)
+            self._meta_name = f"semantic:calibration:{name}"
+            self._recompute()
+            switched = (before is None) != (self._operating_point is None)
+            state = self._state()
+        if switched:
+            self._announce(state)
+        self._save()
+        self._publish(state)
 
     def _state(self) -> CalibrationState:
         best_point, rate, upper = self._best

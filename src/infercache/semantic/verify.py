@@ -122,7 +122,7 @@ class Verifier:
         self.sample_rate = sample_rate
         self._rng = rng
         self._rng_lock = threading.Lock()
-        self._executor = executor
+        self.executor = executor  # where judgments (and shadow refits) run
 
     def sampled(self) -> bool:
         """Whether to verify this hit (true with probability `sample_rate`)."""
@@ -136,7 +136,7 @@ class Verifier:
         fresh: Mapping[str, Any] | Fetch,
         then: Callable[[bool], None],
     ) -> None:
-        self._executor.submit(self._judge, dict(request), cached, fresh, then)
+        self.executor.submit(self._judge, dict(request), cached, fresh, then)
 
     def _judge(
         self,

@@ -1,0 +1,167 @@
+"""Shadow mode learns its matcher from the pairs it judges: a head refitted in the background.
+
+In shadow the layer judges every miss's best candidate against the fresh answer (shadow.py).
+Each judgment is kept here with what the matcher saw — the candidates' similarities, answers
+and how many cached questions shared each answer (matcher.NearbyAnswer) — in time order, the
+last `window` of them. Every `refit_every` new judgments a background refit (on the verifier's
+executor, never on the request path; a logistic regression over at most `window` rows of five
+features: milliseconds of one core) does, in time order:
+  1. fit a head (head_fit.py) on the earlier `fit_share` of the judgments: the features of the
+     judged candidate (matcher.features, the background similarity being the 95th percentile
+     of the judged-wrong candidates' similarities), labelled right or wrong;
+  2. rescore the later judgments with it and with the matcher served now, and certify an
+     operating point on each by the fixed-sequence test shadow mode serves by
+     (shadow.operating_point);
+  3. switch when the new head's point serves more of the later judgments than the current
+     matcher's does (or the current one has none): the layer's matcher becomes the fitted head
+     (`FittedMatcher` over the same embedder: no vector is re-embedded), and the live
+     calibration is reset to every kept judgment rescored on the new scale (`on_switch`).
+Shadow mode's rule is unchanged: it serves at the certified point and returns to shadow when
+none meets the bound. A judgment made under one matcher and applied after a switch is rescored
+from its candidates, so scales never mix. Not persisted: after a restart the layer starts from
+its configured matcher again (the calibration it resets is stored under the new matcher's name,
+which a restart does not read). Thread-safe (one lock; the refit runs on one thread at a time).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from collections.abc import Callable, Sequence
+from concurrent.futures import Executor
+from typing import NamedTuple
+
+import numpy as np
+
+from infercache.errors import InvalidRequestError
+from infercache.semantic.head_fit import fit_head
+from infercache.semantic.layer_config import ShadowConfig
+from infercache.semantic.matcher import FEATURES, FittedMatcher, Head, Matcher, NearbyAnswer
+from infercache.semantic.matcher import features as candidate_features
+from infercache.semantic.shadow import operating_point
+from infercache.semantic.verify import Verifier
+
+log = logging.getLogger(__name__)
+
+
+class Judged(NamedTuple):
+    neighbours: tuple[NearbyAnswer, ...]
+    position: int  # which neighbour was judged
+    wrong: bool
+
+
+class ShadowFit:
+    def __init__(
+        self,
+        executor: Executor,
+        *,
+        target_false_hit: float,
+        min_pairs: int,
+        on_switch: Callable[[Matcher, list[tuple[float, bool]]], None],
+        current: Callable[[], Matcher],
+        window: int = 5000,
+        refit_every: int = 250,
+        fit_share: float = 0.6,
+    ) -> None:
+        self._executor = executor
+        self._target = target_false_hit
+        self._min_pairs = min_pairs
+        self._on_switch = on_switch
+        self._current = current
+        self._refit_every = refit_every
+        self._fit_share = fit_share
+        self._lock = threading.Lock()
+        self._judged: deque[Judged] = deque(maxlen=window)
+        self._since = 0
+        self._running = False
+        self.refits = 0
+        self.switches = 0
+
+    def add(self, neighbours: Sequence[NearbyAnswer], position: int, wrong: bool) -> None:
+        """One judgment; schedules a refit every `refit_every` of them (one at a time)."""
+        with self._lock:
+            self._judged.append(Judged(tuple(neighbours), position, wrong))
+            self._since += 1
+            if self._since < self._refit_every or self._running:
+                return
+            self._since, self._running = 0, True
+            judged = list(self._judged)
+        self._executor.submit(self._refit_logged, judged)
+
+    def _refit_logged(self, judged: list[Judged]) -> None:
+        try:
+            self.refit(judged)
+        except Exception as exc:  # noqa: BLE001 - a background refit never takes down serving
+            log.warning("semantic shadow refit failed (the matcher is unchanged): %r", exc)
+        finally:
+            with self._lock:
+                self._running = False
+
+    def refit(self, judged: Sequence[Judged]) -> bool:
+        """Steps 1–3 of the module docstring; whether the matcher was switched."""
+        self.refits += 1
+        cut = int(self._fit_share * len(judged))
+        early, late = judged[:cut], judged[cut:]
+        if len(late) < self._min_pairs:
+            return False
+        background = _background(judged)
+        template = Head(weights=(0.0,) * FEATURES, bias=0.0, background=background)
+        rows = np.array([candidate_features(j.neighbours, template)[j.position] for j in early])
+        right = np.array([0.0 if j.wrong else 1.0 for j in early])
+        k = max(len(j.neighbours) for j in judged)
+        try:
+            head = fit_head(rows, right, k, background=background)
+        except InvalidRequestError:
+            return False  # all right or all wrong so far: nothing to learn from
+        fitted = FittedMatcher(head, f"shadow-fit:{self.refits}")
+        new = self._served(fitted, late)
+        now = self._served(self._current(), late)
+        if new is None or (now is not None and new <= now):
+            return False
+        self.switches += 1
+        log.warning(
+            "semantic shadow refit %d: a head fitted on %d judged pairs serves %d of the next "
+            "%d within the bound (the matcher served until now: %s)",
+            self.refits, len(early), new, len(late), now,
+        )  # fmt: skip
+        self._on_switch(fitted, [(score_of(fitted, j), j.wrong) for j in judged])
+        return True
+
+    def _served(self, matcher: Matcher, judged: Sequence[Judged]) -> int | None:
+        """How many of `judged` the certified point of `matcher` serves (None: no point)."""
+        scores = np.array([score_of(matcher, j) for j in judged])
+        wrong = np.array([j.wrong for j in judged], dtype=bool)
+        point = operating_point(scores, wrong, self._target, self._min_pairs)
+        return None if point.serving_at is None else int(np.sum(scores >= point.serving_at))
+
+
+def shadow_fit_for(
+    shadow: ShadowConfig | None,
+    verifier: Verifier | None,
+    *,
+    on_switch: Callable[[Matcher, list[tuple[float, bool]]], None],
+    current: Callable[[], Matcher],
+) -> ShadowFit | None:
+    """The layer's background refit when it runs in shadow with `refit_every` set."""
+    if shadow is None or verifier is None or not shadow.refit_every:
+        return None
+    return ShadowFit(
+        verifier.executor,
+        target_false_hit=shadow.target_false_hit,
+        min_pairs=shadow.min_pairs,
+        on_switch=on_switch,
+        current=current,
+        window=shadow.window,
+        refit_every=shadow.refit_every,
+    )
+
+
+def score_of(matcher: Matcher, judged: Judged) -> float:
+    return matcher.scores(judged.neighbours)[judged.position]
+
+
+def _background(judged: Sequence[Judged]) -> float:
+    """How similar a wrong candidate gets: the 95th percentile of the judged-wrong ones."""
+    wrong = [j.neighbours[j.position].similarity for j in judged if j.wrong]
+    return float(np.quantile(wrong, 0.95)) if len(wrong) >= 20 else 0.5
