@@ -142,8 +142,9 @@ class Versions:
         return {v for v in versions if values.get(version_name(model, v)) == RETIRED}
 
     def relabel(self, model: str, version: str) -> bool:
-        """Name `version` the model's current one, keeping its generation: nothing is retired
-        (versioned entries carry only the generation); True if the name changed."""
+        """Name `version` the model's current one ("": none, several are live), keeping its
+        generation: nothing is retired (versioned entries carry only the generation); True if
+        the name changed."""
         name = _model_name(model)
         token = self._meta.read_meta([name]).get(name, UNVERSIONED)
         if token.partition(":")[2] == version:

@@ -61,7 +61,7 @@ def create_app(
     *,
     max_body_bytes: int = 4 << 20,
     version_poll_s: float | None = 5.0,
-    version_probe_s: float | None = 30.0,
+    version_probe_s: float | None = 5.0,
 ) -> Starlette:
     gateway.cache.metrics.export(StoreSize(gateway.cache.backend, gateway.cache.clock))
     state = AppState(gateway, auth, max_body_bytes)

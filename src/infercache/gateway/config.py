@@ -15,7 +15,7 @@ secrets from the environment (`INFERCACHE_UPSTREAM_API_KEY`, `INFERCACHE_ADMIN_T
     request_log = "requests.jsonl"
     redact = false
     version_poll_s = 5                          # each replica's version read again
-    version_probe_s = 30                        # a fingerprint-only replica probed (1 token)
+    version_probe_s = 5                         # a fingerprint-only replica probed (1 token)
     use_fingerprints = true                     # fingerprints that displace the earlier
     fingerprint_swap_s = 60                     # ones for this long and this many answers
     fingerprint_swap_answers = 20               # are a model swap (gateway/fingerprints.py)
@@ -115,7 +115,7 @@ class GatewayConfig:
     request_log: Path | None = None
     redact: bool = False
     version_poll_s: float | None = 5.0
-    version_probe_s: float | None = 30.0
+    version_probe_s: float | None = 5.0
     use_fingerprints: bool = True
     fingerprint_swap_s: float = 60.0
     fingerprint_swap_answers: int = 20

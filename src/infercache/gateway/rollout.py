@@ -8,10 +8,10 @@ declaration: a request's *unit* is its tenant (`sticky="tenant"`: a canary's use
 set, and every request of a tenant goes to one version) or its tenant and conversation
 (`sticky="conversation"`, for one tenant of many users: the conversation is its opening, the
 messages up to and including the first user message, so each later turn hashes the same and a
-conversation never changes version mid-way). The unit's bucket is
-`sha256(salt, unit)` read as a fraction of 2^64, the salt being the canary's upstream names, and
-the unit is on the canary when its bucket < `share`. Raising the share only adds units to the
-canary (those already on it stay); lowering it only takes them off.
+conversation never changes version mid-way). The unit's bucket is `sha256(salt, unit)` read
+as a fraction of 2^64, the salt being the declared `version` (else the canary's upstream
+names), and the unit is on the canary when its bucket < `share`. Raising the share only adds
+units to the canary (those already on it stay); lowering it only takes them off.
 
 Shadow: a request of the stable arm is mirrored to the canary upstreams when its own bucket
 (over the tenant and the whole body) is < `shadow` (1.0: every one); the mirrored answer is
@@ -97,7 +97,7 @@ class Rollout:
 
     @property
     def salt(self) -> bytes:
-        return "\x00".join(self.canary).encode()
+        return (self.version or "\x00".join(self.canary)).encode()
 
     def arm(self, tenant: str, body: Mapping[str, Any]) -> Arm:
         """The arm `body` from `tenant` is served by: sticky per unit (module docstring)."""

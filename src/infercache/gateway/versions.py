@@ -22,7 +22,8 @@ replica serves the old one any more, the old one is retired for every layer (its
 not served: versions.py in the library, one O(1) write every gateway on the store reads); a move
 to a retired version (a replica rolled back by a redeploy) revives it: its entries still within
 their TTL are hits again. When every replica serves one version it is recorded as the model's
-(`Cache.model_version`), retiring nothing.
+(`Cache.model_version`), retiring nothing; while several are live the model has no label, so a
+gateway that has not heard from a replica yet does not serve another replica's version.
 
 The store's state is the truth for every gateway on it: retired versions are read on every
 lookup (a lookup that finds its version retired tells `saw_retired`) and in the background
@@ -162,8 +163,9 @@ class ModelVersionTracker:
 
     def _moved(self, move: Move) -> None:
         serving = self.replicas.serving(move.model)
-        if len(serving) == 1:
-            self._relabel(move.model, move.new)
+        # One version everywhere: the model's label (a gateway that has not heard from a
+        # replica yet looks up under it, cache.py); several: none, so such a gateway asks.
+        self._relabel(move.model, move.new if len(serving) == 1 else "")
         if move.old is None:
             log.debug(
                 "%s serves %s at version %s (%s)",
