@@ -85,6 +85,13 @@ def test_two_replicas_at_two_versions_keep_their_own_entries(
     # Each replica's first request went out before its version was known (its answer told).
     assert sum(v["requests"] for v in live.values()) == 200 - 2
     assert sum(v["hits"] for v in live.values()) == layers.count("exact-hit")
+    assert all(v["entries_stored"] >= 1 and v["traffic_share"] > 0 for v in live.values())
+    with running.client() as client:
+        metrics = client.get("/metrics").text
+    for version in ("fp_v1", "fp_v2"):
+        series = f'infercache_version_hits_total{{model="test-model",version="{version}"}} '
+        hits = float(metrics.split(series, 1)[1].split()[0])
+        assert hits == live[version]["hits"]
 
     # A change on one replica (it reports a new version): one line, naming what it retired.
     one.models_version = "v1.1"

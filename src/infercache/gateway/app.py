@@ -64,6 +64,7 @@ def create_app(
     version_probe_s: float | None = 5.0,
 ) -> Starlette:
     gateway.cache.metrics.export(StoreSize(gateway.cache.backend, gateway.cache.clock))
+    gateway.cache.metrics.export(gateway.tracker.traffic)  # each live version's (issue 29)
     state = AppState(gateway, auth, max_body_bytes)
 
     def bound(handler: Any, *args: Any) -> Any:
