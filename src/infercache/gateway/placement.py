@@ -13,7 +13,9 @@ of the replica it would be sent to (issue 29 items 1, 2).
       several    the prefix-affine router picks the replica now (router.py: the fetch then
                  calls that one), and its version is the lookup's
       in doubt   the replica's version is being read again: `cached` False (no layer asked,
-                 nothing stored: cache.py)
+                 nothing stored: cache.py) — unless every allowed replica is in doubt (an
+                 outage: none could answer anyway), when the last known versions' cached
+                 answers are served, as an unreachable upstream's always are
 
 The plan for each (model, arm) is computed once and kept until anything it depends on changes
 (the tracker's `generation`, the rollout). Runs on the event loop; reads the tracker's state
@@ -49,6 +51,7 @@ ANYWHERE = Placement(None, True, None, frozenset())
 class _Plan:
     placement: Placement | None  # one state: the placement; several: None (route each)
     exclude: frozenset[int]
+    outage: bool = False  # every allowed replica is in doubt
 
 
 class Placer:
@@ -85,7 +88,7 @@ class Placer:
             return _with(plan.placement, mirrored=True)
         replica, _ = self._router.route(tenant, body, plan.exclude)
         state = self._tracker.replicas.state(replica, model)
-        known = state.known and state.version not in self._tracker.retired(model)
+        known = (state.known or plan.outage) and state.version not in self._tracker.retired(model)
         return Placement(state.version, known, replica, plan.exclude, arm, mirrored)
 
     def _plan(self, model: str, arm: Arm) -> _Plan:
@@ -104,18 +107,23 @@ class Placer:
 
         allowed = live(candidates) or live(everyone) or candidates or list(everyone)
         exclude = frozenset(everyone) - set(allowed)
+        outage = not any(states[i].known for i in allowed)
         seen = {states[i] for i in allowed}
         if len(seen) == 1:
             (state,) = seen
-            return _Plan(_placement(state, exclude, arm, retired), exclude)
-        return _Plan(None, exclude)
+            return _Plan(_placement(state, exclude, arm, retired, outage), exclude, outage)
+        return _Plan(None, exclude, outage)
 
 
 def _placement(
-    state: ReplicaState, exclude: frozenset[int], arm: Arm, retired: frozenset[str]
+    state: ReplicaState,
+    exclude: frozenset[int],
+    arm: Arm,
+    retired: frozenset[str],
+    outage: bool,
 ) -> Placement:
     # A retired version still served (nowhere else to go) is answered, never cached.
-    known = state.known and state.version not in retired
+    known = (state.known or outage) and state.version not in retired
     if state == UNVERSIONED and not exclude and arm is Arm.NONE:
         return ANYWHERE
     return Placement(state.version, known, None, exclude, arm)

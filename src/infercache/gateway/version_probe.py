@@ -17,9 +17,12 @@ in the background, so a change is seen within one poll even when every request i
                                         gateway on the store follows one another's changes)
       run()                             a round every `every_s` (`version_poll_s`)
 
-Store I/O (retiring, reviving) runs off the loop (store_guard.py's `StoreIO`). A probe costs one
-prompt token and one completion token on a hosted provider; `version_probe_s` sets how often a
-reachable replica is probed (the in-doubt ones are probed every round).
+Store I/O (retiring, reviving) runs off the loop (store_guard.py's `StoreIO`); the store reads
+of a round (`sync`) close what their thread opened (SQLite's connection: `ThreadResources`), so
+a background read leaves the file as it found it (another process may still lock it alone).
+A probe costs one prompt token and one completion token on a hosted provider;
+`version_probe_s` sets how often a reachable replica is probed (the in-doubt ones are probed
+every round).
 """
 
 from __future__ import annotations
@@ -27,9 +30,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from infercache.errors import InfercacheError, UpstreamUnavailableError
+from infercache.store_guard import GuardedBackend
+from infercache.stores.base import ThreadResources
 
 if TYPE_CHECKING:
     from infercache.gateway.service import Gateway
@@ -81,11 +87,21 @@ class VersionProber:
                 models = []
             await off_loop(tracker.observe_models, replica, models)
             await self._probe(replica, upstream, due=probe)
-        await off_loop(tracker.sync)
-        await off_loop(gateway.rollout.sync)
+        await off_loop(self._released, tracker.sync, gateway.rollout.sync)
         with self._ended:
             self.rounds += 1
             self._ended.notify_all()
+
+    def _released(self, *reads: Callable[[], None]) -> None:
+        """`reads`, in this thread, which then closes what it opened on the store."""
+        backend = self._gateway.cache.backend
+        inner = backend.inner if isinstance(backend, GuardedBackend) else backend
+        try:
+            for read in reads:
+                read()
+        finally:
+            if isinstance(inner, ThreadResources):
+                inner.release_thread()
 
     async def _probe(self, replica: int, upstream: Upstream, *, due: bool) -> None:
         tracker = self._gateway.tracker
