@@ -51,3 +51,15 @@ def test_a_conversation_hashes_the_same_on_every_turn() -> None:
 def test_a_bad_declaration_is_a_400(declaration: dict[str, object]) -> None:
     with pytest.raises(InvalidRequestError):
         Rollout.of(declaration)
+
+
+def test_serve_declares_a_rollout_from_its_flags() -> None:
+    from infercache.cli import build_parser
+    from infercache.gateway.cli import _config
+
+    argv = ["serve", "--upstream", "http://a/v1", "--upstream", "http://b/v1"]
+    argv += ["--canary", "http://b/v1", "--canary-share", "0.1", "--sticky", "conversation"]
+    config = _config(build_parser().parse_args(argv))
+    assert config.rollout is not None
+    assert Rollout.of(config.rollout) == Rollout(("http://b/v1",), share=0.1, sticky="conversation")
+    assert _config(build_parser().parse_args(argv[:5])).rollout is None
