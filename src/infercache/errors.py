@@ -20,6 +20,8 @@ and shape checks raise `ValueError`/`TypeError`, never a client-facing class.
     ├── StoreError                     any cache-store failure; becomes a counted miss, never
     │   │                              a failed request
     │   └── StoreUnavailableError      over its latency budget, or skipped while it fails
+    │       └── NodeUnavailableError   one node of a Redis Cluster failed or is skipped; the
+    │                                  other nodes serve (stores/cluster_breaker.py)
     ├── StoreWouldBlockError           a non-blocking store read would wait: retried off the
     │                                  event loop (internal, never reaches a client)
     ├── EmbedderError                  the semantic layer's embedder failed; a counted miss
@@ -155,6 +157,12 @@ class StoreError(InfercacheError):
 
 class StoreUnavailableError(StoreError):
     """The store took longer than its budget, or its circuit breaker is open: skipped."""
+
+
+class NodeUnavailableError(StoreUnavailableError):
+    """One node of a Redis Cluster failed, or is skipped while it fails (its own breaker,
+    stores/cluster_breaker.py); keys on the other nodes are served as usual, so the breaker of
+    the whole store does not count it."""
 
 
 class StoreWouldBlockError(InfercacheError):

@@ -41,6 +41,7 @@ from infercache.settings import Settings
 from infercache.store_guard import GuardedBackend
 from infercache.stores import Backend, open_store
 from infercache.stores.memory import MemoryStore
+from infercache.stores.redis_cluster import RedisClusterStore
 from infercache.stores.redis_connect import is_redis_url
 from infercache.stores.replica_flight import FlightTimings, open_flights
 from infercache.stores.start_check import StoreAtStart, check_at_start
@@ -172,10 +173,18 @@ def _across_replicas(
     url = settings.resolved_store_url
     if not (config.share_flights and is_redis_url(url)):
         return None
-    timings = FlightTimings(lease_ms=int(config.replica_lease_s * 1000), answer_ttl_ms=5_000)
+    timings = FlightTimings(
+        lease_ms=int(config.replica_lease_s * 1000),
+        answer_ttl_ms=5_000,
+        # The store budget, but at least 250 ms: an asyncio deadline also counts the time the
+        # call waits for the event loop, which a busy gateway makes long.
+        call_ms=max(250, int(config.store_budget_s * 1000)),
+    )
     guard = backend if isinstance(backend, GuardedBackend) else None
+    inner = guard.inner if guard is not None else backend
+    nodes = inner.connected_nodes if isinstance(inner, RedisClusterStore) else None
     return AcrossReplicas(
-        open_flights(url, clock=clock, timings=timings),
+        open_flights(url, clock=clock, timings=timings, nodes=nodes),
         guard=guard,
         wait_s=config.upstream_timeout_s,
     )

@@ -14,6 +14,7 @@ from typing import Any
 from infercache.errors import InfercacheError
 from infercache.gateway.service import Gateway
 from infercache.store_guard import GuardedBackend
+from infercache.stores.redis_cluster import RedisClusterStore
 from infercache.urls import mask_credentials
 
 log = logging.getLogger(__name__)
@@ -46,6 +47,9 @@ def gateway_stats(gateway: Gateway) -> dict[str, Any]:
     out["shadow"] = gateway.versions.shadow.snapshot()  # mirrored, answered, agreement
     if isinstance(backend, GuardedBackend):
         out["store"]["guard"] = backend.health()
+    inner = backend.inner if isinstance(backend, GuardedBackend) else backend
+    if isinstance(inner, RedisClusterStore):  # per node: its breaker, calls skipped
+        out["store"]["cluster"] = inner.health()
     semantic = gateway.cache.semantic
     out["semantic"] = semantic.state() if semantic is not None else None
     out["feedback"] = _feedback(gateway, snapshot["strategies"])
