@@ -102,7 +102,7 @@ async def _lifespan(gateway: Gateway, app: Starlette) -> AsyncIterator[None]:
     poller = None
     prober = gateway.prober
     if prober is not None and prober.every_s is not None:
-        await prober.round()  # the versions known before the first request
+        await prober.round(first=True)  # the versions known before the first request
         poller = asyncio.create_task(prober.run())
     try:
         yield

@@ -17,9 +17,10 @@ in the background, so a change is seen within one poll even when every request i
                                         gateway on the store follows one another's changes)
       run()                             a round every `every_s` (`version_poll_s`)
 
-Store I/O (retiring, reviving) runs off the loop (store_guard.py's `StoreIO`); the store reads
-of a round (`sync`) close what their thread opened (SQLite's connection: `ThreadResources`), so
-a background read leaves the file as it found it (another process may still lock it alone).
+Store I/O (retiring, reviving) runs off the loop (store_guard.py's `StoreIO`); the first
+round's store reads (before the gateway serves) close what their thread opened (SQLite's
+connection: `ThreadResources`), so starting leaves the file as it found it (another process
+may still lock it alone), as the start-up store check does.
 A probe costs one prompt token and one completion token on a hosted provider;
 `version_probe_s` sets how often a reachable replica is probed (the in-doubt ones are probed
 every round).
@@ -70,8 +71,9 @@ class VersionProber:
         self.rounds = 0
         self._ended = threading.Condition()
 
-    async def round(self, *, probe: bool = False) -> None:
-        """One round over every upstream (module docstring)."""
+    async def round(self, *, probe: bool = False, first: bool = False) -> None:
+        """One round over every upstream (module docstring). `first`: the one before the
+        gateway serves, whose store reads leave no connection open behind them."""
         gateway = self._gateway
         tracker = gateway.tracker
         off_loop = gateway.store_io.off_loop
@@ -87,7 +89,11 @@ class VersionProber:
                 models = []
             await off_loop(tracker.observe_models, replica, models)
             await self._probe(replica, upstream, due=probe)
-        await off_loop(self._released, tracker.sync, gateway.rollout.sync)
+        if first:
+            await asyncio.to_thread(self._released, tracker.sync, gateway.rollout.sync)
+        else:
+            await off_loop(tracker.sync)
+            await off_loop(gateway.rollout.sync)
         with self._ended:
             self.rounds += 1
             self._ended.notify_all()
