@@ -76,6 +76,12 @@ from infercache.stores import Backend, open_store
 
 log = logging.getLogger(__name__)
 
+# The endpoints the semantic layer answers: a last user turn compared by meaning. Not legacy
+# completions (no turns), nor Responses: a response's id names the one conversation a
+# follow-up continues (responses/conversations.py), so a paraphrase's answer would carry
+# another conversation's id.
+_COMPARED = (Endpoint.CHAT, Endpoint.MESSAGES)
+
 # What the library calls on a miss: a chat-completions body in, a response body out.
 ChatFn = Callable[[dict[str, Any]], Response]
 AsyncChatFn = Callable[[dict[str, Any]], Awaitable[Response]]
@@ -199,6 +205,7 @@ class Cache:
         tenant: str | None = None,
         verify: ChatFn | None = None,
         endpoint: Endpoint = Endpoint.CHAT,
+        beta: str | None = None,
         version: str | None = None,
         cached: bool = True,
         follow_label: bool = False,
@@ -208,12 +215,13 @@ class Cache:
         Returns the answer when a layer has it, else the `Miss` to fetch. `tenant`, when given
         (an authenticated caller), overrides any tenant claimed in the body. `verify`: how to
         fetch a fresh answer when live verification samples a semantic hit (run in the
-        background, never on this call's path). `version`, `cached`: the module docstring.
-        `follow_label` (an unversioned request whose caller does not know the version that
-        answers it: a gateway that has not heard from the replica yet): on an exact miss, look
-        it up again under the version the store names the model's (`_under_label`).
+        background, never on this call's path). `beta`: a Messages client's `anthropic-beta`.
+        `version`, `cached`: the module docstring. `follow_label` (an unversioned request whose
+        caller does not know the version that answers it: a gateway that has not heard from the
+        replica yet): on an exact miss, look it up again under the version the store names the
+        model's (`_under_label`).
         """
-        req = parse_request(body, tenant=tenant, endpoint=endpoint, version=version)
+        req = parse_request(body, tenant=tenant, endpoint=endpoint, beta=beta, version=version)
         cc = req.directives.cache_control
         if cc.no_cache and cc.only_if_cached:
             raise InvalidRequestError(
@@ -243,7 +251,7 @@ class Cache:
             return self._exact_hit(req, lookup)
         probe = None
         view = lookup.view
-        semantic = self.semantic if endpoint is Endpoint.CHAT else None
+        semantic = self.semantic if endpoint in _COMPARED else None
         if semantic is not None and view is not None and not view.retired:
             hit, probe = semantic.lookup(req, view)
             if hit is not None:

@@ -1,4 +1,6 @@
-"""`GET /stats`: the gateway's JSON snapshot — per strategy, the store, the upstreams, flights,
+"""`GET /stats`: the gateway's JSON snapshot — per strategy, the store, the upstreams (each with
+its prompt cache's tokens, read share and net money: prefix_usage.py), prefix breakers seen in
+live traffic (live_breakers.py), flights,
 model versions (each change with its evidence, each replica's versions and fingerprints, each
 live version's traffic share, hit rate and entries: versions.py), the rollout declared and the
 shadow traffic's counts with its agreement per judge (rollout_control.py, shadow_mirror.py),
@@ -35,12 +37,18 @@ def gateway_stats(gateway: Gateway) -> dict[str, Any]:
     except InfercacheError as exc:
         out["store"] = {"url": mask_credentials(backend.url), "error": "the store is unreadable"}
         log.warning("stats: store %s unreadable: %s", mask_credentials(backend.url), exc)
+    prompt_caches = gateway.prefix_usage.snapshot()
     out["upstreams"] = [
         {"name": u.name, "in_flight": n, "health": health}
         for u, n, health in zip(
             gateway.upstreams, gateway.router.in_flight(), gateway.router.health(), strict=True
         )
     ]
+    for upstream in out["upstreams"]:
+        figures = prompt_caches.get(upstream["name"])
+        if figures is not None:  # its prompt cache, as its answers reported it
+            upstream["prompt_cache"] = figures.to_json()
+    out["prefix_breakers"] = gateway.replicas.breakers.lines()  # the analyzer's words
     out["model_swaps"] = gateway.tracker.swaps
     out["versions"] = gateway.tracker.snapshot()  # what counts as a change, with its evidence
     out["rollout"] = gateway.rollout.snapshot()  # the canary declared, if any (rollout.py)
