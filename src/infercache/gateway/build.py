@@ -110,7 +110,7 @@ def build(
     )
     for i, upstream in enumerate(upstreams):
         if isinstance(upstream, HTTPUpstream):  # its KV salt follows its version
-            upstream.salt_version = functools.partial(tracker.replicas.label, i)
+            upstream.salt_version = functools.partial(tracker.replicas.reported, i)
     request_log = (
         RequestLog(
             config.request_log,

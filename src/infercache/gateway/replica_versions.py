@@ -107,6 +107,16 @@ class ReplicaVersions:
         """The version replica `replica` serves `model` at (None: unversioned or unknown)."""
         return self.state(replica, model).version
 
+    def reported(self, replica: int, model: str) -> str | None:
+        """`label`, when it was reported or set (its /v1/models, the admin API, a rollout)
+        rather than read off its answers' fingerprints: what the KV salt and the derived
+        prompt_cache_key include, so they do not change between a replica's first answer and
+        the next (None: no such version)."""
+        served = self._served[replica].get(model)
+        if served is None or served.version is None:
+            return self._declared.get(replica, UNVERSIONED).version
+        return served.version if served.source != FINGERPRINT else None
+
     # -- observations --
 
     def fingerprint(
