@@ -1,33 +1,36 @@
-"""Continuous batching in the built-in engine: aggregate decode rate, TTFT and memory with 1, 4,
-8 and 16 concurrent streams.
+"""The built-in engine per weight format: aggregate decode rate, TTFT, prefill and memory with
+1, 4, 8 and 16 concurrent streams, every format in the same run.
 
-    .venv/bin/python bench/batching.py [--streams 1,4,8,16] [--rounds 3] [--new-tokens 64]
-        [--threads N] [--before-src DIR] [--out bench/out/batching]
+    .venv/bin/python bench/batching.py [--weights fp32,fp16] [--baseline-src DIR]
+        [--streams 1,4,8,16] [--rounds 5] [--new-tokens 64] [--threads N]
+        [--out bench/out/batching]
 
-One process, the packaged SmolLM2-135M-Instruct (fp32), the real `Engine` (its worker thread,
-scheduler, streaming bridge), driven through `achat_stream` from one asyncio loop. For each
-concurrency N, a wave of N streams starts together, once a round; each stream is a distinct
-~40-token prompt (its own tenant, so no stream reuses another's prefix) asking for exactly
-`--new-tokens` greedy tokens (`ignore_eos`).
+Each variant is the real `Engine` (its worker thread, scheduler, streaming bridge) of the
+packaged SmolLM2-135M-Instruct with `max_batch` = the largest stream count, in a subprocess of
+its own (two engines in one process would keep two OpenMP teams on 2 cores, and libgomp then
+stops spin-waiting: both slow down by a third, engine/worker.py), driven through its
+`achat_stream` / `atext_completion_stream` from one asyncio loop. Variants: this tree's engine
+in each `--weights` format, and with `--baseline-src DIR` the engine of another source tree in
+its default format (`git archive main src | tar -x -C DIR`: today's fp32 engine, whole).
+Every round runs every variant in turn, and the best of `--rounds` is kept: on a shared
+machine a neighbour's burst only ever slows a run down, and interleaving makes drift hit
+every variant alike.
 
-- aggregate decode tok/s: the wave's tokens after each stream's first, divided by the time from
-  the first stream's first token to the last stream's last token (the best of `--rounds` is
-  kept: on a shared machine a neighbour's burst only ever slows a wave down, and each round
-  runs every variant in turn, so a slow spell hits them alike);
-- TTFT p50/p99: from the call to the first content chunk, over every stream of every wave;
-- peak RSS during the waves (`VmHWM`, reset before each wave).
-Baselines for the single stream, once a round beside the waves:
-- a plain loop of one-token forwards over unpacked weights (the model's decode with no engine
-  around it: no scheduler, sampling, detokenizer or streaming), in a subprocess: run in this
-  process, its thread's OpenMP team would sit beside the engine worker's, and with more OpenMP
-  threads than cores libgomp stops spin-waiting and both slow down by a third (engine/worker.py);
-- with `--before-src DIR`, the engine as it was before continuous batching, whole: its `src`
-  folder (`git archive 2b9118b~1 src | tar -x -C DIR`) imported in a subprocess that loads the
-  same model and streams one request a round, when told, through its own `achat_stream` (that
-  engine knows no `ignore_eos`, so its stream may end early at the end-of-sequence token; its
-  rate is over the tokens it did produce).
-Targets: 8 streams ≥ 4× the engine's single-stream rate measured in the same run; the engine's
-single stream no slower than before batching.
+Per variant and round:
+- a wave of N streams started together, for each N of `--streams`: each stream a distinct
+  ~40-token chat prompt (its own tenant: no stream reuses another's prefix) asking for exactly
+  `--new-tokens` greedy tokens (`ignore_eos`). Aggregate decode tok/s is the wave's tokens
+  after each stream's first over the time from the first first token to the last token; TTFT
+  is from the call to the first text, over every stream of every round;
+- prefill: a unique 512-token prompt (token ids, legacy completions) with `max_tokens` 1,
+  timed from the call to the end of the answer;
+- cached prefix: a unique 1,024-token prefix is sent once (with 16 other tokens after it),
+  then the same prefix with 16 new tokens is timed the same way; the bench asserts that the
+  1,024 tokens were reused;
+- memory: RSS once loaded and warm, the peak since start (load included), and the peak during
+  the waves (`VmHWM`, reset before each wave; the prefix cache fills towards its 512 MiB).
+Targets (issue 28): single-stream decode and 16 streams ≥ 2× the fp32 engine's; prefill no
+slower than fp32; cached-prefix TTFT within 10%; RSS loaded ≤ 0.6× the baseline's.
 Everything printed is also written to `<out>/results-<threads>t.md`.
 """
 
@@ -40,19 +43,19 @@ import io
 import json
 import os
 import platform
+import random
 import statistics
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-import torch
-
-if TYPE_CHECKING:  # imported where used: `--as-before` runs this file over an older tree
+if TYPE_CHECKING:  # imported where used: `--as-engine` may run over another source tree
     from infercache.engine.engine import Engine
 
+SRC = Path(__file__).resolve().parents[1] / "src"
 TOPICS = [
     "lighthouses", "glaciers", "honeybees", "volcanoes", "coral reefs", "comets", "deserts",
     "rainforests", "tides", "owls", "caves", "rivers", "bridges", "windmills", "orchards", "kites",
@@ -67,9 +70,9 @@ class Stream:
     tokens: int
 
 
-def rss_mib(field: str) -> float:
+def rss_mib(field_name: str) -> float:
     for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
+        if line.startswith(field_name + ":"):
             return int(line.split()[1]) / 1024
     return float("nan")
 
@@ -79,10 +82,10 @@ def reset_peak_rss() -> None:
         Path("/proc/self/clear_refs").write_text("5")
 
 
-def body(engine: Engine, i: int, wave: int, new_tokens: int) -> dict[str, Any]:
+def chat_body(model: str, i: int, wave: int, new_tokens: int) -> dict[str, Any]:
     topic = TOPICS[i % len(TOPICS)]
     return {
-        "model": engine.model_id,
+        "model": model,
         "messages": [
             {"role": "user", "content": f"Wave {wave}, writer {i}: write a long, detailed essay "
              f"about {topic}, their history, how they work and why people love them."}
@@ -111,15 +114,13 @@ async def one_stream(engine: Engine, request: dict[str, Any], tenant: str) -> St
     return Stream(started, first, last, tokens)
 
 
-async def wave(
-    engine: Engine, n: int, wave_id: int, new_tokens: int, *, exact: bool = True
-) -> list[Stream]:
+async def wave(engine: Engine, n: int, wave_id: int, new_tokens: int) -> list[Stream]:
     calls = [
-        one_stream(engine, body(engine, i, wave_id, new_tokens), f"w{wave_id}-s{i}")
+        one_stream(engine, chat_body(engine.model_id, i, wave_id, new_tokens), f"w{wave_id}-s{i}")
         for i in range(n)
     ]
     streams = await asyncio.gather(*calls)
-    assert all(s.tokens == new_tokens or not exact for s in streams)
+    assert all(s.tokens == new_tokens for s in streams)
     return list(streams)
 
 
@@ -133,170 +134,193 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-class DecodeLoop:
-    """The model's single-stream decode alone (run by `--as-decode-loop`): one token a forward,
-    plain weights, on the process's main thread."""
-
-    def __init__(self, directory: Path) -> None:
-        from infercache.engine.model import LlamaModel
-        from infercache.engine.weights import load_checkpoint
-
-        ck = load_checkpoint(directory)
-        self.model = LlamaModel(ck.spec, ck.tensors, max_positions=1024, packed=False)
-
-    def rate(self, new_tokens: int, seed: int) -> float:
-        ws = self.model.new_workspace(512)
-        prompt = torch.randint(1000, 40_000, (40,), generator=torch.Generator().manual_seed(seed))
-        token = int(self.model.forward(prompt, ws, 0).argmax())
-        started = time.perf_counter()
-        for step in range(new_tokens - 1):
-            token = int(self.model.forward(torch.tensor([token]), ws, 40 + step).argmax())
-        return (new_tokens - 1) / (time.perf_counter() - started)
-
-
-class Subprocess:
-    """A baseline in a subprocess: this file run with `mode` (`--as-before` over the source
-    tree `src`, or `--as-decode-loop` over this one), one single-stream measurement each time
-    `rate` is called."""
-
-    def __init__(self, mode: str, src: Path | None, args: argparse.Namespace) -> None:
-        command = [sys.executable, __file__, mode, "--threads", str(args.threads),
-                   "--new-tokens", str(args.new_tokens)]  # fmt: skip
-        env = dict(os.environ)
-        if src is not None:
-            env["PYTHONPATH"] = str(src.resolve())
-        self._process = subprocess.Popen(
-            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env
-        )
-        self.source = self._ask("ready")["source"]
-
-    def _ask(self, line: str) -> dict[str, Any]:
-        assert self._process.stdin is not None
-        assert self._process.stdout is not None
-        self._process.stdin.write(line + "\n")
-        self._process.stdin.flush()
-        answer: dict[str, Any] = json.loads(self._process.stdout.readline())
-        return answer
-
-    def rate(self, round_id: int) -> dict[str, Any]:
-        return self._ask(str(round_id))
-
-    def close(self) -> None:
-        assert self._process.stdin is not None
-        self._process.stdin.close()
-        self._process.wait(60)
+async def one_token_ms(engine: Engine, ids: list[int], tenant: str) -> tuple[float, int]:
+    """The time from the call to the end of a 1-token completion of `ids`, and the prompt
+    tokens it reused."""
+    body = {
+        "model": engine.model_id,
+        "prompt": ids,
+        "max_tokens": 1,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    started = time.perf_counter()
+    cached = -1
+    async for chunk in engine.atext_completion_stream(body, tenant):
+        if chunk.get("usage"):
+            cached = chunk["usage"]["prompt_tokens_details"]["cached_tokens"]
+    return (time.perf_counter() - started) * 1e3, cached
 
 
-def as_before(args: argparse.Namespace) -> None:
-    """The subprocess side of `Before`: the older tree's engine, one wave per line on stdin."""
+def random_ids(n: int, seed: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(1000, 40_000) for _ in range(n)]
+
+
+def as_engine(args: argparse.Namespace) -> None:
+    """The subprocess side: one engine, one JSON command per line on stdin, one answer each."""
+    import torch
+
     import infercache
     from infercache.engine.config import EngineConfig
     from infercache.engine.engine import Engine
-    from infercache.settings import default_data_dir  # where the older tree kept it
+    from infercache.settings import default_data_dir
 
     torch.set_num_threads(args.threads)
+    weights = {"weights": args.engine_weights} if args.engine_weights else {}
     config = EngineConfig(
-        data_dir=default_data_dir(os.environ), threads=args.threads, max_context_tokens=1024
+        data_dir=default_data_dir(os.environ),
+        threads=args.threads,
+        max_context_tokens=2048,
+        max_batch=args.max_batch,
+        **weights,
     )
     with Engine(config) as engine:
-        asyncio.run(wave(engine, 1, -1, 4, exact=False))
+        asyncio.run(wave(engine, 1, -1, 4))  # warm-up: first touch of weights and kernels
+        models = engine.models()[0]
+        ready = {"source": str(Path(infercache.__file__).parent), "version": models["version"],
+                 "weights": models.get("weights", "fp32"), "rss_mib": rss_mib("VmRSS"),
+                 "load_peak_mib": rss_mib("VmHWM")}  # fmt: skip
+        print(json.dumps(ready), flush=True)
         for line in sys.stdin:
-            if line.strip() == "ready":
-                print(json.dumps({"source": str(Path(infercache.__file__).parent)}), flush=True)
-                continue
-            [stream] = asyncio.run(wave(engine, 1, int(line), args.new_tokens, exact=False))
-            ttft_ms = (stream.first_s - stream.started_s) * 1e3
-            answer = {"rate": decode_rate([stream]), "tokens": stream.tokens, "ttft_ms": ttft_ms}
-            print(json.dumps(answer), flush=True)
+            print(json.dumps(_command(engine, json.loads(line), args.new_tokens)), flush=True)
 
 
-def as_decode_loop(args: argparse.Namespace) -> None:
-    """The subprocess side of the decode-loop baseline: one loop per line on stdin."""
-    import infercache
-    from infercache.engine.config import default_data_dir
-    from infercache.engine.weights import resolve_model
+def _command(engine: Engine, command: dict[str, Any], new_tokens: int) -> dict[str, Any]:
+    r = command["round"]
+    if command["op"] == "wave":
+        reset_peak_rss()
+        streams = asyncio.run(wave(engine, command["n"], r, new_tokens))
+        ttfts = [(s.first_s - s.started_s) * 1e3 for s in streams]
+        return {"rate": decode_rate(streams), "ttfts": ttfts, "peak_mib": rss_mib("VmHWM")}
+    if command["op"] == "prefill":
+        ms, _ = asyncio.run(one_token_ms(engine, random_ids(512, 10_000 + r), f"p{r}"))
+        return {"ms": ms}
+    prefix = random_ids(1024, 20_000 + r)
+    asyncio.run(one_token_ms(engine, prefix + random_ids(16, 30_000 + r), f"c{r}"))
+    ms, cached = asyncio.run(one_token_ms(engine, prefix + random_ids(16, 40_000 + r), f"c{r}"))
+    assert cached >= 1024, f"the prefix was not reused: {cached} cached tokens"
+    return {"ms": ms}
 
-    torch.set_num_threads(args.threads)
-    loop = DecodeLoop(resolve_model(None, default_data_dir(os.environ)).directory)
-    loop.rate(4, -1)  # warm-up
-    for line in sys.stdin:
-        if line.strip() == "ready":
-            print(json.dumps({"source": str(Path(infercache.__file__).parent)}), flush=True)
-            continue
-        print(json.dumps({"rate": loop.rate(args.new_tokens, int(line))}), flush=True)
+
+@dataclass
+class Variant:
+    """One engine in its subprocess, and what it measured."""
+
+    label: str
+    process: subprocess.Popen[str]
+    ready: dict[str, Any]
+    rates: dict[int, list[float]] = field(default_factory=dict)
+    ttfts: dict[int, list[float]] = field(default_factory=dict)
+    peaks: dict[int, float] = field(default_factory=dict)
+    prefill_ms: list[float] = field(default_factory=list)
+    cached_ms: list[float] = field(default_factory=list)
+
+    @classmethod
+    def start(cls, label: str, src: Path, weights: str | None, args: argparse.Namespace) -> Variant:
+        command = [sys.executable, __file__, "--as-engine", "--threads", str(args.threads),
+                   "--new-tokens", str(args.new_tokens),
+                   "--max-batch", str(args.max_batch)]  # fmt: skip
+        if weights:
+            command += ["--engine-weights", weights]
+        env = {**os.environ, "PYTHONPATH": str(src.resolve())}
+        process = subprocess.Popen(
+            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env
+        )
+        assert process.stdout is not None
+        return cls(label, process, json.loads(process.stdout.readline()))
+
+    def ask(self, **command: Any) -> dict[str, Any]:
+        assert self.process.stdin is not None
+        assert self.process.stdout is not None
+        self.process.stdin.write(json.dumps(command) + "\n")
+        self.process.stdin.flush()
+        answer: dict[str, Any] = json.loads(self.process.stdout.readline())
+        return answer
+
+    def run_round(self, r: int, counts: list[int]) -> None:
+        for n in counts:
+            got = self.ask(op="wave", n=n, round=r)
+            self.rates.setdefault(n, []).append(got["rate"])
+            self.ttfts.setdefault(n, []).extend(got["ttfts"])
+            self.peaks[n] = max(self.peaks.get(n, 0.0), got["peak_mib"])
+        self.prefill_ms.append(self.ask(op="prefill", round=r)["ms"])
+        self.cached_ms.append(self.ask(op="cached", round=r)["ms"])
+
+    def best(self, n: int) -> float:
+        return max(self.rates[n])
+
+    def close(self) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.close()
+        self.process.wait(120)
+
+
+def report(variants: list[Variant], counts: list[int], chosen: str | None) -> None:
+    for v in variants:
+        print(f"\n### {v.label} ({v.ready['version']}, from {v.ready['source']})\n")
+        print(f"RSS loaded and warm {v.ready['rss_mib']:,.0f} MiB; peak while loading "
+              f"{v.ready['load_peak_mib']:,.0f} MiB; prefill 512 tokens "
+              f"{min(v.prefill_ms):.0f} ms; 1,024 cached + 16 new: "
+              f"{min(v.cached_ms):.1f} ms\n")  # fmt: skip
+        print("| streams | decode tok/s (aggregate) | per stream | × 1 stream | TTFT p50 ms | "
+              "TTFT p99 ms | peak RSS MiB |")  # fmt: skip
+        print("|---:|---:|---:|---:|---:|---:|---:|")
+        for n in counts:
+            best, one = v.best(n), v.best(counts[0])
+            print(
+                f"| {n} | {best:.1f} | {best / n:.1f} | {best / one:.2f}× "
+                f"| {statistics.median(v.ttfts[n]):.0f} | {percentile(v.ttfts[n], 0.99):.0f} "
+                f"| {v.peaks[n]:,.0f} |"
+            )
+    by_label = {v.label: v for v in variants}
+    if chosen is None or chosen not in by_label:
+        return
+    new = by_label[chosen]
+    print("\n## Targets")
+    for base in (v for v in variants if v is not new and v.ready["weights"] == "fp32"):
+        print(f"\n{new.label} against {base.label}:")
+        for n in (1, max(counts)):
+            if n in new.rates and n in base.rates:
+                print(f"- {n} stream(s): {new.best(n):.1f} / {base.best(n):.1f} tok/s = "
+                      f"{new.best(n) / base.best(n):.2f}× (target ≥ 2×)")  # fmt: skip
+        print(f"- prefill 512 tokens: {min(new.prefill_ms):.0f} / {min(base.prefill_ms):.0f} ms = "
+              f"{min(new.prefill_ms) / min(base.prefill_ms):.2f}× (target ≤ 1×)")  # fmt: skip
+        print(f"- 1,024 cached + 16: {min(new.cached_ms):.1f} / {min(base.cached_ms):.1f} ms = "
+              f"{min(new.cached_ms) / min(base.cached_ms):.2f}× (target ≤ 1.10×)")  # fmt: skip
+        print(f"- RSS loaded: {new.ready['rss_mib']:,.0f} / {base.ready['rss_mib']:,.0f} MiB = "
+              f"{new.ready['rss_mib'] / base.ready['rss_mib']:.2f}× (target ≤ 0.6×)")  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> None:
-    from infercache.engine.config import EngineConfig, default_data_dir
-    from infercache.engine.engine import Engine
+    import torch
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     counts = [int(n) for n in args.streams.split(",")]
+    args.max_batch = max(counts)
     print(
         f"# bench/batching.py: {platform.processor() or platform.machine()}, {os.cpu_count()} "
-        f"cores, torch {torch.__version__}, {args.threads} threads, float32, "
-        f"{args.new_tokens}-token streams, best of {args.rounds} rounds; "
-        f"load average {os.getloadavg()[0]:.1f}"
+        f"cores, torch {torch.__version__}, {args.threads} threads, {args.new_tokens}-token "
+        f"streams, max_batch {args.max_batch}, best of {args.rounds} rounds; load average "
+        f"{os.getloadavg()[0]:.1f}"
     )
-    torch.set_num_threads(args.threads)
-    data_dir = default_data_dir(os.environ)
-    decode_loop = Subprocess("--as-decode-loop", None, args)
-    before = Subprocess("--as-before", args.before_src, args) if args.before_src else None
-    if before is not None:
-        print(f"before batching: the engine imported from {before.source}")
-    config = EngineConfig(
-        data_dir=data_dir, max_batch=max(counts), threads=args.threads, max_context_tokens=1024
-    )
-    rates: dict[int, list[float]] = {n: [] for n in counts}
-    ttfts: dict[int, list[float]] = {n: [] for n in counts}
-    peaks: dict[int, float] = dict.fromkeys(counts, 0.0)
-    base: list[float] = []
-    befores: list[dict[str, Any]] = []
-    with Engine(config) as engine:
-        asyncio.run(wave(engine, 1, -1, 4))  # warm-up: first-touch of weights and kernels
-        print(f"RSS with the engine loaded and warm: {rss_mib('VmRSS'):.0f} MiB")
-        for r in range(args.rounds):  # rounds interleave every variant: drift hits them alike
-            base.append(decode_loop.rate(r)["rate"])
-            if before is not None:
-                befores.append(before.rate(r))
-            for n in counts:
-                reset_peak_rss()
-                streams = asyncio.run(wave(engine, n, r, args.new_tokens))
-                peaks[n] = max(peaks[n], rss_mib("VmHWM"))
-                rates[n].append(decode_rate(streams))
-                ttfts[n] += [(s.first_s - s.started_s) * 1e3 for s in streams]
+    formats = args.weights.split(",")
+    variants = [Variant.start(w, SRC, w, args) for w in formats]
+    if args.baseline_src:
+        variants.append(Variant.start("baseline", args.baseline_src, None, args))
+    try:
+        for r in range(args.rounds):
+            for v in variants:
+                v.run_round(r, counts)
             print(f"round {r + 1}: load average {os.getloadavg()[0]:.1f}", file=sys.stderr)
-        batches = engine.metrics.snapshot()["strategies"]["prefix"]["histograms"]["batch_size"]
-    best = {n: max(v) for n, v in rates.items()}
-    print("\n| streams | decode tok/s (aggregate) | per stream | × 1 stream | TTFT p50 ms | "
-          "TTFT p99 ms | peak RSS MiB |")  # fmt: skip
-    print("|---:|---:|---:|---:|---:|---:|---:|")
-    for n in counts:
-        print(
-            f"| {n} | {best[n]:.1f} | {best[n] / n:.1f} | {best[n] / best[counts[0]]:.2f}× "
-            f"| {statistics.median(ttfts[n]):.0f} | {percentile(ttfts[n], 0.99):.0f} "
-            f"| {peaks[n]:.0f} |"
-        )
-    print(f"\nbatch sizes over all steps: {batches['count']} steps, "
-          f"mean {batches['sum'] / batches['count']:.1f} sequences a step")  # fmt: skip
-    decode_loop.close()
-    print(f"baseline: the model's decode loop alone (subprocess): {max(base):.1f} tok/s")
-    if before is not None:
-        before.close()
-        best_before = max(b["rate"] for b in befores)
-        print(
-            f"baseline: the engine before batching (subprocess), 1 stream: {best_before:.1f} tok/s"
-            f" (tokens a stream: {sorted({b['tokens'] for b in befores})}; TTFT p50 "
-            f"{statistics.median(b['ttft_ms'] for b in befores):.0f} ms)"
-        )
-    print("\n## Targets")
-    if 8 in best and 1 in best:
-        print(f"8 streams / 1 stream = {best[8] / best[1]:.2f}× (target ≥ 4×)")
-    if 1 in best:
-        print(f"1 stream / the model's decode loop alone = {best[1] / max(base):.2f}×")
-        if before is not None:
-            print(f"1 stream / the engine before batching = {best[1] / best_before:.2f}× (≥ 1×)")
-    print(f"load average at the end {os.getloadavg()[0]:.1f}")
+    finally:
+        for v in variants:
+            v.close()
+    chosen = next((w for w in formats if w != "fp32"), None)
+    report(variants, counts, chosen)
+    print(f"\nload average at the end {os.getloadavg()[0]:.1f}")
 
 
 class _Tee(io.StringIO):
@@ -312,20 +336,19 @@ class _Tee(io.StringIO):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--weights", default="fp32,fp16", help="this tree's formats to run")
+    parser.add_argument("--baseline-src", type=Path, help="another tree's src: its engine too")
     parser.add_argument("--streams", default="1,4,8,16")
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
-    parser.add_argument("--before-src", type=Path, help="the pre-batching engine's src folder")
-    parser.add_argument("--as-before", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--as-decode-loop", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--as-engine", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--max-batch", type=int, default=16, help=argparse.SUPPRESS)
+    parser.add_argument("--engine-weights", help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "out" / "batching")
     args = parser.parse_args()
-    if args.as_before:
-        as_before(args)
-        return
-    if args.as_decode_loop:
-        as_decode_loop(args)
+    if args.as_engine:
+        as_engine(args)
         return
     tee = _Tee(sys.stdout)
     with contextlib.redirect_stdout(tee):

@@ -21,7 +21,7 @@ import pytest
 import torch
 from starlette.testclient import TestClient
 
-from infercache.engine.config import EngineConfig, default_data_dir
+from infercache.engine.config import DEFAULT_WEIGHTS, EngineConfig, default_data_dir
 from infercache.engine.engine import Engine
 from infercache.engine.model import LlamaModel
 from infercache.engine.server import create_app
@@ -173,7 +173,19 @@ def smol_checkpoint(smol_resolved: ResolvedModel) -> Checkpoint:
 
 @pytest.fixture(scope="session")
 def smol_model(smol_checkpoint: Checkpoint) -> LlamaModel:
+    """The packaged model in fp32, the reference (compared with transformers)."""
     return LlamaModel(smol_checkpoint.spec, smol_checkpoint.tensors, max_positions=4096)
+
+
+@pytest.fixture(scope="session")
+def smol_served_model(smol_checkpoint: Checkpoint) -> LlamaModel:
+    """The packaged model in the engine's default weight format, as it is served."""
+    return LlamaModel(
+        smol_checkpoint.spec,
+        smol_checkpoint.tensors,
+        max_positions=4096,
+        weights=DEFAULT_WEIGHTS,
+    )
 
 
 @pytest.fixture(scope="session")

@@ -54,8 +54,10 @@ def test_chat_answers_with_model_id_and_version_fingerprint(
             "created": engine.models()[0]["created"],
             "owned_by": "infercache",
             "version": engine.model_version,
+            "weights": "fp16",
         }
     ]
+    assert engine.model_version.endswith("-fp16")  # the default format is part of the identity
 
 
 def test_second_request_sharing_the_system_prompt_reports_cached_tokens(

@@ -83,7 +83,7 @@ def test_folder_version_is_stored_and_refreshed_when_files_change(
     assert first == ResolvedModel(folder.resolve(), "model", version_digest(folder))
     assert len(list((data / "digests").iterdir())) == 1
     shutil.copy(make_tiny_llama(seed=2) / "model.safetensors", folder / "model.safetensors")
-    assert resolve_model(folder, data).version == version_digest(make_tiny_llama(seed=2))
+    assert resolve_model(folder, data).checkpoint_version == version_digest(make_tiny_llama(seed=2))
 
 
 def test_unusable_model_paths_are_config_errors(tmp_path: Path) -> None:
@@ -125,4 +125,5 @@ def test_packaged_model_is_converted_once_with_its_version_stored(
     assert smol_resolved.model_id == "SmolLM2-135M-Instruct"
     assert smol_resolved.directory.parent == smol_data_dir / "models"
     stored = json.loads((smol_resolved.directory / "infercache-version.json").read_text())
-    assert stored["version"] == smol_resolved.version == version_digest(smol_resolved.directory)
+    digest = version_digest(smol_resolved.directory)
+    assert stored["version"] == smol_resolved.checkpoint_version == digest

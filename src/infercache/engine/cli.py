@@ -13,6 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from infercache.engine.config import DEFAULT_WEIGHTS, WEIGHTS_NAMES
 from infercache.errors import ConfigError
 from infercache.extras import require
 from infercache.listen import BoundServer, bind_listener
@@ -61,11 +62,12 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         default=None,
         help="prompt + completion limit in tokens (default: the model's own, 8192 for SmolLM2)",
     )
+    add_weights_option(serve)
     serve.add_argument(
         "--dtype",
         choices=["float32", "bfloat16"],
         default="float32",
-        help="weights and KV precision (default float32)",
+        help="activations and KV (default float32; bfloat16 halves KV bytes)",
     )
     serve.add_argument(
         "--data-dir",
@@ -80,6 +82,24 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         help="uvicorn log level: critical, error, warning, info, debug (default info)",
     )
     serve.set_defaults(handler=_serve)
+
+
+def add_weights_option(parser: argparse.ArgumentParser, *, prefix: str = "") -> None:
+    """`--weights`: the weight format (also on the gateway's `serve`, for its built-in engine)."""
+    parser.add_argument(
+        "--weights",
+        choices=WEIGHTS_NAMES,
+        default=None,
+        help=f"{prefix}weight format of the projections: fp16 (half the bytes a token, float32 "
+        f"activations) or fp32 (the reference); part of the model version (default "
+        f"{DEFAULT_WEIGHTS})",
+    )
+
+
+def ready_line(url: str, model_id: str, weights: str, version: str) -> str:
+    """What `engine serve` prints once it listens (scripts wait on it)."""
+    details = f"model: {model_id}; weights: {weights}; version: {version}"
+    return f"infercache engine ready on {url} ({details})"
 
 
 def _add_batching_options(parser: argparse.ArgumentParser) -> None:
@@ -144,7 +164,14 @@ def _serve(args: argparse.Namespace) -> int:
         "max_context_tokens": args.max_context_tokens,
         "dtype": args.dtype,
     }
-    optional = ("max_kv_bytes", "max_batch", "max_queue", "max_step_tokens", "max_running_kv_bytes")
+    optional = (
+        "max_kv_bytes",
+        "max_batch",
+        "max_queue",
+        "max_step_tokens",
+        "max_running_kv_bytes",
+        "weights",
+    )
     for name in optional:
         if getattr(args, name) is not None:
             overrides[name] = getattr(args, name)
@@ -156,8 +183,17 @@ def _serve(args: argparse.Namespace) -> int:
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, _exit)
     with listener, Engine(config) as engine:
+        url = f"http://{args.host}:{args.port}/v1"
+        line = ready_line(url, engine.model_id, engine.weights, engine.model_version)
+
+        class Server(BoundServer):
+            async def startup(self, sockets: list[Any] | None = None) -> None:
+                await super().startup(sockets=sockets)
+                if self.started:  # listening: say so only now, so scripts can wait on this line
+                    print(line, flush=True)
+
         server_config = uvicorn.Config(
             create_app(engine), host=args.host, port=args.port, log_level=args.log_level
         )
-        BoundServer(server_config).run(sockets=[listener])
+        Server(server_config).run(sockets=[listener])
     return 0

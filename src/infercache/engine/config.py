@@ -14,7 +14,10 @@ Parameters (units in the names):
 - `prefix_cache`: `False` recomputes every prompt (reported as `bypassed` misses).
 - `share_prefix_across_tenants`: `True` lets one tenant reuse another's KV. Off by default: it
   would leak, through time to first token, whether another tenant sent the same prefix.
-- `dtype`: weights, activations and KV (`float32` is the reference; `bfloat16` halves KV bytes).
+- `weights`: the projections' weight format (weight_formats.py): `fp16` (the default: half the
+  bytes a token, float32 activations) or `fp32` (the reference). Part of the model's identity.
+- `dtype`: activations and KV (`float32` is the reference; `bfloat16` halves KV bytes). Part
+  of the model's identity too: the answers differ.
 Continuous batching (scheduler.py):
 - `max_batch`: sequences that run together (one batched forward a step).
 - `max_queue`: requests that may wait for a place; one more is refused with HTTP 429.
@@ -37,6 +40,10 @@ from infercache.errors import ConfigError
 from infercache.settings import default_data_dir
 
 DType = Literal["float32", "bfloat16"]
+WeightsName = Literal["fp32", "fp16"]
+WEIGHTS_NAMES: tuple[WeightsName, ...] = ("fp32", "fp16")
+# Chosen by measurement (bench/README.md, "Weight formats"): passes the quality gate, faster.
+DEFAULT_WEIGHTS: WeightsName = "fp16"
 DEFAULT_MAX_KV_BYTES = 512 * 2**20
 
 
@@ -75,6 +82,7 @@ class EngineConfig:
     prefix_cache: bool = True
     share_prefix_across_tenants: bool = False
     dtype: DType = "float32"
+    weights: WeightsName = DEFAULT_WEIGHTS
     max_batch: int = 16
     max_queue: int = 64
     max_step_tokens: int = 256
@@ -91,6 +99,10 @@ class EngineConfig:
             raise ConfigError(f"threads must be >= 1, got {self.threads}")
         if self.dtype not in ("float32", "bfloat16"):
             raise ConfigError(f"dtype must be float32 or bfloat16, got {self.dtype!r}")
+        if self.weights not in WEIGHTS_NAMES:
+            raise ConfigError(
+                f"weights must be one of {', '.join(WEIGHTS_NAMES)}, got {self.weights!r}"
+            )
         if self.max_running_kv_bytes < 1:
             raise ConfigError(f"max_running_kv_bytes must be >= 1, got {self.max_running_kv_bytes}")
         self.batch_limits(bytes_per_token=1)  # checks the batch settings at start-up

@@ -70,8 +70,8 @@ class Engine:
     dicts. The legacy completions API (a raw prompt, no chat template): `text_completion`,
     `atext_completion`, `text_completion_stream`, `atext_completion_stream`, the same with
     `text_completion` shapes. `model_id`, `model_version` (the `system_fingerprint`),
-    `models()`, `stats()`, `swap_model(path)`. Prefix-cache figures go to `metrics` (strategy
-    `prefix`).
+    `weights` (the weight format), `models()`, `stats()`, `swap_model(path)`. Prefix-cache
+    figures go to `metrics` (strategy `prefix`).
     """
 
     def __init__(
@@ -106,8 +106,14 @@ class Engine:
 
     @property
     def model_version(self) -> str:
-        """A digest of the weights, config and tokenizer (`system_fingerprint` in responses)."""
+        """A digest of the weights, config and tokenizer with the weight format and activation
+        dtype it runs in (weights.py `served_version`; `system_fingerprint` in responses)."""
         return self._worker.loaded.version
+
+    @property
+    def weights(self) -> str:
+        """The weight format the model runs in (weight_formats.py)."""
+        return self._worker.loaded.weights
 
     @property
     def tokenizer(self) -> ChatTokenizer:
@@ -123,6 +129,7 @@ class Engine:
                 "created": loaded.created,
                 "owned_by": "infercache",
                 "version": loaded.version,
+                "weights": loaded.weights,
             }
         ]
 
@@ -236,6 +243,7 @@ class Engine:
             "model": {
                 "id": loaded.model_id,
                 "version": loaded.version,
+                "weights": loaded.weights,
                 "path": str(loaded.directory),
                 "max_context_tokens": loaded.max_context_tokens,
             },
@@ -244,6 +252,7 @@ class Engine:
                 "share_prefix_across_tenants": self.config.share_prefix_across_tenants,
                 "max_kv_bytes": self.config.max_kv_bytes,
                 "dtype": self.config.dtype,
+                "weights": self.config.weights,
                 "max_batch": self.config.max_batch,
                 "max_queue": self.config.max_queue,
                 "max_step_tokens": self.config.max_step_tokens,

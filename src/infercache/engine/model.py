@@ -21,7 +21,9 @@ Grouped-query attention: a single query folds each group's heads into the query 
 RoPE uses the checkpoint's rope parameters (inverse frequencies and attention scaling resolved
 once in `weights.py`, including linear/llama3/yarn scaling); cos/sin tables are precomputed for
 every position up to `max_positions`.
-Weights are the HF tensor names; tied embeddings share one tensor with the LM head.
+Weights are the HF tensor names, read as float32 and held in the model's weight format
+(weight_formats.py: the projections and the LM head in the format's kernels, the embedding
+table in its lookup form); activations, norms and KV are in `dtype`.
 """
 
 from __future__ import annotations
@@ -33,7 +35,8 @@ import torch
 import torch.nn.functional as F
 
 from infercache.engine.kv import KVShape, KVWorkspace
-from infercache.engine.linear import Linear, can_pack
+from infercache.engine.linear import Projection
+from infercache.engine.weight_formats import WeightFormat, weight_format
 from infercache.errors import ConfigError
 
 
@@ -67,25 +70,25 @@ class LlamaSpec:
 @dataclass(frozen=True, slots=True)
 class _Layer:
     input_norm: torch.Tensor
-    qkv: Linear
-    o: Linear
+    qkv: Projection
+    o: Projection
     post_norm: torch.Tensor
-    gate_up: Linear
-    down: Linear
+    gate_up: Projection
+    down: Projection
 
 
 class _Weights:
-    """Fetches HF-named tensors, cast to the compute dtype, with a clear error when absent."""
+    """Fetches HF-named tensors as float32 (the weight format converts them from there), with
+    a clear error when absent."""
 
-    def __init__(self, tensors: Mapping[str, torch.Tensor], dtype: torch.dtype) -> None:
+    def __init__(self, tensors: Mapping[str, torch.Tensor]) -> None:
         self._tensors = tensors
-        self._dtype = dtype
 
     def get(self, name: str) -> torch.Tensor:
         tensor = self._tensors.get(name)
         if tensor is None:
             raise ConfigError(f"checkpoint has no tensor {name!r}")
-        return tensor.to(self._dtype).contiguous()
+        return tensor.float().contiguous()
 
     def cat(self, names: list[str]) -> torch.Tensor:
         return torch.cat([self.get(n) for n in names], dim=0).contiguous()
@@ -95,9 +98,10 @@ class _Weights:
 
 
 def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """HF's `x * cos + rotate_half(x) * sin` on halves: the same float operations."""
+    """HF's `x * cos + rotate_half(x) * sin` (the same float operations), `cos` and `sin`
+    holding each frequency twice: five kernels for the queries and keys of a layer at once."""
     x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
 
 
 class LlamaModel:
@@ -108,29 +112,36 @@ class LlamaModel:
         *,
         dtype: torch.dtype = torch.float32,
         max_positions: int | None = None,
-        packed: bool | None = None,
+        weights: WeightFormat | str = "fp32",
+        packed: bool = True,
     ) -> None:
+        """`weights`: the format (or its name); `packed`: steps will batch several rows (the
+        fp32 format then holds its weights prepacked for that, linear.py)."""
         self.spec = spec
         self.dtype = dtype
-        self.packed = can_pack(dtype) if packed is None else packed
+        self.weights = weight_format(weights) if isinstance(weights, str) else weights
+        self.packed = packed
         self.max_positions = max_positions or spec.max_position_embeddings
         self.kv_shape = KVShape(spec.num_layers, spec.num_kv_heads, spec.head_dim, dtype)
         with torch.inference_mode():
-            w = _Weights(tensors, dtype)
-            self._embed = w.get("model.embed_tokens.weight")
-            head = self._embed if spec.tie_word_embeddings else w.get("lm_head.weight")
-            self._lm_head = Linear(head, None, packed=self.packed)
-            self._final_norm = w.get("model.norm.weight")
+            w = _Weights(tensors)
+            embed = w.get("model.embed_tokens.weight")
+            self._embed = self.weights.embedding(embed)
+            head = embed if spec.tie_word_embeddings else w.get("lm_head.weight")
+            self._lm_head = self.weights.head(head, packed=packed)
+            del embed, head
+            self._final_norm = w.get("model.norm.weight").to(dtype)
             self._layers = [self._load_layer(w, i) for i in range(spec.num_layers)]
             positions = torch.arange(self.max_positions, dtype=torch.float32)
             inv_freq = torch.tensor(spec.rope_inv_freq, dtype=torch.float32)
             freqs = positions[:, None] * inv_freq[None, :]
+            freqs = torch.cat((freqs, freqs), dim=-1)
             scale = spec.rope_attention_scaling
-            # [positions, 1 (heads), head_dim / 2], broadcast over heads.
+            # [positions, 1 (heads), head_dim], broadcast over heads.
             self._cos = (freqs.cos() * scale).to(dtype)[:, None, :]
             self._sin = (freqs.sin() * scale).to(dtype)[:, None, :]
         s = spec
-        self._qkv_sizes = [s.num_heads * s.head_dim, *[s.num_kv_heads * s.head_dim] * 2]
+        self._qk_heads = s.num_heads + s.num_kv_heads
         self._group = s.num_heads // s.num_kv_heads
 
     def _load_layer(self, w: _Weights, i: int) -> _Layer:
@@ -139,17 +150,16 @@ class LlamaModel:
         mlp = [f"{p}mlp.{x}_proj" for x in ("gate", "up")]
         bias, mlp_bias = self.spec.attention_bias, self.spec.mlp_bias
 
-        def linear(names: list[str], has_bias: bool) -> Linear:
+        def linear(names: list[str], has_bias: bool) -> Projection:
             weight = w.cat([f"{n}.weight" for n in names])
-            return Linear(
-                weight, w.bias([f"{n}.bias" for n in names], has_bias), packed=self.packed
-            )
+            b = w.bias([f"{n}.bias" for n in names], has_bias)
+            return self.weights.projection(weight, b, packed=self.packed)
 
         return _Layer(
-            input_norm=w.get(f"{p}input_layernorm.weight"),
+            input_norm=w.get(f"{p}input_layernorm.weight").to(self.dtype),
             qkv=linear(attn, bias),
             o=linear([f"{p}self_attn.o_proj"], bias),
-            post_norm=w.get(f"{p}post_attention_layernorm.weight"),
+            post_norm=w.get(f"{p}post_attention_layernorm.weight").to(self.dtype),
             gate_up=linear(mlp, mlp_bias),
             down=linear([f"{p}mlp.down_proj"], mlp_bias),
         )
@@ -184,7 +194,7 @@ class LlamaModel:
             self._check(seg)
         with torch.inference_mode():
             tokens = segments[0].token_ids if len(segments) == 1 else _cat_ids(segments)
-            x = F.embedding(tokens, self._embed)
+            x = self._embed.lookup(tokens).to(self.dtype)
             rows = _Rows.of(segments, self._cos, self._sin, self.dtype)
             for index, layer in enumerate(self._layers):
                 h = F.rms_norm(x, (x.shape[-1],), layer.input_norm, self.spec.rms_norm_eps)
@@ -221,10 +231,10 @@ class LlamaModel:
         spec = self.spec
         t = h.shape[0]
         qkv = layer.qkv(h)
-        q, k, v = torch.split(qkv, self._qkv_sizes, dim=-1)
-        q = _rope(q.view(t, spec.num_heads, spec.head_dim), rows.cos, rows.sin)
-        k = _rope(k.view(t, spec.num_kv_heads, spec.head_dim), rows.cos, rows.sin)
-        v = v.view(t, spec.num_kv_heads, spec.head_dim)
+        width = self._qk_heads * spec.head_dim
+        qk = _rope(qkv[:, :width].view(t, self._qk_heads, spec.head_dim), rows.cos, rows.sin)
+        q, k = qk[:, : spec.num_heads], qk[:, spec.num_heads :]
+        v = qkv[:, width:].view(t, spec.num_kv_heads, spec.head_dim)
         if len(segments) == 1:
             out = self._attend(segments[0], index, q, k, v, rows.masks[0])
         else:

@@ -7,10 +7,14 @@
   under a temporary name and renamed into place, so two processes converting at once both end
   with one complete folder (the loser of the rename discards its copy).
 - An HF folder (`config.json` + `*.safetensors`) is loaded in place.
-- The model version is `fp_` + 16 hex digits of a sha256 over the config, tokenizer and chat
-  template files and the weights. It is computed once and stored: inside a converted folder, or
-  for a folder loaded by path under `data_dir/digests/`, keyed by the path and revalidated by
-  the files' sizes and mtimes (never by rehashing the weights at each start).
+- The checkpoint version is `fp_` + 16 hex digits of a sha256 over the config, tokenizer and
+  chat template files and the weights. It is computed once and stored: inside a converted
+  folder, or for a folder loaded by path under `data_dir/digests/`, keyed by the path and
+  revalidated by the files' sizes and mtimes (never by rehashing the weights at each start).
+- The served version (`served_version`) is the checkpoint version with the weight format and
+  the activation dtype the engine runs it in, e.g. `fp_0123456789abcdef-fp16`: the model's
+  identity, which every cache keys on (the `system_fingerprint`, the gateway's model version,
+  the KV prefix cache), so answers of one format never serve another.
 - Loading never touches a model hub: every transformers call passes `local_files_only=True`.
 """
 
@@ -52,9 +56,13 @@ _LENGTH_DEPENDENT_ROPE = frozenset({"dynamic", "longrope"})
 
 @dataclass(frozen=True, slots=True)
 class ResolvedModel:
+    """A checkpoint found on disk. `checkpoint_version` is its digest alone: what the engine
+    serves is named by `served_version`, which adds the weight format (no cache may key on
+    the checkpoint's digest alone)."""
+
     directory: Path
     model_id: str
-    version: str
+    checkpoint_version: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,6 +145,13 @@ def publish_directory(target: Path, build: Callable[[Path], None]) -> Path:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+def served_version(checkpoint_version: str, weights: str, dtype: str = "float32") -> str:
+    """The model's identity: the checkpoint's version, its weight format and (when not float32)
+    the activation dtype, e.g. `fp_0123456789abcdef-fp16` or `fp_…-fp32-bfloat16`."""
+    suffix = "" if dtype == "float32" else f"-{dtype}"
+    return f"{checkpoint_version}-{weights}{suffix}"
 
 
 def version_digest(directory: Path) -> str:

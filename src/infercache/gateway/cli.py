@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from infercache.cli_cache import add_store_options, settings_from_args
+from infercache.engine.cli import add_weights_option
 from infercache.errors import ConfigError, InfercacheError
 from infercache.gateway.config import (
     GatewayConfig,
@@ -104,7 +105,7 @@ def _serve(args: argparse.Namespace) -> int:
             prefix_cache=not args.no_prefix_cache,
             **{
                 name: getattr(args, name)
-                for name in ("max_kv_bytes", "max_batch", "max_queue")
+                for name in ("max_kv_bytes", "max_batch", "max_queue", "weights")
                 if getattr(args, name) is not None
             },
         )
@@ -130,7 +131,8 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"infercache serve: semantic {mode}, calibrated on: {on}", flush=True)
     ready_line = (
         f"infercache gateway ready on http://{config.host}:{config.port}/v1 "
-        f"(upstream: {upstream}; store: {store}; semantic: {mode})"
+        f"(upstream: {upstream}; store: {store}; semantic: {mode}"
+        f"{_engine_weights(built.gateway.upstreams)})"
     )
 
     class Server(uvicorn.Server):
@@ -142,6 +144,15 @@ def _serve(args: argparse.Namespace) -> int:
     uvicorn_config = make_config(built.app, host=config.host, port=config.port)
     Server(uvicorn_config).run(sockets=[listener])
     return 0
+
+
+def _engine_weights(upstreams: Any) -> str:
+    """`; weights: fp16 (fp_…-fp16)` for a built-in engine upstream: its weight format and the
+    model version its answers are cached under."""
+    from infercache.gateway.engine_upstream import EngineUpstream
+
+    engines = [u.engine for u in upstreams if isinstance(u, EngineUpstream)]
+    return "".join(f"; weights: {e.weights} ({e.model_version})" for e in engines)
 
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:
@@ -285,3 +296,4 @@ def _engine_options(p: argparse.ArgumentParser) -> None:
         help="built-in engine: requests that may wait for a place; one more is a 429 with "
         "Retry-After, passed to the client and never stored (default 64)",
     )
+    add_weights_option(p, prefix="built-in engine: ")
