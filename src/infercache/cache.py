@@ -5,7 +5,7 @@
       2. policy: a sampled request without a seed → Miss `uncacheable`       (policy.py)
       3. `no-cache` → skip the lookup → Miss `bypass` (its answer refreshes the entry)
       4. exact lookup: key, version view, entry, freshness                 (exact.py)
-         hit → the stored answer, `exact`, with its age
+         hit → the stored answer, `exact`, with its age                 (layer_hits.py)
       5. semantic lookup, when enabled: a near-duplicate in the same exact scope whose answer
          is fresh and passes threshold and guards                        (semantic/layer.py)
          hit → its answer, `semantic`, with age and similarity; maybe verified in background
@@ -43,14 +43,13 @@ import logging
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any
 
-import orjson
-
 from infercache.clock import Clock, SystemClock
 from infercache.completion import Completion, Layer, Response
 from infercache.errors import InvalidRequestError, NotCachedError, StoreError
 from infercache.exact import ExactCache, Lookup
 from infercache.flight import FlightTable
 from infercache.function_source import AsyncFunctionSource, FunctionSource
+from infercache.layer_hits import LayerHits
 from infercache.metrics import Metrics, MissReason
 from infercache.miss import Miss, MissLedger
 from infercache.miss_flight import close_fetched, coalesce, coalesce_sync
@@ -58,18 +57,9 @@ from infercache.request import ChatRequest, Endpoint, parse_request
 from infercache.semantic.embedder import Embedder
 from infercache.semantic.guards import Guard
 from infercache.semantic.index import IndexFactory
-from infercache.semantic.layer import (
-    SemanticConfig,
-    SemanticHit,
-    SemanticLayer,
-)
+from infercache.semantic.layer import SemanticConfig, SemanticLayer
 from infercache.semantic.verify import Verifier
-from infercache.served_answers import (
-    SemanticServing,
-    ServedAnswers,
-    ServedBy,
-    retire_reported,
-)
+from infercache.served_answers import ServedAnswers, retire_reported
 from infercache.settings import Settings
 from infercache.store_guard import StoreIO
 from infercache.stores import Backend, open_store
@@ -131,6 +121,7 @@ class Cache:
             clock=self.clock,
         )
         self.ledger = MissLedger(self.exact, self.metrics, self.served)  # what a close does
+        self.hits = LayerHits(self.exact, self._exact_metrics, self.metrics.prices, self.served)
 
     def enable_semantic(
         self,
@@ -248,7 +239,7 @@ class Cache:
         if lookup.entry is None and follow_label and req.version is None:
             req, lookup = self._under_label(req, lookup)
         if lookup.entry is not None:
-            return self._exact_hit(req, lookup)
+            return self.hits.exact(req, lookup)
         probe = None
         view = lookup.view
         semantic = self.semantic if endpoint in _COMPARED else None
@@ -256,7 +247,7 @@ class Cache:
             hit, probe = semantic.lookup(req, view)
             if hit is not None:
                 self._exact_metrics.miss(lookup.miss_reason or MissReason.ABSENT)
-                return self._semantic_hit(req, lookup, hit, verify)
+                return self.hits.semantic(semantic, req, lookup, hit, verify)
         if cc.only_if_cached:
             self._exact_metrics.miss(lookup.miss_reason or MissReason.ABSENT)
             raise NotCachedError("no fresh cached answer (only-if-cached)")
@@ -275,51 +266,6 @@ class Cache:
     def finish(self, miss: Miss, response: Response, *, upstream_s: float) -> Completion:
         """Close `miss` with `response`, for callers that replay a log (the analyzer)."""
         return close_fetched(miss, response, upstream_s)
-
-    def _semantic_hit(
-        self, req: ChatRequest, lookup: Lookup, hit: SemanticHit, verify: ChatFn | None
-    ) -> Completion:
-        assert self.semantic is not None
-        response: Response = orjson.loads(hit.entry.response)
-        for metrics in (self._exact_metrics, self.semantic.metrics):  # both looked it up
-            metrics.prompt_tokens(hit.entry.prompt_tokens)
-        if verify is not None:
-            self.semantic.verify(hit, req.body, response, verify)
-        keys: tuple[str, ...] = (hit.key,)
-        if self.semantic.config.store_hits_as_exact:
-            self.exact.store(lookup, req, response, upstream_s=hit.entry.upstream_s)
-            keys = (hit.key, lookup.key)
-        serving = SemanticServing(hit.key, hit.score, hit.group)
-        self.served.remember(
-            req.directives.tenant, response.get("id"), ServedBy.SEMANTIC, keys, serving
-        )
-        return Completion(
-            response,
-            Layer.SEMANTIC,
-            age_s=self.exact.age_s(hit.entry),
-            key=hit.key,
-            similarity=hit.similarity,
-        )
-
-    def _exact_hit(self, req: ChatRequest, lookup: Lookup) -> Completion:
-        entry = lookup.entry
-        assert entry is not None
-        self._exact_metrics.hit(
-            prompt_tokens=entry.prompt_tokens,
-            completion_tokens=entry.completion_tokens,
-            upstream_s=entry.upstream_s,
-            money_usd=self.metrics.prices.cost_usd(
-                entry.model, entry.prompt_tokens, entry.completion_tokens
-            ),
-            seen_prompt_tokens=entry.prompt_tokens,
-        )
-        response: Response = orjson.loads(entry.response)
-        self.served.remember(
-            req.directives.tenant, response.get("id"), ServedBy.EXACT, (lookup.key,)
-        )
-        return Completion(
-            response, Layer.EXACT, age_s=self.exact.age_s(entry), key=lookup.key, raw=entry.response
-        )
 
     # -- complaints --
 
