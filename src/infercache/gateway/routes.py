@@ -21,7 +21,8 @@ from infercache.errors import InvalidRequestError, ModelNotFoundError, NotFoundE
 from infercache.gateway.auth import Auth, resolve_tenant
 from infercache.gateway.forwarding import presented_secrets
 from infercache.gateway.health import health
-from infercache.gateway.service import Gateway, JSONReply, StreamReply
+from infercache.gateway.replies import JSONReply, StreamReply
+from infercache.gateway.service import Gateway
 from infercache.gateway.stats import gateway_stats
 from infercache.gateway.upstream import PassThrough
 from infercache.header_controls import apply_header_controls
