@@ -37,13 +37,8 @@ from infercache.gateway.responses_endpoint import responses_endpoint
 from infercache.gateway.rollout import Rollout
 from infercache.gateway.service import Gateway
 from infercache.gateway.tracing import RequestTracer, otlp_tracer
-from infercache.gateway.upstream import (
-    KEYED_KINDS,
-    SALTED_KINDS,
-    EmbeddingsUpstream,
-    HTTPUpstream,
-    Upstream,
-)
+from infercache.gateway.upstream import KEYED_KINDS, SALTED_KINDS, HTTPUpstream
+from infercache.gateway.upstream_protocols import EmbeddingsUpstream, Upstream
 from infercache.gateway.versions import ModelVersionTracker
 from infercache.prompt_cache.breakpoints import BreakpointPolicy
 from infercache.redaction import Redactor, load_or_create_secret

@@ -38,7 +38,7 @@ from infercache.gateway.live_breakers import LiveBreakers
 from infercache.gateway.placement import ANYWHERE, Placement
 from infercache.gateway.prefix_usage import UpstreamPrefixUsage
 from infercache.gateway.router import PrefixRouter
-from infercache.gateway.upstream import Upstream
+from infercache.gateway.upstream_protocols import Upstream
 from infercache.gateway.versions import ModelVersionTracker
 from infercache.miss import Miss
 from infercache.miss_flight import ChunkSink, Fetched

@@ -24,7 +24,7 @@ from infercache.gateway.health import health
 from infercache.gateway.replies import JSONReply, StreamReply
 from infercache.gateway.service import Gateway
 from infercache.gateway.stats import gateway_stats
-from infercache.gateway.upstream import PassThrough
+from infercache.gateway.upstream_protocols import PassThrough
 from infercache.header_controls import apply_header_controls
 from infercache.http_errors import json_object, read_json
 from infercache.metrics import MissReason

@@ -49,7 +49,7 @@ from infercache.gateway.requestlog import LogEntry, RequestLog
 from infercache.gateway.router import PrefixRouter, RouterConfig
 from infercache.gateway.tracing import NoTracer, RequestTracer
 from infercache.gateway.traffic import RequestMetrics
-from infercache.gateway.upstream import EmbeddingsUpstream, Upstream
+from infercache.gateway.upstream_protocols import EmbeddingsUpstream, Upstream
 from infercache.gateway.version_probe import VersionProber
 from infercache.gateway.version_steps import VersionSteps
 from infercache.gateway.versions import ModelVersionTracker

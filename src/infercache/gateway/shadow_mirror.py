@@ -30,7 +30,7 @@ from infercache.clock import Clock
 from infercache.errors import InfercacheError
 from infercache.gateway.requestlog import RequestLog
 from infercache.gateway.router import PrefixRouter
-from infercache.gateway.upstream import Upstream
+from infercache.gateway.upstream_protocols import Upstream
 from infercache.gateway.versions import ModelVersionTracker
 from infercache.semantic.judges import Judge
 

@@ -1,4 +1,5 @@
-"""Where the gateway sends misses: the `Upstream` Protocol and its HTTP implementation.
+"""Where the gateway sends misses over HTTP: `HTTPUpstream`, the Protocols of upstream_protocols.py
+spoken to a server.
 
 `HTTPUpstream` speaks to any OpenAI-compatible server (`infercache engine serve`, vLLM, SGLang,
 llama.cpp, a provider) with one pooled `aiohttp.ClientSession` (chosen over httpx by measuring
@@ -38,8 +39,7 @@ import base64
 import hmac
 import logging
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 import aiohttp
 import orjson
@@ -48,6 +48,7 @@ from infercache.chat import StreamChunk
 from infercache.errors import UpstreamError
 from infercache.gateway.forwarding import forwarded_headers, forwarded_query
 from infercache.gateway.upstream_errors import map_aiohttp_errors, raise_for_status
+from infercache.gateway.upstream_protocols import Forwarded
 from infercache.prompt_cache.cache_key import with_prompt_cache_key
 from infercache.urls import mask_credentials, split_credentials
 
@@ -58,53 +59,6 @@ KEYED_KINDS = ("openai",)  # providers routing by a `prompt_cache_key`
 ANTHROPIC_VERSION = "2023-06-01"
 
 
-class Upstream(Protocol):
-    name: str
-    # True when the upstream records the `prefix` strategy in our Metrics itself (the
-    # in-process engine); otherwise the gateway counts it from `usage.cached_tokens`.
-    records_prefix_metrics: bool
-
-    async def complete(
-        self, body: dict[str, Any], *, tenant: str, api_key: str | None
-    ) -> dict[str, Any]: ...
-
-    def stream(
-        self, body: dict[str, Any], *, tenant: str, api_key: str | None
-    ) -> AsyncIterator[StreamChunk]:
-        """`chat.completion.chunk`s; raises UpstreamError before the first one on refusal."""
-        ...
-
-    async def models(self) -> list[dict[str, Any]]: ...
-
-    async def aclose(self) -> None: ...
-
-
-@runtime_checkable
-class TextCompletions(Protocol):
-    """An upstream that also serves the legacy `/v1/completions` (prompt → text)."""
-
-    async def complete_text(
-        self, body: dict[str, Any], *, tenant: str, api_key: str | None
-    ) -> dict[str, Any]: ...
-
-    def stream_text(
-        self, body: dict[str, Any], *, tenant: str, api_key: str | None
-    ) -> AsyncIterator[StreamChunk]: ...
-
-
-class EmbeddingsUpstream(Protocol):
-    """Where the gateway's `/v1/embeddings` misses go: an HTTP upstream, or the packaged
-    embedder in process (local_embeddings.py)."""
-
-    name: str
-
-    async def embeddings(
-        self, body: dict[str, Any], *, tenant: str, api_key: str | None
-    ) -> dict[str, Any]:
-        """An OpenAI `/v1/embeddings` answer for `body`."""
-        ...
-
-
 # Hop-by-hop headers (RFC 9110 §7.6.1) and what the gateway sets itself.
 _HOP_BY_HOP = {
     "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
@@ -112,64 +66,6 @@ _HOP_BY_HOP = {
 }  # fmt: skip
 _NOT_FORWARDED_BACK = _HOP_BY_HOP | {"content-length", "server", "date"}
 _CREDENTIALS = ("authorization", "x-api-key")  # where an upstream's own key goes
-
-
-@dataclass(frozen=True, slots=True)
-class Forwarded:
-    """An upstream's answer to a passed-through request, its body still streaming."""
-
-    status: int
-    headers: list[tuple[str, str]]
-    body: AsyncIterator[bytes]
-
-
-@runtime_checkable
-class PassThrough(Protocol):
-    """An upstream that can take any request as is (an HTTP server; not the in-process engine)."""
-
-    name: str
-
-    async def forward(
-        self,
-        method: str,
-        path: str,
-        *,
-        query: str,
-        headers: Mapping[str, str],
-        body: AsyncIterator[bytes],
-        bearer: str | None,
-        secrets: Sequence[str],
-    ) -> Forwarded:
-        """`headers` and `query` as the client sent them: the upstream keeps only what
-        forwarding.py allows and no value holding one of `secrets`."""
-
-
-@runtime_checkable
-class ProviderAPI(Protocol):
-    """An HTTP upstream that can carry any API's call (HTTPUpstream): how the Messages and
-    Responses adapters reach a provider natively (`kind`: anthropic, openai, ...)."""
-
-    kind: str
-
-    async def post_json(
-        self,
-        path: str,
-        body: dict[str, Any],
-        *,
-        tenant: str,
-        api_key: str | None,
-        headers: Mapping[str, str] | None = None,
-    ) -> dict[str, Any]: ...
-
-    def post_events(
-        self,
-        path: str,
-        body: dict[str, Any],
-        *,
-        tenant: str,
-        api_key: str | None,
-        headers: Mapping[str, str] | None = None,
-    ) -> AsyncIterator[StreamChunk]: ...
 
 
 def cache_salt(secret: bytes, tenant: str, version: str | None = None) -> str:

@@ -40,7 +40,7 @@ from infercache.stores.base import ThreadResources
 
 if TYPE_CHECKING:
     from infercache.gateway.service import Gateway
-    from infercache.gateway.upstream import Upstream
+    from infercache.gateway.upstream_protocols import Upstream
 
 log = logging.getLogger(__name__)
 

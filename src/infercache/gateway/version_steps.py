@@ -25,7 +25,7 @@ from infercache.gateway.requestlog import RequestLog
 from infercache.gateway.rollout_control import RolloutControl
 from infercache.gateway.router import PrefixRouter
 from infercache.gateway.shadow_mirror import ShadowMirror
-from infercache.gateway.upstream import Upstream
+from infercache.gateway.upstream_protocols import Upstream
 from infercache.gateway.versions import ModelVersionTracker
 from infercache.metrics import MissReason
 from infercache.miss import Miss
