@@ -102,3 +102,13 @@ def test_minimums_and_the_write_premium() -> None:
     assert abs(prices.write_premium_usd("c", 1_000_000) - 0.75) < 1e-9
     assert abs(prices.prefix_savings_usd("c", 1_000_000) - 2.7) < 1e-9
     assert prices.write_premium_usd("unknown", 1000) == 0.0
+
+
+def test_a_derived_prompt_cache_key_is_another_for_each_model_version() -> None:
+    from infercache.prompt_cache.cache_key import derived_key
+
+    body = {"messages": [{"role": "system", "content": "You are terse."}]}
+    unversioned = derived_key(b"secret", "t", body)
+    v1, v2 = (derived_key(b"secret", "t", body, v) for v in ("v1", "v2"))
+    assert len({unversioned, v1, v2}) == 3
+    assert derived_key(b"secret", "t", body, "v1") == v1

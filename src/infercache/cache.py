@@ -5,11 +5,15 @@
       2. policy: a sampled request without a seed → Miss `uncacheable`       (policy.py)
       3. `no-cache` → skip the lookup → Miss `bypass` (its answer refreshes the entry)
       4. exact lookup: key, version view, entry, freshness                 (exact.py)
-         hit → the stored answer, `exact`, with its age
+         hit → the stored answer, `exact`, with its age                 (layer_hits.py)
       5. semantic lookup, when enabled: a near-duplicate in the same exact scope whose answer
          is fresh and passes threshold and guards                        (semantic/layer.py)
          hit → its answer, `semantic`, with age and similarity; maybe verified in background
       6. `only-if-cached` and no hit → NotCachedError
+    `version` (a routed replica's, or the caller's): several versions of one model live at
+    once, each request looked up under the one that answers it (keys.py, versions.py); a
+    retired version's entries are not served. `cached=False`: the version it goes to is not
+    known right now (its replica is being read again): no layer is asked, nothing is stored.
     A `Miss` (miss.py) is a lease the one miss protocol (miss_flight.py) closes exactly once:
       fetched:  count it; store it only if complete and not `no-store` (and index it for the
                 semantic layer)                                       (miss.py, MissLedger)
@@ -39,14 +43,13 @@ import logging
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any
 
-import orjson
-
 from infercache.clock import Clock, SystemClock
 from infercache.completion import Completion, Layer, Response
 from infercache.errors import InvalidRequestError, NotCachedError, StoreError
 from infercache.exact import ExactCache, Lookup
 from infercache.flight import FlightTable
 from infercache.function_source import AsyncFunctionSource, FunctionSource
+from infercache.layer_hits import LayerHits
 from infercache.metrics import Metrics, MissReason
 from infercache.miss import Miss, MissLedger
 from infercache.miss_flight import close_fetched, coalesce, coalesce_sync
@@ -54,18 +57,9 @@ from infercache.request import ChatRequest, Endpoint, parse_request
 from infercache.semantic.embedder import Embedder
 from infercache.semantic.guards import Guard
 from infercache.semantic.index import IndexFactory
-from infercache.semantic.layer import (
-    SemanticConfig,
-    SemanticHit,
-    SemanticLayer,
-)
+from infercache.semantic.layer import SemanticConfig, SemanticLayer
 from infercache.semantic.verify import Verifier
-from infercache.served_answers import (
-    SemanticServing,
-    ServedAnswers,
-    ServedBy,
-    retire_reported,
-)
+from infercache.served_answers import ServedAnswers, retire_reported
 from infercache.settings import Settings
 from infercache.store_guard import StoreIO
 from infercache.stores import Backend, open_store
@@ -127,6 +121,7 @@ class Cache:
             clock=self.clock,
         )
         self.ledger = MissLedger(self.exact, self.metrics, self.served)  # what a close does
+        self.hits = LayerHits(self.exact, self._exact_metrics, self.metrics.prices, self.served)
 
     def enable_semantic(
         self,
@@ -161,13 +156,19 @@ class Cache:
 
     # -- the request path, for library callers --
 
-    def complete(self, request: dict[str, Any], upstream: ChatFn) -> Completion:
-        outcome = self.begin(request, verify=upstream)
+    def complete(
+        self, request: dict[str, Any], upstream: ChatFn, *, version: str | None = None
+    ) -> Completion:
+        """`request` answered from the cache or by `upstream`; `version`: the model version
+        `upstream` serves, when several are live (module docstring)."""
+        outcome = self.begin(request, verify=upstream, version=version)
         if isinstance(outcome, Completion):
             return outcome
         return coalesce_sync(outcome, self.flights, FunctionSource(upstream), self.clock).wait()
 
-    async def acomplete(self, request: dict[str, Any], upstream: AsyncChatFn) -> Completion:
+    async def acomplete(
+        self, request: dict[str, Any], upstream: AsyncChatFn, *, version: str | None = None
+    ) -> Completion:
         """`complete` for asyncio: the same layers, live verification included (its fetch runs
         `upstream` on this loop from the verifier's thread), with the store and the embedder
         kept off the event loop."""
@@ -179,7 +180,7 @@ class Cache:
         def verify(body: dict[str, Any]) -> Response:
             return asyncio.run_coroutine_threadsafe(call(body), loop).result()
 
-        outcome = await self.store_io.read(self.begin, request, verify=verify)
+        outcome = await self.store_io.read(self.begin, request, verify=verify, version=version)
         if isinstance(outcome, Completion):
             return outcome
         source = AsyncFunctionSource(upstream)
@@ -196,6 +197,9 @@ class Cache:
         verify: ChatFn | None = None,
         endpoint: Endpoint = Endpoint.CHAT,
         beta: str | None = None,
+        version: str | None = None,
+        cached: bool = True,
+        follow_label: bool = False,
     ) -> Completion | Miss:
         """Parse, apply the policy, look the request up in each layer, top-down.
 
@@ -203,8 +207,12 @@ class Cache:
         (an authenticated caller), overrides any tenant claimed in the body. `verify`: how to
         fetch a fresh answer when live verification samples a semantic hit (run in the
         background, never on this call's path). `beta`: a Messages client's `anthropic-beta`.
+        `version`, `cached`: the module docstring. `follow_label` (an unversioned request whose
+        caller does not know the version that answers it: a gateway that has not heard from the
+        replica yet): on an exact miss, look it up again under the version the store names the
+        model's (`_under_label`).
         """
-        req = parse_request(body, tenant=tenant, endpoint=endpoint, beta=beta)
+        req = parse_request(body, tenant=tenant, endpoint=endpoint, beta=beta, version=version)
         cc = req.directives.cache_control
         if cc.no_cache and cc.only_if_cached:
             raise InvalidRequestError(
@@ -217,73 +225,47 @@ class Cache:
             if cc.only_if_cached:
                 raise NotCachedError(f"request is not cacheable: {why_not}")
             return Miss(self.ledger, req, Layer.UNCACHEABLE, None)
+        if not cached:
+            if cc.only_if_cached:
+                raise NotCachedError("the model version this request goes to is not known now")
+            self._exact_metrics.miss(MissReason.VERSION_UNKNOWN)
+            return Miss(self.ledger, req, Layer.MISS, None)
         if cc.no_cache:
             # Read first: a read that gives way (StoreWouldBlockError) is retried, counted once.
             refresh = self.exact.lookup(req, read_entry=False)
             self._exact_metrics.miss(MissReason.BYPASSED)
             return Miss(self.ledger, req, Layer.BYPASS, refresh)
         lookup = self.exact.lookup(req)
+        if lookup.entry is None and follow_label and req.version is None:
+            req, lookup = self._under_label(req, lookup)
         if lookup.entry is not None:
-            return self._exact_hit(req, lookup)
+            return self.hits.exact(req, lookup)
         probe = None
-        if self.semantic is not None and lookup.view is not None and endpoint in _COMPARED:
-            hit, probe = self.semantic.lookup(req, lookup.view)
+        view = lookup.view
+        semantic = self.semantic if endpoint in _COMPARED else None
+        if semantic is not None and view is not None and not view.retired:
+            hit, probe = semantic.lookup(req, view)
             if hit is not None:
                 self._exact_metrics.miss(lookup.miss_reason or MissReason.ABSENT)
-                return self._semantic_hit(req, lookup, hit, verify)
+                return self.hits.semantic(semantic, req, lookup, hit, verify)
         if cc.only_if_cached:
             self._exact_metrics.miss(lookup.miss_reason or MissReason.ABSENT)
             raise NotCachedError("no fresh cached answer (only-if-cached)")
         return Miss(self.ledger, req, Layer.MISS, lookup, probe)
 
+    def _under_label(self, req: ChatRequest, lookup: Lookup) -> tuple[ChatRequest, Lookup]:
+        """`req` under the version the store names its model's (`Versions.relabel`: what every
+        replica serves, as another process saw it), when it names one; else as it was."""
+        view = lookup.view
+        label = view.model_version.partition(":")[2] if view is not None else ""
+        if not label:
+            return req, lookup
+        scoped = req._replace(version=label)
+        return scoped, self.exact.lookup(scoped)
+
     def finish(self, miss: Miss, response: Response, *, upstream_s: float) -> Completion:
         """Close `miss` with `response`, for callers that replay a log (the analyzer)."""
         return close_fetched(miss, response, upstream_s)
-
-    def _semantic_hit(
-        self, req: ChatRequest, lookup: Lookup, hit: SemanticHit, verify: ChatFn | None
-    ) -> Completion:
-        assert self.semantic is not None
-        response: Response = orjson.loads(hit.entry.response)
-        for metrics in (self._exact_metrics, self.semantic.metrics):  # both looked it up
-            metrics.prompt_tokens(hit.entry.prompt_tokens)
-        if verify is not None:
-            self.semantic.verify(hit, req.body, response, verify)
-        keys: tuple[str, ...] = (hit.key,)
-        if self.semantic.config.store_hits_as_exact:
-            self.exact.store(lookup, req, response, upstream_s=hit.entry.upstream_s)
-            keys = (hit.key, lookup.key)
-        serving = SemanticServing(hit.key, hit.score, hit.group)
-        self.served.remember(
-            req.directives.tenant, response.get("id"), ServedBy.SEMANTIC, keys, serving
-        )
-        return Completion(
-            response,
-            Layer.SEMANTIC,
-            age_s=self.exact.age_s(hit.entry),
-            key=hit.key,
-            similarity=hit.similarity,
-        )
-
-    def _exact_hit(self, req: ChatRequest, lookup: Lookup) -> Completion:
-        entry = lookup.entry
-        assert entry is not None
-        self._exact_metrics.hit(
-            prompt_tokens=entry.prompt_tokens,
-            completion_tokens=entry.completion_tokens,
-            upstream_s=entry.upstream_s,
-            money_usd=self.metrics.prices.cost_usd(
-                entry.model, entry.prompt_tokens, entry.completion_tokens
-            ),
-            seen_prompt_tokens=entry.prompt_tokens,
-        )
-        response: Response = orjson.loads(entry.response)
-        self.served.remember(
-            req.directives.tenant, response.get("id"), ServedBy.EXACT, (lookup.key,)
-        )
-        return Completion(
-            response, Layer.EXACT, age_s=self.exact.age_s(entry), key=lookup.key, raw=entry.response
-        )
 
     # -- complaints --
 
@@ -319,6 +301,20 @@ class Cache:
 
     def model_version(self, model: str) -> str | None:
         return self.exact.versions.model_version(model)
+
+    def retire_version(self, model: str, version: str) -> bool:
+        """Stop serving the entries of one of several live versions of `model`, at once (O(1),
+        for every process on the store); they are kept: `revive_version` serves those still
+        fresh again (a rollback). True if it was live."""
+        retired = self.exact.versions.retire_version(model, version)
+        if retired:
+            self._exact_metrics.count("versions_retired")
+        return retired
+
+    def revive_version(self, model: str, version: str) -> bool:
+        """Serve a retired version's entries again, those still within their TTL; True if it
+        was retired."""
+        return self.exact.versions.revive_version(model, version)
 
     def invalidate(self, tags: str | Iterable[str]) -> int:
         """Make every entry depending on `tags` (one tag, or an iterable of tags) unreachable;

@@ -7,8 +7,15 @@ tag it depends on still at the generation it recorded, and no older than the req
 max-age). A stale entry found on read is deleted (lazy reclamation) and the miss is attributed
 to its reason.
 
+A request looked up under a retired version (versions.py) is a `retired_version` miss: its
+entry is neither served nor deleted (a rollback revives it).
+
 Store: a complete response (policy.unstorable_reason) is written with the view seen *at lookup*,
-so an answer generated across a model swap or an invalidation is never served.
+so an answer generated across a model swap or an invalidation is never served. An entry belongs
+to the version that produced it: an answer of another version than the request was looked up
+under (a retried call that another replica answered, a replica whose version its answer just
+revealed) is stored under that version's key and token (`version=`), read once; never under a
+retired version.
 
 Failure: a `StoreError` on lookup is a `store_error` miss; on store it is counted and logged.
 Neither reaches the caller. This class records store errors and lookup overhead; the caller
@@ -31,9 +38,23 @@ from infercache.metrics import MissReason, StrategyMetrics
 from infercache.policy import CachePolicy, unstorable_reason, usage_tokens
 from infercache.request import ChatRequest
 from infercache.stores.base import Backend, Entry
-from infercache.versions import Versions, VersionView, meta_names, view_from
+from infercache.versions import Versions, VersionView, generation_of, meta_names, view_from
 
 log = logging.getLogger(__name__)
+
+
+class _Same:
+    """`ExactCache.store`'s default `version`: the one the request was looked up under."""
+
+
+SAME = _Same()
+
+
+class Stored(NamedTuple):
+    """Where an answer was stored: its key and the view it was stored under."""
+
+    key: str
+    view: VersionView
 
 
 class Lookup(NamedTuple):  # a NamedTuple, not a frozen dataclass: built on every request
@@ -71,13 +92,14 @@ class ExactCache:
         """Find a fresh entry. With `read_entry=False` only the view is read (a refresh)."""
         started = self._clock.monotonic_s()
         key = self.key(request)
-        tags = request.directives.tags
+        tags, version = request.directives.tags, request.version
         try:
             if read_entry:
-                entry, meta = self.backend.get_with_meta(key, meta_names(request.model, tags))
-                view = view_from(meta, request.model, tags)
+                names = meta_names(request.model, tags, version)
+                entry, meta = self.backend.get_with_meta(key, names)
+                view = view_from(meta, request.model, tags, version)
             else:
-                entry, view = None, self.versions.view(request.model, tags)
+                entry, view = None, self.versions.view(request.model, tags, version)
         except StoreError as exc:
             self.store_failed("lookup", exc)
             self._metrics.overhead(self._clock.monotonic_s() - started)
@@ -85,6 +107,8 @@ class ExactCache:
             why = MissReason.STORE_UNAVAILABLE if unavailable else MissReason.STORE_ERROR
             return Lookup(key, None, None, why)
         reason: MissReason | None = MissReason.ABSENT
+        if view.retired:  # kept for a rollback: neither served nor deleted
+            entry, reason = None, MissReason.RETIRED_VERSION
         if entry is not None:
             now_s = self._clock.now_s()
             reason = stale_reason(entry, view, now_s)
@@ -123,15 +147,17 @@ class ExactCache:
         *,
         upstream_s: float,
         produced_by: str | None = None,
-    ) -> VersionView | None:
-        """Store `response` for `request` if it is complete; the view it was stored under
-        (None: not stored).
+        version: str | _Same | None = SAME,
+    ) -> Stored | None:
+        """Store `response` for `request` if it is complete; where it was stored (None: not
+        stored).
 
-        `produced_by`: the model version that generated the answer, when the upstream says
-        (its system_fingerprint). The entry is recorded under the token the lookup saw when
-        that is the version that produced it; else under the current token if the producer is
-        current now (the swap was recorded meanwhile); else not at all. Without it, under the
-        token the lookup saw.
+        `version`: the model version that produced the answer, when it is not the one the
+        request was looked up under (the module docstring). `produced_by` (unversioned
+        requests): the version label the upstream reports (its system_fingerprint); the entry is
+        recorded under the token the lookup saw when that is the version that produced it; else
+        under the current token if the producer is current now (the swap was recorded
+        meanwhile); else not at all. Without either, under what the lookup saw.
         """
         if lookup.view is None:
             return None
@@ -141,41 +167,75 @@ class ExactCache:
             log.debug("not storing %s: %s", lookup.key, why_not)
             return None
         started = self._clock.monotonic_s()
-        model_version = lookup.view.model_version
-        # Produced by the version the lookup saw: store under that token (a swap meanwhile
-        # leaves it unreachable). Produced by another: only if that one is current now.
-        if produced_by is not None and model_version.partition(":")[2] != produced_by:
-            try:
-                current = self.versions.view(request.model, ()).model_version
-            except StoreError as exc:
-                self.store_failed("store", exc)
-                return None
-            if current.partition(":")[2] != produced_by:
+        try:
+            where = self._where(lookup, lookup.view, request, produced_by, version)
+            if where is None:
                 self._metrics.count("not_stored")
                 return None
-            model_version = current
-        now_s = self._clock.now_s()
-        prompt_tokens, completion_tokens = usage_tokens(response)
-        entry = Entry(
-            response=orjson.dumps(response),
-            model=request.model,
-            model_version=model_version,
-            tags=lookup.view.tags,
-            created_at_s=now_s,
-            expires_at_s=now_s + self._policy.ttl_s(request),
-            upstream_s=upstream_s,
-            prompt_tokens=prompt_tokens,
-            completion_tokens=completion_tokens,
-        )
-        try:
-            self.backend.put(lookup.key, entry)
+            self.backend.put(where.key, self._entry(request, response, where.view, upstream_s))
         except StoreError as exc:
             self.store_failed("store", exc)
             return None
         finally:
             self._metrics.overhead(self._clock.monotonic_s() - started)
         self._metrics.count("stored")
-        return VersionView(model_version, lookup.view.tags)
+        return where
+
+    def _where(
+        self,
+        lookup: Lookup,
+        view: VersionView,
+        request: ChatRequest,
+        produced_by: str | None,
+        version: str | _Same | None,
+    ) -> Stored | None:
+        """The key and view an answer is stored under (None: nowhere). Raises StoreError."""
+        if not isinstance(version, _Same) and version != request.version:
+            return self._rescoped(view, request, version)
+        if view.retired:
+            return None
+        if produced_by is None or request.version is not None:
+            return Stored(lookup.key, view)
+        # Produced by the version the lookup saw: store under that token (a swap meanwhile
+        # leaves it unreachable). Produced by another: only if that one is current now.
+        if view.model_version.partition(":")[2] == produced_by:
+            return Stored(lookup.key, view)
+        current = self.versions.view(request.model, ()).model_version
+        if current.partition(":")[2] != produced_by:
+            return None
+        return Stored(lookup.key, VersionView(current, view.tags))
+
+    def _rescoped(
+        self, view: VersionView, request: ChatRequest, version: str | None
+    ) -> Stored | None:
+        """Under `version`'s key: its token read now, the lookup's model generation and tag
+        generations kept (a swap or an invalidation since the lookup leaves it unreachable)."""
+        scoped = request._replace(version=version)
+        now = self.versions.view(request.model, (), version)
+        if now.retired or generation_of(now.model_version) != generation_of(view.model_version):
+            return None
+        return Stored(self.key(scoped), VersionView(now.model_version, view.tags))
+
+    def _entry(
+        self,
+        request: ChatRequest,
+        response: Mapping[str, Any],
+        view: VersionView,
+        upstream_s: float,
+    ) -> Entry:
+        now_s = self._clock.now_s()
+        prompt_tokens, completion_tokens = usage_tokens(response)
+        return Entry(
+            response=orjson.dumps(response),
+            model=request.model,
+            model_version=view.model_version,
+            tags=view.tags,
+            created_at_s=now_s,
+            expires_at_s=now_s + self._policy.ttl_s(request),
+            upstream_s=upstream_s,
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+        )
 
     def age_s(self, entry: Entry) -> float:
         return max(0.0, self._clock.now_s() - entry.created_at_s)

@@ -30,10 +30,13 @@ breakpoint, the `anthropic-beta` header folded in; responses/request.py: no `sto
 every endpoint. Every endpoint but chat adds its name to the payload, so two APIs whose bodies
 happen to be byte-identical never share an entry (their answers differ in shape).
 
-The model *version* is deliberately not hashed in: the entry records the version (and its
-generation) current when the request was looked up, and every read compares it with the current
-one (see versions.py). A model swap is therefore one O(1) write, stale reads are counted as
-`stale_model_version`, and the new version's answer overwrites the stale entry in place.
+The model's *current* version is deliberately not hashed in: the entry records the version (and
+its generation) current when the request was looked up, and every read compares it with the
+current one (see versions.py). A model swap is therefore one O(1) write, stale reads are
+counted as `stale_model_version`, and the new version's answer overwrites the stale entry in
+place. A request answered by one of several live versions (`ChatRequest.version`: the gateway
+routed it to a replica serving that version, or the library's caller named it) has it in its
+key: two versions' answers to one request live side by side, and neither overwrites the other.
 """
 
 from __future__ import annotations
@@ -143,4 +146,6 @@ def exact_key(request: ChatRequest, ignorable: frozenset[str] = IGNORABLE_FIELDS
     }
     if request.endpoint is not Endpoint.CHAT:  # chat keys stay what they were
         payload["endpoint"] = request.endpoint.value
+    if request.version is not None:  # unversioned keys stay what they were
+        payload["version"] = request.version
     return KEY_PREFIX + hashlib.sha256(canonical_json(payload)).hexdigest()

@@ -40,6 +40,8 @@ class MissReason(StrEnum):
     ABSENT = "absent"
     EXPIRED = "expired"
     STALE_MODEL_VERSION = "stale_model_version"
+    RETIRED_VERSION = "retired_version"  # the version it would be sent to is retired
+    VERSION_UNKNOWN = "version_unknown"  # its replica's version is being read again
     INVALIDATED_TAG = "invalidated_tag"
     BYPASSED = "bypassed"
     UNCACHEABLE = "uncacheable"

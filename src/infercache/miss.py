@@ -4,7 +4,8 @@ cache.begin(body) → Miss(request, layer, lookup, probe)               (cache.p
 closed by the one miss protocol (miss_flight.py) and nothing else:
   close(response, upstream_s)               fetched: counted; stored only if complete and
                                             not `no-store` (and indexed for the semantic
-                                            layer)
+                                            layer), under the version that produced it
+                                            (`version`, which the source may set first)
   close(None)                               no answer (the upstream failed, the stream was
                                             cut, every reader left): counted, nothing stored
   close_shared(leader | None)               an identical request in flight fetched it: a
@@ -44,12 +45,14 @@ class MissLedger:
         lookup, req = miss.lookup, miss.request
         if miss.layer is Layer.MISS and lookup is not None:
             self._metrics.miss(lookup.miss_reason or MissReason.ABSENT)
-        if lookup is not None and not req.directives.cache_control.no_store:
-            stored_under = self.exact.store(lookup, req, response, upstream_s=upstream_s)
-            if stored_under is not None and self.semantic is not None:
-                self.semantic.store(req, stored_under, lookup.key, miss.probe)
-            if stored_under is not None:
-                keys = (lookup.key,)
+        if lookup is not None and miss.storable and not req.directives.cache_control.no_store:
+            stored = self.exact.store(
+                lookup, req, response, upstream_s=upstream_s, version=miss.version
+            )
+            if stored is not None and self.semantic is not None:
+                self.semantic.store(req, stored.view, stored.key, miss.probe)
+            if stored is not None:
+                keys = (stored.key,)
                 self._served.remember(
                     req.directives.tenant, response.get("id"), ServedBy.FETCHED, keys
                 )
@@ -86,7 +89,10 @@ class Miss:
     """A request no cache layer answered: a lease on its lookup that its owner closes exactly
     once (module docstring). It is a `miss_flight.MissLease`."""
 
-    __slots__ = ("_closed", "_ledger", "_lock", "layer", "lookup", "probe", "request")
+    __slots__ = (
+        "_closed", "_ledger", "_lock", "layer", "lookup", "probe", "request", "storable",
+        "version",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -100,6 +106,10 @@ class Miss:
         self.layer = layer  # MISS, BYPASS or UNCACHEABLE
         self.lookup = lookup  # None when the request is not cacheable
         self.probe = probe  # the semantic lookup's embedding, reused to index the answer
+        # The model version that produced the answer (its source may say, before the close:
+        # the gateway's replica), and whether its version is known well enough to store it.
+        self.version = request.version
+        self.storable = True
         self._ledger = ledger
         self._lock = threading.Lock()
         self._closed = False

@@ -103,6 +103,9 @@ class ChatRequest(NamedTuple):  # a NamedTuple, not a frozen dataclass: built on
     # The client's `anthropic-beta` header (Messages): a beta can change the answer, so it is
     # keyed (anthropic/request.py key_body), and it goes upstream with the request.
     beta: str | None = None
+    # The model version it is answered by (None: the model's one, unversioned): never from the
+    # body; the gateway's routing or the library's caller says (versions.py).
+    version: str | None = None
 
     @property
     def model(self) -> str:
@@ -267,19 +270,21 @@ def parse_request(
     tenant: str | None = None,
     endpoint: Endpoint = Endpoint.CHAT,
     beta: str | None = None,
+    version: str | None = None,
 ) -> ChatRequest:
     """Validate a body of `endpoint`'s API (chat, legacy completions, Anthropic Messages,
     OpenAI Responses) and split off its `infercache` directives.
 
     `tenant`, when given (the gateway's authenticated tenant), overrides the body's claim.
     `beta`: the client's `anthropic-beta` header, for Messages.
+    `version`: the model version that answers it (None: unversioned).
     """
     if not isinstance(body, dict):
         raise InvalidRequestError(f"the request body must be a JSON object, got {_json_kind(body)}")
     _validate_body(body, endpoint)
     directives = parse_directives(body.get(DIRECTIVES_FIELD), tenant)
     upstream_body = {k: v for k, v in body.items() if k != DIRECTIVES_FIELD}
-    return ChatRequest(upstream_body, directives, endpoint, beta or None)
+    return ChatRequest(upstream_body, directives, endpoint, beta or None, version)
 
 
 def _json_kind(value: object) -> str:

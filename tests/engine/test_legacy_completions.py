@@ -21,7 +21,7 @@ from infercache.engine.sequence import GenerationResult
 from infercache.engine.server import create_app
 from infercache.errors import InvalidRequestError, OverloadedError
 from infercache.gateway.engine_upstream import EngineUpstream
-from infercache.gateway.upstream import TextCompletions
+from infercache.gateway.upstream_protocols import TextCompletions
 from tests.harness.engine_requests import request_stats
 from tests.harness.servers import serve
 

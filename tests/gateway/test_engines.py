@@ -3,6 +3,7 @@ the gateway sets itself (a client's never reaches them)."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -22,7 +23,8 @@ def post(running: Running, key: str, payload: dict[str, Any]) -> None:
 def test_each_tenant_gets_its_own_stable_cache_salt_and_a_clients_never_passes(
     make_gateway: MakeGateway, fake: tuple[Any, str], kind: str
 ) -> None:
-    _, url = fake
+    upstream, url = fake
+    upstream.models_version = "weights-1"  # read before the first request, as vLLM's would be
     running = make_gateway(api_keys=KEYS, upstreams=(UpstreamSpec.parse(f"{url}/v1,kind={kind}"),))
     post(running, "sk-a", body("one", cache_salt="chosen-by-the-client"))
     post(running, "sk-a", body("two", stream=True))
@@ -32,6 +34,13 @@ def test_each_tenant_gets_its_own_stable_cache_salt_and_a_clients_never_passes(
     assert all(isinstance(s, str) and len(s) >= 16 for s in salts)
     assert salts[0] == salts[1] != salts[2] == salts[3]
     assert "chosen-by-the-client" not in salts
+    # A new version on the replica: another salt, so no KV of the old weights is reused.
+    upstream.models_version = "weights-2"
+    prober = running.built.gateway.prober
+    assert prober is not None
+    asyncio.run_coroutine_threadsafe(prober.round(), running.built.app.state.loop).result(30)
+    post(running, "sk-a", body("four"))
+    assert running.fake.bodies[-1]["cache_salt"] not in salts
 
 
 def test_an_openai_kind_upstream_gets_no_cache_salt(make_gateway: MakeGateway) -> None:

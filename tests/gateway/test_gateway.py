@@ -235,13 +235,13 @@ def test_admin_invalidate_and_model_version(make_gateway: MakeGateway) -> None:
 
 
 def test_a_version_in_v1_models_is_picked_up_by_polling(make_gateway: MakeGateway) -> None:
-    from infercache.gateway.app import poll_versions
-
     running = make_gateway(use_fingerprints=False)
     post(running, body())
     running.fake.models_version = "weights-abc"
     loop = running.built.app.state.loop  # poll on the gateway's own loop, as its timer does
-    asyncio.run_coroutine_threadsafe(poll_versions(running.built.gateway), loop).result(30)
+    prober = running.built.gateway.prober
+    assert prober is not None
+    asyncio.run_coroutine_threadsafe(prober.round(), loop).result(30)
     assert running.built.cache.model_version("test-model") == "weights-abc"
     assert post(running, body()).headers["x-infercache"] == "miss"
 

@@ -28,14 +28,16 @@ class _Server(uvicorn.Server):
 
 
 @contextlib.contextmanager
-def serve(app: Any, **config: Any) -> Iterator[str]:
+def serve(app: Any, *, port: int = 0, **config: Any) -> Iterator[str]:
     """Run `app` on a loopback port in a thread; yield its base URL once it has started: the
-    app's lifespan has run and the server accepts connections. No polling, no sleeping."""
+    app's lifespan has run and the server accepts connections. No polling, no sleeping.
+    `port`: a given one (a server restarted where the last one was), else a free one."""
     # Created as TCP (IPPROTO_TCP) so asyncio sets TCP_NODELAY on its connections: with proto 0
     # it does not, and each request after the first on a connection waits ~40 ms (Nagle
     # against the client's delayed ACK).
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    sock.bind(("127.0.0.1", 0))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", port))
     sock.listen(128)
     port = sock.getsockname()[1]
     server = _Server(uvicorn.Config(app, **{"log_level": "warning", "lifespan": "on", **config}))

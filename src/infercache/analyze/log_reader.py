@@ -19,6 +19,8 @@ magic bytes, not by the file name):
   before it, so equal leading ids are a reusable prefix.
 A line that is not JSON, not an object, or none of these, is malformed: counted, its file and
 line number kept (`LineErrors`), skipped. Nothing is fatal unless no line at all can be read.
+A gateway's shadow-traffic line (`"shadow": true`: a mirrored request no client was answered
+from, gateway/shadow_mirror.py) is not traffic: skipped, counted in `shadow_lines`.
 
 Order: each file is read in order through a reorder window of `reorder_window` records (a
 min-heap on the timestamp), which absorbs the jitter of logs written when requests *finish*;
@@ -215,14 +217,20 @@ def _record(obj: dict[str, Any], source: str, line: int) -> LogRecord:
     )
 
 
+class NotTraffic(Exception):
+    """A line that records no client's request (shadow traffic)."""
+
+
 def parse_line(raw: bytes, source: str, line: int) -> LogRecord:
-    """One log line as a record, or `Malformed` saying why not."""
+    """One log line as a record, `Malformed` saying why not, or `NotTraffic`."""
     try:
         obj = json.loads(raw)
     except ValueError as exc:  # includes UnicodeDecodeError
         raise Malformed(f"not JSON ({exc})") from exc
     if not isinstance(obj, dict):
         raise Malformed(f"a line must be a JSON object, got {type(obj).__name__}")
+    if obj.get("shadow") is True:
+        raise NotTraffic
     if "hash_ids" in obj:
         return _blocks(obj, source, line)
     if any(k in obj for k in ("request", "key_digest", "request_digest", "redaction")):
@@ -272,6 +280,7 @@ class LogReader:
             raise ConfigError(f"reorder_window must be >= 1, got {reorder_window}")
         self.errors = errors if errors is not None else LineErrors()
         self.lines = 0
+        self.shadow_lines = 0  # shadow traffic: read, not counted as requests
         self._window = reorder_window
         self._progress = progress
         self._last_emitted_s: float | None = None
@@ -327,6 +336,8 @@ class LogReader:
                         yield parse_line(line, name, line_no)
                     except Malformed as exc:
                         self.errors.add(name, line_no, str(exc))
+                    except NotTraffic:
+                        self.shadow_lines += 1
         except (OSError, EOFError, zlib.error) as exc:
             # A truncated or corrupt gzip stream: keep what was read, report where it broke.
             self.errors.add(name, line_no + 1, f"unreadable from here on: {exc}")

@@ -19,11 +19,14 @@
     GET  /stats                      JSON: per strategy, the store, the upstreams
     GET  /healthz, /health           liveness; `degraded` while the store does not answer
     POST /admin/invalidate           {"tags": [...]}                  (admin token)
-    POST /admin/model-version        {"model": M, "version": V}       (admin token)
+    POST /admin/model-version        {"model": M, "version": V[, "upstream": URL]}  (admin)
+    GET, POST /admin/rollout         a canary and shadow traffic; /promote, /rollback
+                                     (admin_versions.py)
 
 Each route's handler is a function over one small app state (routes.py `AppState`; the
-feedback route's in feedback.py); `create_app` binds them to their paths and runs the lifespan:
-the upstreams' model versions polled, the gateway closed after the server drained.
+feedback route's in feedback.py, the versions' in admin_versions.py); `create_app` binds them
+to their paths and runs the lifespan: the upstreams' model versions read before serving and in
+the background (version_probe.py), the gateway closed after the server drained.
 
 Every error leaves through the boundary all infercache servers share (http_errors.py): an
 OpenAI-shaped body with the right status, a hard body limit (413) before parsing, and a logged
@@ -43,14 +46,14 @@ from starlette.applications import Starlette
 from starlette.routing import Route, Router
 from starlette.types import Receive, Scope, Send
 
-from infercache.errors import InfercacheError, UpstreamUnavailableError
-from infercache.gateway import messages_route, responses_route, routes
+from infercache.gateway import admin_versions, messages_route, responses_route, routes
 from infercache.gateway.auth import Auth
 from infercache.gateway.feedback import feedback
 from infercache.gateway.prefix_usage import PromptCacheCollector
 from infercache.gateway.routes import AppState
 from infercache.gateway.service import Gateway
 from infercache.gateway.store_size import StoreSize
+from infercache.gateway.version_probe import VersionProber
 from infercache.http_errors import exception_handlers, middleware
 from infercache.request import Endpoint
 from infercache.responses.conversations import ResponseConversations
@@ -65,11 +68,13 @@ def create_app(
     auth: Auth,
     *,
     max_body_bytes: int = 4 << 20,
-    version_poll_s: float | None = 30.0,
+    version_poll_s: float | None = 5.0,
+    version_probe_s: float | None = 5.0,
     conversations: ResponseConversations | None = None,
 ) -> Starlette:
     gateway.cache.metrics.export(StoreSize(gateway.cache.backend, gateway.cache.clock))
     gateway.cache.metrics.export(PromptCacheCollector(gateway.prefix_usage))
+    gateway.cache.metrics.export(gateway.tracker.traffic)  # each live version's (issue 29)
     state = AppState(gateway, auth, max_body_bytes, conversations)
 
     def bound(handler: Any, *args: Any) -> Any:
@@ -89,25 +94,28 @@ def create_app(
         Route("/healthz", bound(routes.healthz), methods=["GET"]),
         Route("/health", bound(routes.healthz), methods=["GET"]),
         Route("/admin/invalidate", bound(routes.admin_invalidate), methods=["POST"]),
-        Route("/admin/model-version", bound(routes.admin_model_version), methods=["POST"]),
+        Route("/admin/model-version", bound(admin_versions.model_version), methods=["POST"]),
+        Route("/admin/rollout", bound(admin_versions.rollout), methods=["GET", "POST"]),
+        Route("/admin/rollout/promote", bound(admin_versions.promote), methods=["POST"]),
+        Route("/admin/rollout/rollback", bound(admin_versions.rollback), methods=["POST"]),
         Route("/v1/{rest:path}", bound(routes.pass_through), methods=PASS_THROUGH_METHODS),
     ]
     app = Starlette(exception_handlers=exception_handlers(), middleware=middleware())
-    lifespan = functools.partial(_lifespan, gateway, version_poll_s)
+    gateway.prober = VersionProber(gateway, version_poll_s, version_probe_s)
+    lifespan = functools.partial(_lifespan, gateway)
     app.router = StaticFirstRouter(table, lifespan=lifespan)
     return app
 
 
 @contextlib.asynccontextmanager
-async def _lifespan(
-    gateway: Gateway, version_poll_s: float | None, app: Starlette
-) -> AsyncIterator[None]:
+async def _lifespan(gateway: Gateway, app: Starlette) -> AsyncIterator[None]:
     app.state.loop = asyncio.get_running_loop()  # for callers in other threads
     gateway.attach_loop(app.state.loop)
     poller = None
-    if version_poll_s is not None:
-        await poll_versions(gateway)
-        poller = asyncio.create_task(poll_forever(gateway, version_poll_s))
+    prober = gateway.prober
+    if prober is not None and prober.every_s is not None:
+        await prober.round(first=True)  # the versions known before the first request
+        poller = asyncio.create_task(prober.run())
     try:
         yield
     finally:
@@ -143,21 +151,3 @@ class StaticFirstRouter(Router):
                 await route.app(scope, receive, send)
                 return
         await super().app(scope, receive, send)
-
-
-async def poll_versions(gateway: Gateway) -> None:
-    """Ask every upstream what it serves; a new version retires the old entries."""
-    for upstream in gateway.upstreams:
-        try:
-            models = await upstream.models()
-            await gateway.store_io.off_loop(gateway.tracker.observe_models, models)
-        except UpstreamUnavailableError as exc:
-            log.warning("could not poll %s for model versions: %s", upstream.name, exc)
-        except InfercacheError as exc:
-            log.info("%s does not list models: %s", upstream.name, exc)
-
-
-async def poll_forever(gateway: Gateway, every_s: float) -> None:
-    while True:
-        await asyncio.sleep(every_s)
-        await poll_versions(gateway)

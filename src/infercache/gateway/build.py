@@ -11,6 +11,7 @@ engine or `--semantic` gets an error naming the extra to install.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from dataclasses import dataclass
@@ -20,7 +21,7 @@ from starlette.applications import Starlette
 from infercache.cache import Cache
 from infercache.clock import Clock, SystemClock
 from infercache.engine.config import EngineConfig
-from infercache.errors import StoreError
+from infercache.errors import ConfigError, InvalidRequestError, StoreError
 from infercache.extras import require
 from infercache.gateway.across_replicas import AcrossReplicas
 from infercache.gateway.app import create_app
@@ -33,15 +34,11 @@ from infercache.gateway.local_embeddings import LocalEmbeddings
 from infercache.gateway.messages_endpoint import Breakpoints, messages_endpoint
 from infercache.gateway.requestlog import RequestLog
 from infercache.gateway.responses_endpoint import responses_endpoint
+from infercache.gateway.rollout import Rollout
 from infercache.gateway.service import Gateway
 from infercache.gateway.tracing import RequestTracer, otlp_tracer
-from infercache.gateway.upstream import (
-    KEYED_KINDS,
-    SALTED_KINDS,
-    EmbeddingsUpstream,
-    HTTPUpstream,
-    Upstream,
-)
+from infercache.gateway.upstream import KEYED_KINDS, SALTED_KINDS, HTTPUpstream
+from infercache.gateway.upstream_protocols import EmbeddingsUpstream, Upstream
 from infercache.gateway.versions import ModelVersionTracker
 from infercache.prompt_cache.breakpoints import BreakpointPolicy
 from infercache.redaction import Redactor, load_or_create_secret
@@ -97,14 +94,18 @@ def build(
     # each for at most its budget.
     workers = min(8, os.cpu_count() or 2)
     cache = Cache(settings, clock=clock, backend=backend, store_workers=workers)
-    tracker = ModelVersionTracker(
-        cache,
-        use_fingerprints=config.use_fingerprints,
-        window=SwapWindow(config.fingerprint_swap_s, config.fingerprint_swap_answers),
-    )
     engine_here = upstreams is None and not config.upstreams  # the built-in engine, in-process
     if upstreams is None:
         upstreams = _upstreams(settings, config, cache, engine_config)
+    tracker = ModelVersionTracker(
+        cache,
+        [u.name for u in upstreams],
+        use_fingerprints=config.use_fingerprints,
+        window=SwapWindow(config.fingerprint_swap_s, config.fingerprint_swap_answers),
+    )
+    for i, upstream in enumerate(upstreams):
+        if isinstance(upstream, HTTPUpstream):  # its KV salt follows its version
+            upstream.salt_version = functools.partial(tracker.replicas.reported, i)
     request_log = (
         RequestLog(
             config.request_log,
@@ -135,11 +136,14 @@ def build(
             # throttle the engine's decode by a third (semantic/embedder.py MiniLMEmbedder).
             torch_threads=1 if engine_here else None,
         )
+    if config.rollout is not None:
+        declare_at_start(gateway, Rollout.of(config.rollout))
     app = create_app(
         gateway,
         Auth(config.api_keys, config.admin_token, config.metrics_token),
         max_body_bytes=config.max_body_bytes,
         version_poll_s=config.version_poll_s,
+        version_probe_s=config.version_probe_s,
         conversations=conversations,
     )
     return Built(app, gateway, cache, store)
@@ -161,6 +165,15 @@ def _endpoints(
         Endpoint.MESSAGES: messages_endpoint(breakpoints),
         Endpoint.RESPONSES: responses_endpoint(conversations),
     }
+
+
+def declare_at_start(gateway: Gateway, rollout: Rollout) -> None:
+    """`serve --canary`: the rollout declared before the first request (a 400's words, as a
+    ConfigError, when it names upstreams this gateway does not have)."""
+    try:
+        gateway.rollout.declare(rollout)
+    except InvalidRequestError as exc:
+        raise ConfigError(f"--canary: {exc.message}") from None
 
 
 def _embedder(cache: Cache, upstreams: list[Upstream]) -> EmbeddingsUpstream:

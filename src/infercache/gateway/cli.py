@@ -26,6 +26,7 @@ from infercache.gateway.config import (
     parse_api_keys,
     parse_breakpoints,
 )
+from infercache.gateway.rollout_options import add_rollout_options, rollout_flags
 from infercache.listen import bind_listener
 from infercache.settings import Settings
 from infercache.urls import mask_credentials
@@ -69,6 +70,8 @@ def _config(args: argparse.Namespace) -> GatewayConfig:
         flags["store_optional"] = True
     if args.anthropic_breakpoints:
         flags.update(parse_breakpoints(args.anthropic_breakpoints))
+    if args.canary:
+        flags["rollout"] = rollout_flags(args)
     return config.with_values(flags, source="command line").with_env(os.environ)
 
 
@@ -161,6 +164,7 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     )
     add_store_options(p)
     _upstream_options(p)
+    add_rollout_options(p)
     _access_options(p)
     _engine_options(p)
     p.set_defaults(handler=_serve)

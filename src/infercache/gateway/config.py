@@ -15,7 +15,8 @@ secrets from the environment (`INFERCACHE_UPSTREAM_API_KEY`, `INFERCACHE_ADMIN_T
     max_body_bytes = 4194304
     request_log = "requests.jsonl"
     redact = false
-    version_poll_s = 30
+    version_poll_s = 5                          # each replica's version read again
+    version_probe_s = 5                         # a fingerprint-only replica probed (1 token)
     use_fingerprints = true                     # fingerprints that displace the earlier
     fingerprint_swap_s = 60                     # ones for this long and this many answers
     fingerprint_swap_answers = 20               # are a model swap (gateway/fingerprints.py)
@@ -26,6 +27,9 @@ secrets from the environment (`INFERCACHE_UPSTREAM_API_KEY`, `INFERCACHE_ADMIN_T
     anthropic_breakpoints = "inject"            # or pass, strip (Anthropic upstreams)
     anthropic_breakpoints_by_tenant = { "team-a" = "strip" }
     replica_lease_s = 10                        # a dead gateway's call is taken over after it
+    # A rollout declared at start (gateway/rollout.py; or POST /admin/rollout):
+    # rollout = { canary = ["http://10.0.0.9:8000/v1"], share = 0.1, shadow = 0.0,
+    #             sticky = "tenant" }
 
 Credentials: an upstream is called with its own key (its `key_env`, else
 `INFERCACHE_UPSTREAM_API_KEY`), or with none. A client's gateway key is never forwarded, in any
@@ -114,7 +118,8 @@ class GatewayConfig:
     max_body_bytes: int = 4 << 20
     request_log: Path | None = None
     redact: bool = False
-    version_poll_s: float | None = 30.0
+    version_poll_s: float | None = 5.0
+    version_probe_s: float | None = 5.0
     use_fingerprints: bool = True
     fingerprint_swap_s: float = 60.0
     fingerprint_swap_answers: int = 20
@@ -131,6 +136,7 @@ class GatewayConfig:
     # Mixed into each tenant's vLLM/SGLang `cache_salt`; give every gateway of one deployment
     # the same (INFERCACHE_CACHE_SALT_SECRET), else each uses its data dir's secret.
     salt_secret: bytes | None = None
+    rollout: Mapping[str, Any] | None = None  # declared at start (gateway/rollout.py)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "upstreams", tuple(UpstreamSpec.of(u) for u in self.upstreams))
@@ -156,6 +162,8 @@ class GatewayConfig:
                 raise ConfigError(
                     f"anthropic_breakpoints must be one of {BREAKPOINT_POLICIES}, got {policy!r}"
                 )
+        if self.rollout is not None:
+            _check_rollout(self.rollout)
         if not 0 < self.store_budget_s <= 60:
             raise ConfigError(f"store_budget_s must be in (0, 60], got {self.store_budget_s}")
         if self.admin_token is not None and self.admin_token in self.api_keys:
@@ -246,6 +254,16 @@ def parse_breakpoints(values: list[str]) -> dict[str, Any]:
     if by_tenant:
         out["anthropic_breakpoints_by_tenant"] = by_tenant
     return out
+
+
+def _check_rollout(values: Mapping[str, Any]) -> None:
+    from infercache.errors import InvalidRequestError
+    from infercache.gateway.rollout import Rollout
+
+    try:
+        Rollout.of(values)
+    except InvalidRequestError as exc:
+        raise ConfigError(f"rollout: {exc.message}") from None
 
 
 def parse_api_keys(pairs: list[str]) -> dict[str, str]:

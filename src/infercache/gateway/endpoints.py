@@ -46,7 +46,7 @@ from infercache.chat import (
     sse_event,
 )
 from infercache.errors import InfercacheError, NotFoundError
-from infercache.gateway.upstream import TextCompletions, Upstream
+from infercache.gateway.upstream_protocols import TextCompletions, Upstream
 from infercache.hit_usage import HitUsage, served_hit
 from infercache.request import ChatRequest, Endpoint
 

@@ -28,6 +28,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from infercache.versions import generation_of
+
 
 @dataclass(frozen=True, slots=True)
 class SwapWindow:
@@ -59,9 +61,9 @@ class Displacement(NamedTuple):
 
 
 def token_generation(token: str) -> int:
-    """The generation of a model version token `generation:version` (versions.py)."""
-    head, _, _ = token.partition(":")
-    return int(head) if head.isdigit() else 0
+    """The generation of a model version token, `generation:version` or `generation@version`
+    (versions.py)."""
+    return generation_of(token)
 
 
 @dataclass(slots=True)

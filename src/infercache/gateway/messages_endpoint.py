@@ -35,7 +35,7 @@ from infercache.chat import StreamChunk
 from infercache.clock import Clock
 from infercache.errors import InfercacheError
 from infercache.gateway.endpoints import Body, CachedEndpoint, UpstreamCall
-from infercache.gateway.upstream import ProviderAPI, Upstream
+from infercache.gateway.upstream_protocols import ProviderAPI, Upstream
 from infercache.hit_usage import HitUsage, served_hit
 from infercache.prompt_cache.breakpoints import BreakpointPolicy, SeenPrefixes, apply_policy
 from infercache.request import Endpoint

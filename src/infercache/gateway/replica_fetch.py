@@ -9,14 +9,18 @@ protocol (miss_flight.py), which does the rest (settle, store, close).
                        shared (`Fetched.after`); on failure the lease is handed over
         → None: fetch alone (no shared Redis, or it failed)
       router.lease → a replica, counted in flight while the call runs          (router.py)
+        the one the request was placed on when several versions are live (placement.py),
+        else the router's pick among the replicas it may go to
         the endpoint's call, streamed or not (endpoints.py); a stream's chunks published as
         they come; a replica that fails before any chunk is ejected and the call tried once
-        more on another
+        more on another (one that cannot be reached: its versions in doubt, versions.py)
       the prefix reuse an HTTP upstream reports, counted per upstream (prefix_usage.py); the
       request's first message offered to the live prefix-breaker finder (live_breakers.py)
-    observe(miss, response): swap detection (versions.py), then what the endpoint keeps of
-      the answer (a Responses conversation); store I/O, run by the protocol where
-      store_guard.py says, with the store write
+    observe(miss, response): the answer's fingerprint noted for the replica that gave it
+      (versions.py), and the version the answer belongs to set on the miss, so it is stored
+      under that version, or not at all while that version is in doubt or retired; then what
+      the endpoint keeps of the answer (a Responses conversation); store I/O, run by the
+      protocol where store_guard.py says, with the store write
 """
 
 from __future__ import annotations
@@ -31,12 +35,14 @@ from infercache.errors import UpstreamAbortedError, UpstreamError, UpstreamUnava
 from infercache.gateway.across_replicas import AcrossReplicas
 from infercache.gateway.endpoints import CachedEndpoint, UpstreamCall
 from infercache.gateway.live_breakers import LiveBreakers
+from infercache.gateway.placement import ANYWHERE, Placement
 from infercache.gateway.prefix_usage import UpstreamPrefixUsage
 from infercache.gateway.router import PrefixRouter
-from infercache.gateway.upstream import Upstream
+from infercache.gateway.upstream_protocols import Upstream
 from infercache.gateway.versions import ModelVersionTracker
 from infercache.miss import Miss
 from infercache.miss_flight import ChunkSink, Fetched
+from infercache.policy import unstorable_reason
 from infercache.request import Endpoint
 from infercache.stores.replica_flight import FlightLease, SharedAnswer
 
@@ -65,11 +71,12 @@ class ReplicaFetch:
         self._prefix_usage = prefix_usage
         self._across = across
 
-    def source(self, bearer: str | None) -> CallerSource:
-        """The protocol's Source for one caller (its bearer, when forwarded upstream)."""
-        return CallerSource(self, bearer)
+    def source(self, bearer: str | None, placement: Placement = ANYWHERE) -> CallerSource:
+        """The protocol's Source for one caller (its bearer, when forwarded upstream) and
+        where its request was placed."""
+        return CallerSource(self, bearer, placement)
 
-    async def fetch(self, miss: Miss, sink: ChunkSink, bearer: str | None) -> Fetched:
+    async def fetch(self, miss: Miss, sink: ChunkSink, caller: CallerSource) -> Fetched:
         joined = await self._across.join(miss) if self._across is not None else None
         if isinstance(joined, SharedAnswer):  # another gateway replica fetched it
             body = joined.completion()
@@ -79,7 +86,7 @@ class ReplicaFetch:
                 raise UpstreamError(message, status_code=joined.status, body=body)
             return Fetched(body, elsewhere=True)
         try:
-            upstream, response = await self._call_replicas(miss, sink, bearer)
+            upstream, response = await self._call_replicas(miss, sink, caller)
         except BaseException as exc:
             if joined is not None:
                 await AcrossReplicas.fail(joined, _failure(exc))
@@ -92,21 +99,30 @@ class ReplicaFetch:
         return Fetched(response, after=functools.partial(_share, joined, response))
 
     async def _call_replicas(
-        self, miss: Miss, sink: ChunkSink, bearer: str | None
+        self, miss: Miss, sink: ChunkSink, caller: CallerSource
     ) -> tuple[Upstream, Response]:
-        """The call on the replica the router picks; when that replica fails before any chunk
+        """The call on the replica placed or picked; when that replica fails before any chunk
         came back (unreachable, timed out, a 5xx), it is ejected and the call goes once to
         another replica."""
         tried: list[int] = []
+        placement = caller.placement
         while True:
-            with self.router.lease(miss.request.directives.tenant, miss.request.body, tried) as i:
+            if placement.replica is not None and not tried:
+                lease = self.router.lease_at(placement.replica)
+            else:
+                tenant, body = miss.request.directives.tenant, miss.request.body
+                lease = self.router.lease(tenant, body, [*tried, *placement.exclude])
+            with lease as i:
+                caller.replica = i
                 upstream = self.upstreams[i]
                 try:
-                    response = await self._call(upstream, miss, sink, bearer)
+                    response = await self._call(upstream, miss, sink, caller.bearer)
                 except UpstreamError as exc:
                     if not _replica_fault(exc):
                         raise
                     self.router.failed(i)
+                    if isinstance(exc, UpstreamUnavailableError):
+                        self.tracker.unreachable(i)
                     tried.append(i)
                     if sink.published or len(tried) > 1 or len(self.upstreams) == 1:
                         raise
@@ -135,23 +151,35 @@ class ReplicaFetch:
 
 
 class CallerSource:
-    """`ReplicaFetch` for one caller: a miss_flight.Source."""
+    """`ReplicaFetch` for one caller: a miss_flight.Source. `replica`: the one that answered."""
 
-    __slots__ = ("_bearer", "_fetch")
+    __slots__ = ("_fetch", "bearer", "placement", "replica")
 
-    def __init__(self, fetch: ReplicaFetch, bearer: str | None) -> None:
+    def __init__(self, fetch: ReplicaFetch, bearer: str | None, placement: Placement) -> None:
         self._fetch = fetch
-        self._bearer = bearer
+        self.bearer = bearer
+        self.placement = placement
+        self.replica: int | None = None
 
     def fetch(self, miss: Miss, sink: ChunkSink) -> Coroutine[Any, Any, Fetched]:
-        return self._fetch.fetch(miss, sink, self._bearer)
+        return self._fetch.fetch(miss, sink, self)
 
     def observe(self, miss: Miss, response: Response) -> None:
-        seen = miss.lookup.view if miss.lookup is not None else None
-        self._fetch.tracker.observe_response(miss.request.model, response, seen)
+        """What the endpoint keeps of the answer; and the answer belongs to its replica's
+        version: stored under it, or not at all while that version is in doubt or retired."""
         keep = self._fetch.endpoints[miss.request.endpoint].observe
         if keep is not None:
             keep(miss.request, response)
+        if self.replica is None:  # another gateway replica fetched it: nothing to learn
+            return
+        tracker = self._fetch.tracker
+        model = miss.request.model
+        seen = miss.lookup.view if miss.lookup is not None else None
+        state = tracker.answered(self.replica, model, response, seen)
+        miss.version = state.version
+        miss.storable = state.known and state.version not in tracker.retired(model)
+        if miss.storable and miss.lookup is not None and _stored(miss, response):
+            tracker.traffic.stored(model, state.version)
 
 
 async def _share(lease: FlightLease, response: Response) -> None:
@@ -169,6 +197,11 @@ def _failure(exc: BaseException) -> BaseException:
     if isinstance(exc, Exception):
         return exc
     return UpstreamAbortedError("every client left before the answer completed")
+
+
+def _stored(miss: Miss, response: Response) -> bool:
+    """Whether closing `miss` with `response` stores it (for the per-version counts)."""
+    return not miss.request.directives.cache_control.no_store and not unstorable_reason(response)
 
 
 def _replica_fault(exc: UpstreamError) -> bool:

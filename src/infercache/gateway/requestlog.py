@@ -4,6 +4,10 @@
      "layer": "exact-hit", "status": 200, "stream": false, "prompt_tokens": 412,
      "completion_tokens": 38, "cached_tokens": 384, "latency_ms": 1.9, "response": {...}}
 
+plus `"version"` when the request was looked up under one of several live model versions, and
+shadow traffic's lines (`"shadow": true`, gateway/shadow_mirror.py): the answer of the version
+being rolled out, its agreement with the live answer, never served.
+
 A `LogEntry` is the record of one request, started when it arrives; the request path closes it
 exactly once, with the status, the answer and the upstream call's seconds when it made one
 (`upstream_ms`), when the reply is complete (for a stream: when the stream ends). Closing it
@@ -66,10 +70,22 @@ class RequestLog:
         }
         if upstream_s is not None:
             record["upstream_ms"] = round(upstream_s * 1000, 3)
+        if entry.version is not None:
+            record["version"] = entry.version
+        self.write(record, entry.body, entry.tenant, response)
+
+    def write(
+        self,
+        record: dict[str, Any],
+        body: dict[str, Any],
+        tenant: str,
+        response: dict[str, Any] | None,
+    ) -> None:
+        """One line: `record` with the request and response, or (redacting) their digests."""
         if self.redactor is not None:
-            record.update(self.redactor.fields(entry.body, entry.tenant))
+            record.update(self.redactor.fields(body, tenant))
         else:
-            record["request"] = entry.body
+            record["request"] = body
             if response is not None:
                 record["response"] = response
         line = json.dumps(record, separators=(",", ":"), ensure_ascii=False)
@@ -88,7 +104,7 @@ class LogEntry:
 
     __slots__ = (
         "_clock", "_closed", "_log", "_span", "_traffic", "body", "layer", "operation",
-        "started_mono_s", "started_s", "tenant",
+        "started_mono_s", "started_s", "tenant", "version",
     )  # fmt: skip
 
     def __init__(
@@ -112,6 +128,7 @@ class LogEntry:
         self.started_s = clock.now_s() if log is not None else 0.0
         self.started_mono_s = clock.monotonic_s()
         self.layer: str | None = None  # which layer answered, once known
+        self.version: str | None = None  # the model version it was looked up under
         self._closed = False
 
     def close(

@@ -30,7 +30,7 @@ from typing import Any
 from infercache.chat import CompletionAssembler, StreamChunk
 from infercache.errors import InfercacheError, StoreError, UpstreamError
 from infercache.gateway.endpoints import Body, CachedEndpoint, UpstreamCall
-from infercache.gateway.upstream import ProviderAPI, Upstream
+from infercache.gateway.upstream_protocols import ProviderAPI, Upstream
 from infercache.hit_usage import HitUsage, served_hit
 from infercache.request import ChatRequest, Endpoint
 from infercache.responses.conversations import ResponseConversations

@@ -27,7 +27,7 @@ from starlette.responses import Response
 
 from infercache.errors import NotFoundError, StoreError
 from infercache.gateway.routes import AppState, caller_body, http_reply, passed_through
-from infercache.gateway.upstream import PassThrough
+from infercache.gateway.upstream_protocols import PassThrough
 from infercache.request import DIRECTIVES_FIELD, Endpoint
 from infercache.responses.request import resolved, validate
 

@@ -276,6 +276,10 @@ class PrefixRouter(Generic[R]):
         index, _ = self.route(tenant, body, exclude)
         return _Lease(self._replicas[index], index)
 
+    def lease_at(self, index: int) -> AbstractContextManager[int]:
+        """Count a request in flight on replica `index`, routed already (`route`)."""
+        return _Lease(self._replicas[index], index)
+
     def in_flight(self) -> list[int]:
         return [r.in_flight for r in self._replicas]
 

@@ -21,9 +21,10 @@ from infercache.errors import InvalidRequestError, ModelNotFoundError, NotFoundE
 from infercache.gateway.auth import Auth, resolve_tenant
 from infercache.gateway.forwarding import presented_secrets
 from infercache.gateway.health import health
-from infercache.gateway.service import Gateway, JSONReply, StreamReply
+from infercache.gateway.replies import JSONReply, StreamReply
+from infercache.gateway.service import Gateway
 from infercache.gateway.stats import gateway_stats
-from infercache.gateway.upstream import PassThrough
+from infercache.gateway.upstream_protocols import PassThrough
 from infercache.header_controls import apply_header_controls
 from infercache.http_errors import json_object, read_json
 from infercache.metrics import MissReason
@@ -206,21 +207,6 @@ async def admin_invalidate(state: AppState, request: Request) -> Response:
     n = await state.gateway.store_io.off_loop(state.gateway.cache.invalidate, tags)
     log.warning("admin invalidated tags %s", tags)
     return JSONResponse({"invalidated_tags": n})
-
-
-async def admin_model_version(state: AppState, request: Request) -> Response:
-    state.auth.require_admin(request.headers.get("authorization"))
-    body = await read_json(request, state.max_body_bytes)
-    if not isinstance(body, dict):
-        raise InvalidRequestError("the request body must be a JSON object")
-    model, version = body.get("model"), body.get("version")
-    if not isinstance(model, str) or not model:
-        raise InvalidRequestError("'model' must be a non-empty string", param="model")
-    if not isinstance(version, str) or not version:
-        raise InvalidRequestError("'version' must be a non-empty string", param="version")
-    gateway = state.gateway
-    changed = await gateway.store_io.off_loop(gateway.tracker.observe, model, version, "admin")
-    return JSONResponse({"model": model, "version": version, "changed": changed})
 
 
 def header_map(request: Request) -> dict[str, str]:

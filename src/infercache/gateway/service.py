@@ -2,7 +2,11 @@
 
     chat(body, tenant, bearer, endpoint)    tenant: auth.resolve_tenant's, the only decision
       entry = _open(tenant, body)           one request-log line and span, closed once
-      outcome = store_io.read(cache.begin)  the library's layers and policy (cache.py), each
+      placement = versions.place            route first: the version of the replica it would
+                                            be sent to, its rollout arm (version_steps.py);
+                                            placed again once if that version was retired
+      outcome = store_io.read(cache.begin)  the library's layers and policy (cache.py), under
+                                            that version; each
                                             store call within its budget, where store_guard.py
                                             says: on the loop when the store cannot make it
                                             wait (memory, SQLite), else on the store pool
@@ -12,61 +16,48 @@
                                             fetch through the replicas (replica_fetch.py)
           not streaming: await its answer → JSON
           streaming: wait for its first event (a refusal keeps its own HTTP status), then SSE
-      entry.close(status, answer)
+      entry.close(status, answer)           and the answer mirrored, for shadow traffic
     embeddings(body, tenant, bearer)        per input (../embeddings/), the missing inputs
                                             fetched through the same protocol
 
 What differs between the cached endpoints (chat, completions, Anthropic's messages, OpenAI's
 responses) is an adapter (endpoints.py), looked up in the table the gateway was built with.
-Replies are plain values (`JSONReply`, `StreamReply`) so the routes (routes.py) only do HTTP.
+Replies are plain values (`JSONReply`, `StreamReply`, made in replies.py) so the routes
+(routes.py) only do HTTP.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
-from contextlib import aclosing
-from dataclasses import dataclass
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from typing import Any
 
 from infercache.cache import Cache
-from infercache.completion import LAYER_HEADER, Completion, Layer, completion_headers, layer_headers
+from infercache.completion import LAYER_HEADER, Completion
 from infercache.embeddings.embedding_cache import EmbeddingCache
 from infercache.embeddings.embedding_miss import AsyncEmbeddingFunction
-from infercache.errors import InfercacheError, NotFoundError, UpstreamError
+from infercache.errors import InfercacheError, NotFoundError
 from infercache.gateway.across_replicas import AcrossReplicas
 from infercache.gateway.endpoints import ENDPOINTS, CachedEndpoint, UpstreamCall
+from infercache.gateway.placement import Placement
 from infercache.gateway.prefix_usage import UpstreamPrefixUsage
 from infercache.gateway.replica_fetch import ReplicaFetch
 from infercache.gateway.replica_load import LoadPoller
+from infercache.gateway.replies import JSONReply, StreamReply, replay, stream
 from infercache.gateway.requestlog import LogEntry, RequestLog
 from infercache.gateway.router import PrefixRouter, RouterConfig
 from infercache.gateway.tracing import NoTracer, RequestTracer
 from infercache.gateway.traffic import RequestMetrics
-from infercache.gateway.upstream import EmbeddingsUpstream, Upstream
+from infercache.gateway.upstream_protocols import EmbeddingsUpstream, Upstream
+from infercache.gateway.version_probe import VersionProber
+from infercache.gateway.version_steps import VersionSteps
 from infercache.gateway.versions import ModelVersionTracker
-from infercache.hit_usage import served_hit
-from infercache.http_errors import INTERNAL_ERROR
 from infercache.miss import Miss
-from infercache.miss_flight import MissFlight, coalesce
+from infercache.miss_flight import coalesce
 from infercache.request import Endpoint
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class JSONReply:
-    status: int
-    body: dict[str, Any]
-    headers: dict[str, str]
-    raw: bytes | None = None  # `body` as JSON already (a hit's stored bytes)
-
-
-@dataclass(frozen=True, slots=True)
-class StreamReply:
-    headers: dict[str, str]
-    events: AsyncIterator[bytes]
 
 
 class Gateway:
@@ -99,6 +90,9 @@ class Gateway:
         self.flights = cache.flights
         self.store_io = cache.store_io  # where store I/O runs (store_guard.py)
         self.prefix_usage = prefix_usage or UpstreamPrefixUsage(cache.metrics)
+        self.versions = VersionSteps(cache, tracker, self.router, self.upstreams, request_log)
+        self.rollout = self.versions.rollout
+        self.prober: VersionProber | None = None  # the app's lifespan starts it
         self.replicas = ReplicaFetch(
             self.upstreams,
             self.router,
@@ -114,6 +108,7 @@ class Gateway:
         """The loop the gateway serves on; background threads reach the upstreams through it."""
         self._loop = loop
         self.load_poller.start()
+        self.versions.shadow.start()
 
     def background_fetch(
         self, tenant: str, bearer: str | None, endpoint: Endpoint = Endpoint.CHAT
@@ -148,19 +143,30 @@ class Gateway:
         adapter = self.endpoints[endpoint]
         entry = self._open(tenant, body, adapter.operation)
         try:
-            outcome = await self._begin(body, tenant, bearer, endpoint, beta)
-            entry.layer = LAYER_HEADER[outcome.layer]
+            placement = self.versions.place(tenant, body)
+            outcome = await self._begin(body, tenant, bearer, endpoint, beta, placement)
+            if self.versions.replan(outcome, placement):  # its version was retired elsewhere
+                placement = self.versions.place(tenant, body)
+                outcome = await self._begin(body, tenant, bearer, endpoint, beta, placement)
+            entry.layer, entry.version = LAYER_HEADER[outcome.layer], placement.version
+            self.versions.count(body, placement, entry.layer)
+            mirror = self.versions.mirror(tenant, body, placement)
             if isinstance(outcome, Completion):
-                reply = self._replay(outcome, body, adapter)
+                reply = replay(outcome, body, adapter, self.cache.settings.hit_usage)
                 entry.close(status=200, response=outcome.response)
+                if mirror is not None:
+                    mirror(outcome.response)
                 return reply
-            source = self.replicas.source(bearer)
+            source = self.replicas.source(bearer, placement)
             flight = coalesce(outcome, self.flights, source, self.store_io, self._clock)
             if outcome.request.stream:
-                return await self._stream(outcome, flight, entry, adapter)
+                hit_usage = self.cache.settings.hit_usage
+                return await stream(outcome, flight, entry, adapter, mirror, hit_usage)
             done: Completion = await flight.answer()
             entry.close(status=200, response=done.response, upstream_s=done.upstream_s)
-            return self._replay(done, body, adapter)
+            if mirror is not None:
+                mirror(done.response)
+            return replay(done, body, adapter, self.cache.settings.hit_usage)
         except BaseException as exc:
             entry.close(status=_status_of(exc))
             raise
@@ -185,80 +191,23 @@ class Gateway:
         bearer: str | None,
         endpoint: Endpoint,
         beta: str | None,
+        placement: Placement,
     ) -> Coroutine[Any, Any, Completion | Miss]:
-        """The lookup, where StoreIO says (a coroutine: one frame less on every request)."""
+        """The lookup under the placement's version, where StoreIO says (a coroutine: one
+        frame less on every request)."""
         # Live verification needs a way upstream only when the semantic layer is on.
         verify = self.background_fetch(tenant, bearer, endpoint) if self.cache.semantic else None
         return self.store_io.read(
-            self.cache.begin, body, tenant=tenant, verify=verify, endpoint=endpoint, beta=beta
+            self.cache.begin,
+            body,
+            tenant=tenant,
+            verify=verify,
+            endpoint=endpoint,
+            beta=beta,
+            version=placement.version,
+            cached=placement.cached,
+            follow_label=placement.version is None,
         )
-
-    def _replay(
-        self, done: Completion, body: dict[str, Any], adapter: CachedEndpoint
-    ) -> JSONReply | StreamReply:
-        """An answer as a reply: JSON, or a hit's replay as the endpoint's stream; a hit
-        (coalesced answers too) reports the usage the `hit_usage` setting says (hit_usage.py)."""
-        headers = completion_headers(done)
-        response, raw = done.response, done.raw
-        if done.layer in (Layer.EXACT, Layer.SEMANTIC):
-            response, saved, raw = served_hit(response, self.cache.settings.hit_usage, raw)
-            headers.update(saved)
-        if body.get("stream") is not True:
-            return JSONReply(200, response, headers, raw)
-        writer = adapter.writer(body)
-
-        async def replay() -> AsyncIterator[bytes]:
-            for event in writer.replay(response):
-                yield event
-            yield writer.end
-
-        return StreamReply(headers, replay())
-
-    async def _stream(
-        self, miss: Miss, flight: MissFlight[Completion], entry: LogEntry, adapter: CachedEndpoint
-    ) -> StreamReply:
-        coalesced = await flight.start_stream()  # raises an upstream refusal
-        if coalesced:
-            headers = layer_headers(Layer.EXACT, age_s=0.0, coalesced=True)
-        else:
-            headers = layer_headers(miss.layer)
-        events = self._events(miss, flight, entry, adapter, coalesced)
-        return StreamReply(headers, events)
-
-    async def _events(
-        self,
-        miss: Miss,
-        flight: MissFlight[Completion],
-        entry: LogEntry,
-        adapter: CachedEndpoint,
-        coalesced: bool,
-    ) -> AsyncIterator[bytes]:
-        """The flight's chunks as this client asked for them (the endpoint's writer), then the
-        end; an error event when the answer fails. A coalesced reader's usage is a hit's."""
-        writer = adapter.writer(miss.request.body)
-        hit_usage = self.cache.settings.hit_usage
-        done: Completion | None = None
-        try:
-            async with aclosing(flight.chunks(adapter.chunks)) as chunks:
-                async for chunk in chunks:
-                    if coalesced:  # a hit: its usage as the hit_usage setting says
-                        chunk = adapter.hit_chunk(chunk, hit_usage)
-                    event = writer.event(chunk)
-                    if event is not None:
-                        yield event
-            done = flight.flight.outcome()
-            yield writer.end
-        except UpstreamError as exc:  # cut off upstream, or every other reader left
-            yield writer.error(exc)
-        except Exception:  # logged; the client gets an error event
-            log.exception("the answer for %s failed mid-stream", miss.flight_key)
-            yield writer.error(InfercacheError(INTERNAL_ERROR))
-        finally:
-            entry.close(
-                status=200 if done is not None else 499,
-                response=done.response if done is not None else None,
-                upstream_s=done.upstream_s if done is not None else None,
-            )
 
     # -- embeddings --
 
@@ -294,6 +243,7 @@ class Gateway:
         then the cache, so what its store holds in memory (SQLite's batched recency of hits)
         is written and the semantic layer's sync thread ends."""
         await self.load_poller.aclose()
+        await self.versions.shadow.aclose()
         for upstream in self.upstreams:
             await upstream.aclose()
         if self.request_log is not None:

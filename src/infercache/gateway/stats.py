@@ -1,7 +1,9 @@
 """`GET /stats`: the gateway's JSON snapshot — per strategy, the store, the upstreams (each with
 its prompt cache's tokens, read share and net money: prefix_usage.py), prefix breakers seen in
 live traffic (live_breakers.py), flights,
-model versions (each change with its evidence, each model's fingerprints: versions.py),
+model versions (each change with its evidence, each replica's versions and fingerprints, each
+live version's traffic share, hit rate and entries: versions.py), the rollout declared and the
+shadow traffic's counts with its agreement per judge (rollout_control.py, shadow_mirror.py),
 the semantic layer's mode (shadow or calibrated: pairs judged, would-be hit rate, the current
 false-hit bound, serving or not) and the complaints received per layer that answered.
 It reads the store: call it off the event loop (`gateway.store_io.off_loop`, store_guard.py)."""
@@ -49,6 +51,8 @@ def gateway_stats(gateway: Gateway) -> dict[str, Any]:
     out["prefix_breakers"] = gateway.replicas.breakers.lines()  # the analyzer's words
     out["model_swaps"] = gateway.tracker.swaps
     out["versions"] = gateway.tracker.snapshot()  # what counts as a change, with its evidence
+    out["rollout"] = gateway.rollout.snapshot()  # the canary declared, if any (rollout.py)
+    out["shadow"] = gateway.versions.shadow.snapshot()  # mirrored, answered, agreement
     if isinstance(backend, GuardedBackend):
         out["store"]["guard"] = backend.health()
     inner = backend.inner if isinstance(backend, GuardedBackend) else backend

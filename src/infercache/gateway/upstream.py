@@ -1,4 +1,5 @@
-"""Where the gateway sends misses: the `Upstream` Protocol and its HTTP implementation.
+"""Where the gateway sends misses over HTTP: `HTTPUpstream`, the Protocols of upstream_protocols.py
+spoken to a server.
 
 `HTTPUpstream` speaks to any OpenAI-compatible server (`infercache engine serve`, vLLM, SGLang,
 llama.cpp, a provider) with one pooled `aiohttp.ClientSession` (chosen over httpx by measuring
@@ -17,11 +18,13 @@ and `/stats` show.
 
 The tenant is forwarded as an `x-infercache-tenant` header, which the built-in engine uses to
 salt its KV prefix cache. For vLLM and SGLang upstreams (`kind`), the body's `cache_salt` is set
-from the tenant, `HMAC(deployment secret, tenant)`, replacing whatever the client sent, so one
-tenant's time to first token can never reveal what another sent (vLLM CVE-2025-46570) and no
-client can choose another's salt; for other kinds a client's `cache_salt` is dropped. For
-`openai` upstreams a body without a `prompt_cache_key` gets one derived from the tenant and its
-system prompt with the same secret (prompt_cache/cache_key.py), so the provider routes a
+from the tenant and the model version the replica serves (`salt_version`, gateway/versions.py),
+`HMAC(deployment secret, tenant, version)`, replacing whatever the client sent, so one tenant's
+time to first token can never reveal what another sent (vLLM CVE-2025-46570), no client can
+choose another's salt, and no KV is reused across versions; for other kinds a client's
+`cache_salt` is dropped. For `openai` upstreams a body without a `prompt_cache_key` gets one
+derived from the tenant and its system prompt (and the version, when known) with the same
+secret (prompt_cache/cache_key.py), so the provider routes a
 tenant's requests that share a prompt to where it is cached. Nothing else in the body changes.
 
 An `anthropic` upstream (api.anthropic.com) takes its key as `x-api-key` and an
@@ -35,9 +38,8 @@ from __future__ import annotations
 import base64
 import hmac
 import logging
-from collections.abc import AsyncIterator, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from typing import Any
 
 import aiohttp
 import orjson
@@ -46,6 +48,7 @@ from infercache.chat import StreamChunk
 from infercache.errors import UpstreamError
 from infercache.gateway.forwarding import forwarded_headers, forwarded_query
 from infercache.gateway.upstream_errors import map_aiohttp_errors, raise_for_status
+from infercache.gateway.upstream_protocols import Forwarded
 from infercache.prompt_cache.cache_key import with_prompt_cache_key
 from infercache.urls import mask_credentials, split_credentials
 
@@ -54,53 +57,6 @@ log = logging.getLogger(__name__)
 SALTED_KINDS = ("vllm", "sglang")  # servers that take a per-request `cache_salt`
 KEYED_KINDS = ("openai",)  # providers routing by a `prompt_cache_key`
 ANTHROPIC_VERSION = "2023-06-01"
-
-
-class Upstream(Protocol):
-    name: str
-    # True when the upstream records the `prefix` strategy in our Metrics itself (the
-    # in-process engine); otherwise the gateway counts it from `usage.cached_tokens`.
-    records_prefix_metrics: bool
-
-    async def complete(
-        self, body: dict[str, Any], *, tenant: str, api_key: str | None
-    ) -> dict[str, Any]: ...
-
-    def stream(
-        self, body: dict[str, Any], *, tenant: str, api_key: str | None
-    ) -> AsyncIterator[StreamChunk]:
-        """`chat.completion.chunk`s; raises UpstreamError before the first one on refusal."""
-        ...
-
-    async def models(self) -> list[dict[str, Any]]: ...
-
-    async def aclose(self) -> None: ...
-
-
-@runtime_checkable
-class TextCompletions(Protocol):
-    """An upstream that also serves the legacy `/v1/completions` (prompt → text)."""
-
-    async def complete_text(
-        self, body: dict[str, Any], *, tenant: str, api_key: str | None
-    ) -> dict[str, Any]: ...
-
-    def stream_text(
-        self, body: dict[str, Any], *, tenant: str, api_key: str | None
-    ) -> AsyncIterator[StreamChunk]: ...
-
-
-class EmbeddingsUpstream(Protocol):
-    """Where the gateway's `/v1/embeddings` misses go: an HTTP upstream, or the packaged
-    embedder in process (local_embeddings.py)."""
-
-    name: str
-
-    async def embeddings(
-        self, body: dict[str, Any], *, tenant: str, api_key: str | None
-    ) -> dict[str, Any]:
-        """An OpenAI `/v1/embeddings` answer for `body`."""
-        ...
 
 
 # Hop-by-hop headers (RFC 9110 §7.6.1) and what the gateway sets itself.
@@ -112,67 +68,13 @@ _NOT_FORWARDED_BACK = _HOP_BY_HOP | {"content-length", "server", "date"}
 _CREDENTIALS = ("authorization", "x-api-key")  # where an upstream's own key goes
 
 
-@dataclass(frozen=True, slots=True)
-class Forwarded:
-    """An upstream's answer to a passed-through request, its body still streaming."""
-
-    status: int
-    headers: list[tuple[str, str]]
-    body: AsyncIterator[bytes]
-
-
-@runtime_checkable
-class PassThrough(Protocol):
-    """An upstream that can take any request as is (an HTTP server; not the in-process engine)."""
-
-    name: str
-
-    async def forward(
-        self,
-        method: str,
-        path: str,
-        *,
-        query: str,
-        headers: Mapping[str, str],
-        body: AsyncIterator[bytes],
-        bearer: str | None,
-        secrets: Sequence[str],
-    ) -> Forwarded:
-        """`headers` and `query` as the client sent them: the upstream keeps only what
-        forwarding.py allows and no value holding one of `secrets`."""
-
-
-@runtime_checkable
-class ProviderAPI(Protocol):
-    """An HTTP upstream that can carry any API's call (HTTPUpstream): how the Messages and
-    Responses adapters reach a provider natively (`kind`: anthropic, openai, ...)."""
-
-    kind: str
-
-    async def post_json(
-        self,
-        path: str,
-        body: dict[str, Any],
-        *,
-        tenant: str,
-        api_key: str | None,
-        headers: Mapping[str, str] | None = None,
-    ) -> dict[str, Any]: ...
-
-    def post_events(
-        self,
-        path: str,
-        body: dict[str, Any],
-        *,
-        tenant: str,
-        api_key: str | None,
-        headers: Mapping[str, str] | None = None,
-    ) -> AsyncIterator[StreamChunk]: ...
-
-
-def cache_salt(secret: bytes, tenant: str) -> str:
-    """The KV-cache salt of `tenant`: stable for one tenant, unguessable across tenants."""
-    return hmac.digest(secret, b"cache_salt\x00" + tenant.encode(), "sha256").hex()[:32]
+def cache_salt(secret: bytes, tenant: str, version: str | None = None) -> str:
+    """The KV-cache salt of `tenant`: stable for one tenant, unguessable across tenants, and
+    another for each model version the replica serves (no KV reused across versions)."""
+    message = b"cache_salt\x00" + tenant.encode()
+    if version is not None:
+        message += b"\x00version\x00" + version.encode()
+    return hmac.digest(secret, message, "sha256").hex()[:32]
 
 
 class HTTPUpstream:
@@ -212,6 +114,8 @@ class HTTPUpstream:
         )  # fmt: skip
         self._max_connections = max_connections
         self._session: aiohttp.ClientSession | None = None
+        # The version this replica serves a model at (gateway/versions.py), for its KV salt.
+        self.salt_version: Callable[[str], str | None] | None = None
 
     def _client(self) -> aiohttp.ClientSession:
         # Built on first use: a session belongs to the event loop that serves requests.
@@ -225,10 +129,17 @@ class HTTPUpstream:
     def _body(self, body: dict[str, Any], tenant: str) -> dict[str, Any]:
         out = {k: v for k, v in body.items() if k != "cache_salt"}
         if self._salt_secret is not None and self.kind in SALTED_KINDS:
-            out["cache_salt"] = cache_salt(self._salt_secret, tenant)
+            out["cache_salt"] = cache_salt(self._salt_secret, tenant, self._version_of(body))
         elif self._salt_secret is not None and self.kind in KEYED_KINDS:
-            out = with_prompt_cache_key(self._salt_secret, tenant, out)
+            out = with_prompt_cache_key(self._salt_secret, tenant, out, self._version_of(body))
         return out
+
+    def _version_of(self, body: dict[str, Any]) -> str | None:
+        """The version this replica serves the body's model at (None: unknown)."""
+        model = body.get("model")
+        if self.salt_version is None or not isinstance(model, str):
+            return None
+        return self.salt_version(model)
 
     def _headers(self, tenant: str, api_key: str | None) -> dict[str, str]:
         """`api_key`: the caller's bearer, sent only when forwarding was configured."""

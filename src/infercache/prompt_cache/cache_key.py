@@ -3,8 +3,10 @@
 OpenAI routes a request to a machine by a hash of its first tokens combined with the
 `prompt_cache_key`; requests that share both land where their prefix is cached. The gateway
 derives one per tenant and system prompt: `HMAC(deployment secret, "pck", tenant, sha256(system
-prompt))`, 32 hex characters. Salted, so the key reveals neither the tenant nor the prompt, and
-per tenant, so no two tenants share a cache partition through it. A client's own key is kept.
+prompt)[, version])`, 32 hex characters. Salted, so the key reveals neither the tenant nor the
+prompt, per tenant, so no two tenants share a cache partition through it, and per model version
+when one is given, so a retired version's cached prefixes are not reused. A client's own key is
+kept.
 """
 
 from __future__ import annotations
@@ -38,15 +40,23 @@ def system_prompt(body: Mapping[str, Any]) -> str:
     return ""
 
 
-def derived_key(secret: bytes, tenant: str, body: Mapping[str, Any]) -> str:
+def derived_key(
+    secret: bytes, tenant: str, body: Mapping[str, Any], version: str | None = None
+) -> str:
+    """`version`: the model version the request goes to (gateway/versions.py), so a provider's
+    cached prefix is not reused across versions (None: unversioned, the key as before)."""
     prompt = hashlib.sha256(system_prompt(body).encode()).digest()
     message = b"pck\x00" + tenant.encode() + b"\x00" + prompt
+    if version is not None:
+        message += b"\x00version\x00" + version.encode()
     return hmac.digest(secret, message, "sha256").hex()[:32]
 
 
-def with_prompt_cache_key(secret: bytes, tenant: str, body: Mapping[str, Any]) -> dict[str, Any]:
+def with_prompt_cache_key(
+    secret: bytes, tenant: str, body: Mapping[str, Any], version: str | None = None
+) -> dict[str, Any]:
     """`body` with a derived `prompt_cache_key` unless the client set its own."""
     out = dict(body)
     if not out.get("prompt_cache_key"):
-        out["prompt_cache_key"] = derived_key(secret, tenant, body)
+        out["prompt_cache_key"] = derived_key(secret, tenant, body, version)
     return out

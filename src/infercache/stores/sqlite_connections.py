@@ -28,7 +28,6 @@ block runs on a blocking connection, whose commit checkpoints once the log passe
 
 from __future__ import annotations
 
-import math
 import sqlite3
 import threading
 import time
@@ -217,15 +216,16 @@ def _switch_to_wal(conn: sqlite3.Connection, timeout_s: float) -> None:
     """`PRAGMA journal_mode=WAL`, retried for up to `timeout_s`: on a fresh file the switch
     takes a lock that SQLite's busy handler does not wait for, so a process (or thread) racing
     another's switch reads "database is locked" at once. Real time, as SQLite's own busy
-    timeout is; 5 ms between tries."""
-    tries = max(1, math.ceil(timeout_s / _WAL_RETRY_S))
-    for attempt in range(tries):
+    timeout is: until `timeout_s` has passed in all (a try may itself wait the busy timeout, so
+    counting tries would multiply it); 5 ms between tries."""
+    deadline_s = time.monotonic() + timeout_s
+    while True:
         try:
             conn.execute("PRAGMA journal_mode=WAL")
             return
         except sqlite3.OperationalError as exc:
             busy = getattr(exc, "sqlite_errorcode", 0) & 0xFF in _WAITED
-            if not busy or attempt == tries - 1:
+            if not busy or time.monotonic() >= deadline_s:
                 raise
             time.sleep(_WAL_RETRY_S)
 
