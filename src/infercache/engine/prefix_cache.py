@@ -30,9 +30,10 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from infercache.engine.eviction import EvictionPolicy
 from infercache.engine.kv import KVPool, KVShape, KVWorkspace, SlotSpan
 from infercache.engine.kv_tiers import KVTiers, TierLoad
-from infercache.engine.radix import EvictionPolicy, RadixNode, RadixStats, RadixTree
+from infercache.engine.radix import RadixNode, RadixStats, RadixTree
 
 log = logging.getLogger(__name__)
 

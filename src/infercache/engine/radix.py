@@ -13,8 +13,8 @@ Algorithm (SGLang's RadixAttention cache, for one worker):
   handed back as `unused`, for the caller to free.
 - `lock(node)` / `unlock(node)` count the users of a node and of every ancestor up to its root.
   Only unlocked leaves are evictable; evicting a leaf can make its parent an evictable leaf.
-- `evict(nbytes)` removes evictable leaves, lowest `EvictionPolicy.priority` first (least
-  recently used by a logical access counter, by default), until `nbytes` more fit under
+- `evict(nbytes)` removes evictable leaves, lowest `EvictionPolicy.priority` first (eviction.py;
+  least recently used by a logical access counter, by default), until `nbytes` more fit under
   `max_kv_bytes`. The removed payloads are returned: the tree never frees memory itself.
 - The evictable leaves are kept up to date as the tree changes (as SGLang's radix cache keeps
   `evictable_leaves`), never found by a walk: a node enters the set when it becomes an unlocked
@@ -47,6 +47,8 @@ import itertools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, Self, TypeVar
+
+from infercache.engine.eviction import EvictionPolicy, LRUPolicy
 
 
 class KVPayload(Protocol):
@@ -102,19 +104,6 @@ class RadixNode(Generic[P]):
 
     def __repr__(self) -> str:
         return f"RadixNode(tokens={len(self.key)}, lock_count={self.lock_count})"
-
-
-class EvictionPolicy(Protocol):
-    def priority(self, node: RadixNode[Any]) -> float:
-        """Evictable leaves with the lowest priority go first."""
-        ...
-
-
-class LRUPolicy:
-    """Least recently matched or inserted first."""
-
-    def priority(self, node: RadixNode[Any]) -> float:
-        return node.last_access
 
 
 @dataclass(frozen=True, slots=True)
