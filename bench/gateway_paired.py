@@ -1,6 +1,7 @@
 """Gateway variants side by side: paired rounds of miss and hit latency, one upstream behind all.
 
-    .venv/bin/python bench/gateway_paired.py [--rounds 20] [--seconds 4] VARIANT...
+    .venv/bin/python bench/gateway_paired.py [--rounds 20] [--seconds 4] [--concurrency 32]
+                                             VARIANT...
 
 A VARIANT is `shipped` (this tree, as `infercache serve` runs), `without:FEATURES` (this tree
 with per-request features off, bench/without.py), or `tree:DIR` (another checkout's `src`,
@@ -9,10 +10,13 @@ for example the code before a change: `git archive REV src | tar -x -C DIR`, the
 stand-in upstream (bench/gateway.py's), each idle while another is measured. Each round runs,
 for every variant in turn, `wrk` from one connection for `--seconds`: requests with prompts
 unique to that run (each a miss: lookup, upstream call, store) and then one cached request
-(each an exact hit, checked). Alternating within a round puts every variant under the same
-conditions, so the paired difference of each round against the first variant is the figure;
-its median and sign counts are printed beside each variant's median and range. `wrk` reports
-latencies above 1 ms to 10 µs.
+(each an exact hit, checked); with `--concurrency N`, the cached request again from N
+connections (hits/s). Each round also runs the misses against the upstream directly, so what a
+miss adds (its p50 through a gateway minus the upstream's own) is printed too. Alternating
+within a round puts every variant under the same conditions, so the paired difference of each
+round against the first variant is the figure; its median and sign counts are printed beside
+each variant's median and range. The variants run in reverse order every other round, so none
+is always measured right after another's load. `wrk` reports latencies above 1 ms to 10 µs.
 
 Needs `wrk` (Debian's package).
 """
@@ -56,6 +60,7 @@ def main() -> int:
     parser.add_argument("variants", nargs="+", help="the first is the baseline")
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--seconds", type=int, default=4, help="per wrk run")
+    parser.add_argument("--concurrency", type=int, default=0, help="hits/s from N connections")
     args = parser.parse_args()
     if not shutil.which("wrk"):
         raise SystemExit("wrk not found (apt-get install wrk)")
@@ -80,7 +85,8 @@ def main() -> int:
             for url in urls:
                 wait_for(url.replace("/v1/chat/completions", "/healthz"))
                 httpx.post(url, json=body(0), timeout=30)  # stores the hit
-            return measure(args.variants, urls, args.rounds, args.seconds)
+            direct = f"{upstream}/chat/completions"
+            return measure(args.variants, urls, direct, args)
         finally:
             for p in processes:
                 p.terminate()
@@ -88,34 +94,55 @@ def main() -> int:
                 p.wait(30)
 
 
-def measure(variants: list[str], urls: list[str], rounds: int, seconds: int) -> int:
+def measure(variants: list[str], urls: list[str], direct: str, args: argparse.Namespace) -> int:
+    rounds, seconds = args.rounds, args.seconds
     hit_script = HIT_LUA.replace("BODY", json.dumps(body(0)))
     for url in urls:  # warm: connections, code paths
         wrk(url, MISS_LUA.replace("RUN", f"warm{time.time_ns()}"), 1, 1)
     miss: list[list[float]] = [[] for _ in variants]
+    adds: list[list[float]] = [[] for _ in variants]
     hit: list[list[float]] = [[] for _ in variants]
+    rps: list[list[float]] = [[] for _ in variants]
     for r in range(rounds):
-        for i, url in enumerate(urls):
+        upstream_p50 = wrk(direct, MISS_LUA.replace("RUN", f"d{time.time_ns()}"), 1, seconds)
+        # Every other round in reverse order: a variant measured right after another's
+        # 32-connection burst reads ~40 µs slower on a miss (measured), whichever it is.
+        order = list(enumerate(urls)) if r % 2 == 0 else list(enumerate(urls))[::-1]
+        for i, url in order:
             miss[i].append(
                 wrk(url, MISS_LUA.replace("RUN", f"r{time.time_ns()}"), 1, seconds)["p50_ms"]
             )
-            result = wrk(url, hit_script, 1, seconds)
-            if result["others"] != 0:
-                raise SystemExit(f"{variants[i]}: not every response was an exact hit: {result}")
-            hit[i].append(result["p50_ms"])
+            adds[i].append(miss[i][-1] - upstream_p50["p50_ms"])
+            hit[i].append(_hits(variants[i], wrk(url, hit_script, 1, seconds))["p50_ms"])
+            if args.concurrency:
+                many = wrk(url, hit_script, args.concurrency, seconds)
+                rps[i].append(_hits(variants[i], many)["rps"])
         print(f"round {r + 1}/{rounds}: miss p50 "
               + ", ".join(f"{m[-1]:.3f}" for m in miss) + " ms; hit p50 "
-              + ", ".join(f"{h[-1]:.3f}" for h in hit) + " ms", flush=True)  # fmt: skip
-    for label, series in (("miss p50", miss), ("exact hit p50", hit)):
-        print(f"\n{label}, 1 connection, {rounds} rounds (ms; paired difference against "
-              f"{variants[0]}: median, rounds slower / faster / equal)")  # fmt: skip
-        for variant, xs in zip(variants, series, strict=True):
-            diffs = [x - b for x, b in zip(xs, series[0], strict=True)]
+              + ", ".join(f"{h[-1]:.3f}" for h in hit) + " ms"
+              + ("; hits/s " + ", ".join(f"{x[-1]:,.0f}" for x in rps) if args.concurrency else ""),
+              flush=True)  # fmt: skip
+    series = [("miss p50 (ms)", miss, 1000), ("what a miss adds, p50 (ms)", adds, 1000),
+              ("exact hit p50 (ms)", hit, 1000)]  # fmt: skip
+    if args.concurrency:
+        series.append((f"exact hits/s, {args.concurrency} connections", rps, 1))
+    for label, xs_by_variant, scale in series:
+        unit = "µs" if scale == 1000 else "/s"
+        print(f"\n{label}, {rounds} rounds (median (range); paired difference against "
+              f"{variants[0]}: median, rounds higher / lower / equal)")  # fmt: skip
+        for variant, xs in zip(variants, xs_by_variant, strict=True):
+            diffs = [x - b for x, b in zip(xs, xs_by_variant[0], strict=True)]
             print(f"  {variant:60s} {statistics.median(xs):.3f} ({min(xs):.3f}-{max(xs):.3f})  "
-                  f"{statistics.median(diffs) * 1000:+.0f} µs  "
+                  f"{statistics.median(diffs) * scale:+.0f} {unit}  "
                   f"{sum(d > 0 for d in diffs)}/{sum(d < 0 for d in diffs)}/"
                   f"{sum(d == 0 for d in diffs)}")  # fmt: skip
     return 0
+
+
+def _hits(variant: str, result: dict[str, float]) -> dict[str, float]:
+    if result["others"] != 0:
+        raise SystemExit(f"{variant}: not every response was an exact hit: {result}")
+    return result
 
 
 if __name__ == "__main__":

@@ -41,8 +41,9 @@ from typing import Any
 
 import numpy as np
 
-from infercache.cache import Cache, Layer
+from infercache.cache import Cache
 from infercache.clock import ManualClock
+from infercache.completion import Layer
 from infercache.semantic.answer_stats import AnswerStatsConfig
 from infercache.semantic.embedder import Embedder
 from infercache.semantic.from_settings import answer_stats_for

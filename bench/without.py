@@ -73,13 +73,13 @@ def _no_head_bound() -> None:
 
 
 def _no_nonblocking() -> None:
-    from infercache.gateway import service
+    from infercache import store_guard
 
     def plain(backend: object) -> Callable[[], AbstractContextManager[None]]:
         return contextlib.nullcontext
 
-    _replace(service, "inline_reads", plain)
-    _replace(service, "inline_writes", plain)
+    _replace(store_guard, "inline_reads", plain)
+    _replace(store_guard, "inline_writes", plain)
 
 
 FEATURES: dict[str, Callable[[], None]] = {

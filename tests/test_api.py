@@ -14,6 +14,7 @@ import pytest
 
 import infercache
 import infercache.cache
+import infercache.completion
 import infercache.errors
 from infercache import Cache, Completion, InfercacheError, Layer, Settings, wrap
 from infercache.clock import ManualClock
@@ -61,10 +62,10 @@ def test_import_infercache_has_no_side_effect(tmp_path: Path) -> None:
 
 def test_the_names_a_user_handles_are_the_modules_own() -> None:
     assert Cache is infercache.cache.Cache
-    assert Completion is infercache.cache.Completion
-    assert Layer is infercache.cache.Layer
+    assert Completion is infercache.completion.Completion
+    assert Layer is infercache.completion.Layer
     assert Settings.__module__ == "infercache.settings"
-    assert wrap.__module__ == "infercache.openai_client"
+    assert wrap.__module__ == "infercache.openai.client"
     assert InfercacheError is infercache.errors.InfercacheError
 
 

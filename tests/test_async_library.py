@@ -12,8 +12,9 @@ from typing import Any
 
 import pytest
 
-from infercache.cache import Cache, Layer
+from infercache.cache import Cache
 from infercache.clock import ManualClock
+from infercache.completion import Layer
 from infercache.semantic.embedder import HashingEmbedder, Matrix
 from infercache.semantic.guards import build_guards
 from infercache.semantic.judges import ExactAnswerJudge

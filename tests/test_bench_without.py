@@ -11,8 +11,9 @@ from types import ModuleType
 
 import pytest
 
+from infercache import store_guard
 from infercache.clock import ManualClock
-from infercache.gateway import http_server, service
+from infercache.gateway import http_server
 from infercache.gateway.traffic import RequestMetrics
 from infercache.served_answers import ServedAnswers, ServedBy
 from infercache.store_guard import GuardedBackend
@@ -28,8 +29,8 @@ def without(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
         (ServedAnswers, "remember"),
         (GuardedBackend, "_call"),
         (http_server, "server_config"),
-        (service, "inline_reads"),
-        (service, "inline_writes"),
+        (store_guard, "inline_reads"),
+        (store_guard, "inline_writes"),
     ):
         monkeypatch.setattr(owner, name, getattr(owner, name))
     spec = importlib.util.spec_from_file_location("bench_without", WITHOUT)
@@ -78,7 +79,7 @@ def test_head_bound_off_leaves_uvicorn_its_own_protocol(without: ModuleType) -> 
 
 def test_nonblocking_off_makes_plain_calls(without: ModuleType) -> None:
     without.FEATURES["nonblocking"]()
-    for inline in (service.inline_reads, service.inline_writes):
+    for inline in (store_guard.inline_reads, store_guard.inline_writes):
         assert inline(object()) is contextlib.nullcontext  # type: ignore[arg-type]
 
 

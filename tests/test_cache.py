@@ -9,8 +9,9 @@ from typing import Any
 
 import pytest
 
-from infercache.cache import Cache, Layer
+from infercache.cache import Cache
 from infercache.clock import ManualClock
+from infercache.completion import Layer
 from infercache.errors import NotCachedError, UpstreamError
 from infercache.settings import Settings
 from tests.harness.upstreams import CountingUpstream

@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from infercache.cache import Cache, Layer
+from infercache.cache import Cache
 from infercache.cli import main
 from infercache.clock import ManualClock
+from infercache.completion import Layer
 from infercache.settings import Settings
 from tests.harness.upstreams import CountingUpstream
 from tests.harness.vocabulary import chat

@@ -3,6 +3,7 @@ model version and tags checked on read, TTLs, cache controls, and a failing stor
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -10,9 +11,10 @@ import pytest
 
 from infercache import Cache, EmbeddingCache, Settings
 from infercache.clock import ManualClock
-from infercache.embedding_request import apportion, parse_embedding_request
+from infercache.embeddings.embedding_request import apportion, parse_embedding_request
 from infercache.errors import InvalidRequestError, NotCachedError, StoreError, UpstreamError
 from infercache.stores.memory import MemoryStore
+from tests.harness.flight_watch import FlightWatch
 
 
 class Embedder:
@@ -175,6 +177,39 @@ def test_a_failing_store_is_a_counted_miss_never_an_error(
     assert result.stored == 0
     stats = cache.stats()["strategies"]["embeddings"]
     assert stats["misses"] == {"store_error": 1}
+
+
+def test_identical_batches_in_flight_make_one_upstream_call(
+    cache: Cache, embeddings: EmbeddingCache, upstream: Embedder
+) -> None:
+    gate = threading.Event()
+
+    def gated(sent: dict[str, Any]) -> dict[str, Any]:
+        assert gate.wait(30)
+        return upstream(sent)
+
+    embeddings.create(body(["cached"]), upstream)
+    results: list[Any] = []
+    batches = [["new", "cached", "other"], ["cached", "new", "other", "new"]]  # same missing
+    threads = [
+        threading.Thread(target=lambda b=b: results.append(embeddings.create(body(b), gated)))
+        for b in batches
+    ]
+    for t in threads:
+        t.start()
+    assert FlightWatch(embeddings.flights).flights(1, waiting=1)
+    gate.set()
+    for t in threads:
+        t.join(30)
+    assert upstream.sent == [["cached"], ["new", "other"]]
+    by_hits = sorted(results, key=lambda r: len(r.response["data"]))
+    assert [[d["embedding"][0] for d in r.response["data"]] for r in by_hits] == [
+        [3.0, 6.0, 5.0],
+        [6.0, 3.0, 5.0, 3.0],
+    ]
+    assert sorted(r.stored for r in results) == [0, 2]  # the leader stored both, once
+    stats = cache.stats()["strategies"]["embeddings"]
+    assert stats["counters"]["coalesced"] == 2
 
 
 @pytest.mark.anyio

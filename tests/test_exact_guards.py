@@ -9,8 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from infercache.cache import Cache, Layer, Miss
+from infercache.cache import Cache
 from infercache.clock import ManualClock
+from infercache.completion import Layer
+from infercache.miss import Miss
 from infercache.request import parse_request
 from infercache.settings import Settings
 from tests.harness.upstreams import CountingUpstream
@@ -75,11 +77,11 @@ def test_an_answer_from_an_older_version_is_not_stored_under_the_current_one(
     cache.set_model_version("test-model", "fp-2")
     miss = cache.begin(chat())
     assert isinstance(miss, Miss)
+    assert miss.lookup is not None
     # A replica still on fp-1 answered: the upstream says which version produced it.
-    miss.close(upstream(chat()), upstream_s=1.0, produced_by="fp-1")
+    store = cache.exact.store
+    store(miss.lookup, miss.request, upstream(chat()), upstream_s=1.0, produced_by="fp-1")
     assert cache.backend.get(key(cache)) is None
     assert cache.stats()["strategies"]["exact"]["counters"]["not_stored"] == 1
-    again = cache.begin(chat())
-    assert isinstance(again, Miss)
-    again.close(upstream(chat()), upstream_s=1.0, produced_by="fp-2")
+    store(miss.lookup, miss.request, upstream(chat()), upstream_s=1.0, produced_by="fp-2")
     assert cache.complete(chat(), upstream).layer is Layer.EXACT

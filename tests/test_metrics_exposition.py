@@ -15,9 +15,11 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from infercache.cache import Cache, Layer, Miss
+from infercache.cache import Cache
 from infercache.clock import ManualClock
-from infercache.embedding_cache import EmbeddingCache
+from infercache.completion import Layer
+from infercache.embeddings.embedding_cache import EmbeddingCache
+from infercache.miss import Miss
 from infercache.semantic.embedder import HashingEmbedder
 from infercache.semantic.guards import default_guards
 from infercache.semantic.layer import SemanticConfig
@@ -231,9 +233,9 @@ def test_the_librarys_token_hit_rates_are_shares(tmp_path: Path, clock: ManualCl
     first, second = (cache.begin(chat("Where is my parcel?")) for _ in range(2))
     assert isinstance(first, Miss)
     assert isinstance(second, Miss)
-    leader = first.close(upstream(first.request.body), upstream_s=0.5)
-    assert leader is not None
-    shared = second.close_shared(leader)
+    response = upstream(first.request.body)
+    assert first.close(response, upstream_s=0.5)
+    shared = second.close_shared(first.answer(response, 0.5))
     assert shared is not None
     assert shared.coalesced
     embeddings = EmbeddingCache.of(cache)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import struct
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from infercache import Cache, Settings, wrap
 from infercache.clock import ManualClock
+from tests.harness.flight_watch import FlightWatch
 from tests.harness.servers import serve
 from tests.integrations.openai_standin import StandIn, vector
 
@@ -192,16 +194,46 @@ def test_a_cut_off_stream_reaches_the_caller_but_is_never_stored(
     assert standin.chat_calls == 2
 
 
-def test_a_stream_the_caller_closes_early_stores_nothing(
+def test_a_stream_every_reader_leaves_early_stores_nothing(
     client: openai.OpenAI, standin: StandIn, cache: Cache
 ) -> None:
+    standin.hold = threading.Event()
     stream = client.chat.completions.create(
         model="m", messages=MESSAGES, temperature=0, stream=True
     )
     next(iter(stream))
-    stream.close()
+    stream.close()  # the only reader left: the fetch ends at its next chunk
+    standin.hold.set()
+    assert FlightWatch(cache.flights).empty()
     assert create(client).headers["x-infercache"] == "miss"
     assert cache.stats()["strategies"]["exact"]["counters"].get("stored") == 1
+
+
+def test_identical_streams_in_flight_make_one_upstream_call(
+    client: openai.OpenAI, standin: StandIn, cache: Cache
+) -> None:
+    standin.hold = threading.Event()
+    texts: list[str] = []
+    headers: list[str] = []
+
+    def read() -> None:
+        raw = create(client, stream=True)
+        headers.append(raw.headers.get("x-infercache-coalesced", "false"))
+        texts.append(stream_text(raw.parse()))
+
+    threads = [threading.Thread(target=read) for _ in range(4)]
+    for t in threads:
+        t.start()
+    assert FlightWatch(cache.flights).flights(1, waiting=3)
+    standin.hold.set()
+    for t in threads:
+        t.join(30)
+    assert texts == ["answer #1 to Say hi"] * 4
+    assert sorted(headers) == ["false", "true", "true", "true"]
+    assert standin.chat_calls == 1
+    assert standin.bodies(CHAT)[0]["stream_options"] == {"include_usage": True}
+    exact = cache.stats()["strategies"]["exact"]
+    assert (exact["counters"]["coalesced"], exact["counters"]["stored"]) == (3, 1)
 
 
 # -- embeddings --

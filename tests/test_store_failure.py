@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from infercache.cache import Cache, Layer
+from infercache.cache import Cache
 from infercache.clock import ManualClock
+from infercache.completion import Layer
 from infercache.settings import Settings
 from tests.harness.servers import free_port
 from tests.harness.upstreams import CountingUpstream

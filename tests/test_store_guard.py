@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from infercache.cache import Cache, Layer
+from infercache.cache import Cache
 from infercache.clock import ManualClock
+from infercache.completion import Layer
 from infercache.errors import StoreError, StoreUnavailableError
 from infercache.settings import Settings
 from infercache.store_guard import BreakerSettings, CircuitBreaker, GuardedBackend

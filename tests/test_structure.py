@@ -44,12 +44,18 @@ def test_the_check_sees_classes_and_aliases() -> None:
     assert _defined_names(tree) == ["Alpha", "Beta"]
 
 
+# Subpackages whose every module the README's Layout table names (the others: the package).
+NAMED_PACKAGES = ("gateway", "openai", "embeddings")
+
+
 def test_the_readme_layout_names_every_module() -> None:
-    """Every module at the package's top level and in gateway/ appears in the README's Layout
-    table, so a newcomer can find it there."""
+    """Every module at the package's top level and in the subpackages above appears in the
+    README's Layout table, so a newcomer can find it there."""
     readme = (PACKAGE.parents[1] / "README.md").read_text(encoding="utf-8")
     layout = readme.split("## Layout", 1)[1].split("\n## ", 1)[0]
-    modules = [*PACKAGE.glob("*.py"), *(PACKAGE / "gateway").glob("*.py")]
+    modules = [*PACKAGE.glob("*.py")]
+    for package in NAMED_PACKAGES:
+        modules.extend((PACKAGE / package).glob("*.py"))
     missing = sorted(
         str(p.relative_to(PACKAGE))
         for p in modules
@@ -58,6 +64,29 @@ def test_the_readme_layout_names_every_module() -> None:
     assert missing == [], f"modules the README's Layout table does not name: {missing}"
     packages = sorted(p.name for p in PACKAGE.iterdir() if (p / "__init__.py").exists())
     assert [name for name in packages if f"`{name}/`" not in layout] == []
+
+
+def _lease_closes(tree: ast.Module) -> list[int]:
+    """Lines calling `close_shared`, or `close` on a name `miss` (a replica flight's lease,
+    gateway/across_replicas.py, is another thing, closed there)."""
+    lines = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            name, owner = node.func.attr, node.func.value
+            shared = name == "close_shared"
+            leased = name == "close" and isinstance(owner, ast.Name) and owner.id == "miss"
+            if shared or leased:
+                lines.append(node.lineno)
+    return lines
+
+
+def test_a_miss_is_closed_by_the_one_miss_protocol_only() -> None:
+    closing = {
+        str(path.relative_to(PACKAGE))
+        for path in PACKAGE.rglob("*.py")
+        if _lease_closes(ast.parse(path.read_text(), filename=str(path)))
+    }
+    assert closing == {"miss_flight.py"}
 
 
 def test_the_readme_layout_and_each_package_docstring_name_its_subpackages() -> None:

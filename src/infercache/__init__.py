@@ -21,11 +21,11 @@ __version__ = "0.1.0"
 # name → the module that defines it
 _EXPORTS = {
     "Cache": "infercache.cache",
-    "Completion": "infercache.cache",
-    "Layer": "infercache.cache",
+    "Completion": "infercache.completion",
+    "Layer": "infercache.completion",
     "Settings": "infercache.settings",
-    "EmbeddingCache": "infercache.embedding_cache",
-    "wrap": "infercache.openai_client",
+    "EmbeddingCache": "infercache.embeddings.embedding_cache",
+    "wrap": "infercache.openai.client",
     **dict.fromkeys(
         (
             "InfercacheError",
@@ -80,8 +80,9 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:  # what type checkers and IDEs see; at run time `__getattr__` imports these
-    from infercache.cache import Cache, Completion, Layer
-    from infercache.embedding_cache import EmbeddingCache
+    from infercache.cache import Cache
+    from infercache.completion import Completion, Layer
+    from infercache.embeddings.embedding_cache import EmbeddingCache
     from infercache.errors import (
         AuthenticationError,
         ConfigError,
@@ -102,7 +103,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time `__getattr__` 
         UpstreamError,
         UpstreamUnavailableError,
     )
-    from infercache.openai_client import wrap
+    from infercache.openai.client import wrap
     from infercache.settings import Settings
 
 

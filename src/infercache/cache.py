@@ -10,12 +10,11 @@
          is fresh and passes threshold and guards                        (semantic/layer.py)
          hit → its answer, `semantic`, with age and similarity; maybe verified in background
       6. `only-if-cached` and no hit → NotCachedError
-    A `Miss` is a lease its owner closes exactly once (a second close does nothing):
-      miss.close(response): fetched: count it; store it only if complete and not `no-store`
-                            (and index it for the semantic layer)
-      miss.close(None):     the upstream failed or the stream was cut: count it, store nothing
-      miss.close_shared(leader | None): an identical request in flight fetched it (flight.py):
-                            a coalesced hit, or a miss when that call failed
+    A `Miss` (miss.py) is a lease the one miss protocol (miss_flight.py) closes exactly once:
+      fetched:  count it; store it only if complete and not `no-store` (and index it for the
+                semantic layer)                                       (miss.py, MissLedger)
+      abandoned: the upstream failed or the stream was cut: count it, store nothing
+      shared:   an identical request in flight fetched it: a coalesced hit
     The engine's KV prefix reuse sits underneath, inside the upstream.
 Every answer a cache entry holds is remembered by response id and tenant (served_answers.py),
 so `report_wrong(response_id)` can retire the entry that served it, at once, and charge the
@@ -24,40 +23,38 @@ statistics and the layer's threshold or calibration (SemanticLayer.report_wrong)
 hit's or a fetched answer's only retires the entry (and its semantic record, so no paraphrase
 is served it either): the upstream answered that very question, no cache decision was wrong.
 
-`complete` (threads) and `acomplete` (asyncio) are begin → lead or join the flight for the key
-→ fetch → close, on the same coalescing primitive (flight.py) the gateway uses around its
-streaming upstream calls.
+`complete` (threads) and `acomplete` (asyncio) are begin → the miss protocol with the caller's
+function as the upstream, as the gateway and the wrapped `openai` client are with theirs. In
+`acomplete`, store I/O runs where store_guard.py's `StoreIO` says (`store_io`).
 
 The upstream is any function from a chat-completions body (directives stripped) to a response
 body: an HTTP client, an in-process engine, a test double. Its exceptions propagate unchanged and
 nothing is stored. A store failure is never the caller's problem: a counted miss.
-
-`complete` and `acomplete` share every step but the upstream call itself.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from enum import StrEnum
-from typing import Any, NamedTuple, TypeVar
+from typing import Any
 
 import orjson
 
 from infercache.clock import Clock, SystemClock
+from infercache.completion import Completion, Layer, Response
 from infercache.errors import InvalidRequestError, NotCachedError, StoreError
 from infercache.exact import ExactCache, Lookup
-from infercache.flight import Flight, FlightTable
+from infercache.flight import FlightTable
+from infercache.function_source import AsyncFunctionSource, FunctionSource
 from infercache.metrics import Metrics, MissReason
-from infercache.policy import usage_tokens
+from infercache.miss import Miss, MissLedger
+from infercache.miss_flight import close_fetched, coalesce, coalesce_sync
 from infercache.request import ChatRequest, Endpoint, parse_request
 from infercache.semantic.embedder import Embedder
 from infercache.semantic.guards import Guard
 from infercache.semantic.index import IndexFactory
 from infercache.semantic.layer import (
-    Probe,
     SemanticConfig,
     SemanticHit,
     SemanticLayer,
@@ -70,111 +67,20 @@ from infercache.served_answers import (
     retire_reported,
 )
 from infercache.settings import Settings
+from infercache.store_guard import StoreIO
 from infercache.stores import Backend, open_store
-from infercache.stores.memory import MemoryStore
 
 log = logging.getLogger(__name__)
 
-T = TypeVar("T")
-
-Response = dict[str, Any]
 # What the library calls on a miss: a chat-completions body in, a response body out.
 ChatFn = Callable[[dict[str, Any]], Response]
 AsyncChatFn = Callable[[dict[str, Any]], Awaitable[Response]]
 
 
-class Layer(StrEnum):
-    EXACT = "exact"
-    SEMANTIC = "semantic"
-    MISS = "miss"
-    BYPASS = "bypass"
-    UNCACHEABLE = "uncacheable"
-
-
-class Completion(NamedTuple):  # a NamedTuple, not a frozen dataclass: built on every hit
-    response: Response
-    layer: Layer
-    age_s: float | None = None  # how old the served entry is (hits only)
-    key: str | None = None
-    coalesced: bool = False  # served the answer of an identical request in flight
-    upstream_s: float | None = None  # how long the upstream took (answers fetched now)
-    similarity: float | None = None  # cosine similarity in [-1, 1] of a semantic hit
-    raw: bytes | None = None  # `response` as JSON, as the store holds it (hits): replayed as is
-
-
-class Miss:
-    """A request no cache layer answered: a lease on its lookup that its owner closes exactly
-    once, with the fetched response (`close`), the answer of an identical request in flight
-    (`close_shared`), or None when there is no answer. Later closes do nothing and return None.
-    """
-
-    __slots__ = ("_cache", "_closed", "_lock", "layer", "lookup", "probe", "request")
-
-    def __init__(
-        self,
-        cache: Cache,
-        request: ChatRequest,
-        layer: Layer,
-        lookup: Lookup | None,
-        probe: Probe | None = None,
-    ) -> None:
-        self.request = request
-        self.layer = layer  # MISS, BYPASS or UNCACHEABLE
-        self.lookup = lookup  # None when the request is not cacheable
-        self.probe = probe  # the semantic lookup's embedding, reused to index the answer
-        self._cache = cache
-        self._lock = threading.Lock()
-        self._closed = False
-
-    @property
-    def flight_key(self) -> str | None:
-        """Identical in-flight misses share one upstream call under this key (None: never)."""
-        return self.lookup.key if self.layer is Layer.MISS and self.lookup is not None else None
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
-    def answer(self, response: Response, upstream_s: float) -> Completion:
-        """The Completion this Miss's fetched `response` is served as (nothing counted or
-        stored: that is `close`)."""
-        key = self.lookup.key if self.lookup is not None else None
-        return Completion(response, self.layer, key=key, upstream_s=upstream_s)
-
-    def _claim(self) -> bool:
-        with self._lock:
-            first, self._closed = not self._closed, True
-            return first
-
-    def close(
-        self,
-        response: Response | None,
-        *,
-        upstream_s: float = 0.0,
-        produced_by: str | None = None,
-    ) -> Completion | None:
-        """The upstream answered (`response`) or did not (None). `produced_by`: the model
-        version the upstream says produced it (see ExactCache.store)."""
-        if not self._claim():
-            return None
-        if response is None:
-            self._cache._abandon(self)
-            return None
-        return self._cache._finish(self, response, upstream_s, produced_by)
-
-    def close_shared(self, leader: Completion | None) -> Completion | None:
-        """An identical request in flight fetched `leader` for this one (None: it failed)."""
-        if not self._claim():
-            return None
-        if leader is None:
-            self._cache._abandon(self)
-            return None
-        return self._cache._shared(self, leader)
-
-
 class Cache:
     """Thread-safe; one instance per process is enough. Build with `Cache(settings)`, or pass a
-    backend, clock and metrics to share them (tests, the gateway)."""
+    backend, clock and metrics to share them (tests, the gateway). `store_workers`: a thread
+    pool of that many for store I/O off the event loop (None: asyncio's default executor)."""
 
     def __init__(
         self,
@@ -183,6 +89,7 @@ class Cache:
         backend: Backend | None = None,
         clock: Clock | None = None,
         metrics: Metrics | None = None,
+        store_workers: int | None = None,
     ) -> None:
         self.settings = settings
         self.clock: Clock = clock if clock is not None else SystemClock()
@@ -206,12 +113,14 @@ class Cache:
             ignorable_fields=settings.ignorable_fields,
         )
         self.flights: FlightTable[Completion] = FlightTable()
+        self.store_io = StoreIO(self.backend, workers=store_workers)  # store_guard.py
         self.semantic: SemanticLayer | None = None
         self.served = ServedAnswers(
             max_answers=settings.feedback_max_answers,
             ttl_s=settings.feedback_ttl_s,
             clock=self.clock,
         )
+        self.ledger = MissLedger(self.exact, self.metrics, self.served)  # what a close does
 
     def enable_semantic(
         self,
@@ -240,7 +149,8 @@ class Cache:
             layer.rebuild()
         except StoreError as exc:
             log.warning("semantic index starts empty, the store is unreadable: %s", exc)
-        self.semantic = layer
+        self.semantic = self.ledger.semantic = layer
+        self.store_io.inline = False  # lookups and stores now embed: never on an event loop
         return layer
 
     # -- the request path, for library callers --
@@ -249,23 +159,7 @@ class Cache:
         outcome = self.begin(request, verify=upstream)
         if isinstance(outcome, Completion):
             return outcome
-        miss = outcome
-        flight, leader = self.flights.lead_or_join(miss.flight_key)
-        if not leader:
-            return self._join(miss, flight.wait)
-        done: Completion | None = None
-        error: BaseException | None = None
-        try:
-            started = self.clock.monotonic_s()
-            response = upstream(dict(miss.request.body))
-            done = miss.close(response, upstream_s=self.clock.monotonic_s() - started)
-            return _closed(done)
-        except BaseException as exc:
-            error = exc
-            raise
-        finally:
-            miss.close(None)  # no-op unless the upstream (or the close) raised
-            flight.settle(done, error)
+        return coalesce_sync(outcome, self.flights, FunctionSource(upstream), self.clock).wait()
 
     async def acomplete(self, request: dict[str, Any], upstream: AsyncChatFn) -> Completion:
         """`complete` for asyncio: the same layers, live verification included (its fetch runs
@@ -279,55 +173,14 @@ class Cache:
         def verify(body: dict[str, Any]) -> Response:
             return asyncio.run_coroutine_threadsafe(call(body), loop).result()
 
-        outcome = await self._off_loop(self.begin, request, verify=verify)
+        outcome = await self.store_io.read(self.begin, request, verify=verify)
         if isinstance(outcome, Completion):
             return outcome
-        miss = outcome
-        flight, leader = self.flights.lead_or_join(miss.flight_key)
-        if not leader:
-            try:
-                return _closed(miss.close_shared(await flight.result()))
-            finally:
-                miss.close_shared(None)  # no-op unless the flight failed or we were cancelled
-        # The fetch runs as its own task: a caller that is cancelled (a client hanging up)
-        # cancels only its own wait, never the call the others are waiting on.
-        task = asyncio.ensure_future(self._afetch(miss, flight, upstream))
-        task.add_done_callback(_retrieve)
-        return await asyncio.shield(task)
+        source = AsyncFunctionSource(upstream)
+        flight = coalesce(outcome, self.flights, source, self.store_io, self.clock)
+        return await flight.answer()
 
-    async def _afetch(
-        self, miss: Miss, flight: Flight[Completion], upstream: AsyncChatFn
-    ) -> Completion:
-        done: Completion | None = None
-        error: BaseException | None = None
-        try:
-            started = self.clock.monotonic_s()
-            response = await upstream(dict(miss.request.body))
-            upstream_s = self.clock.monotonic_s() - started
-            done = await self._off_loop(miss.close, response, upstream_s=upstream_s)
-            return _closed(done)
-        except BaseException as exc:
-            error = exc
-            raise
-        finally:
-            miss.close(None)
-            flight.settle(done, error)
-
-    async def _off_loop(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """Run `fn` in a thread when it may block (store I/O, embedding); inline when the
-        store is this process's memory and no embedder runs."""
-        if self.semantic is None and isinstance(self.backend, MemoryStore):
-            return fn(*args, **kwargs)
-        return await asyncio.to_thread(fn, *args, **kwargs)
-
-    def _join(self, miss: Miss, wait: Callable[[], Completion]) -> Completion:
-        """Wait for an identical request's answer: a coalesced hit (or its error)."""
-        try:
-            return _closed(miss.close_shared(wait()))
-        finally:
-            miss.close_shared(None)
-
-    # -- the steps, shared by complete, acomplete and the gateway's streaming path --
+    # -- the steps, shared by every caller --
 
     def begin(
         self,
@@ -356,12 +209,12 @@ class Cache:
             self._exact_metrics.miss(MissReason.UNCACHEABLE)
             if cc.only_if_cached:
                 raise NotCachedError(f"request is not cacheable: {why_not}")
-            return Miss(self, req, Layer.UNCACHEABLE, None)
+            return Miss(self.ledger, req, Layer.UNCACHEABLE, None)
         if cc.no_cache:
             # Read first: a read that gives way (StoreWouldBlockError) is retried, counted once.
             refresh = self.exact.lookup(req, read_entry=False)
             self._exact_metrics.miss(MissReason.BYPASSED)
-            return Miss(self, req, Layer.BYPASS, refresh)
+            return Miss(self.ledger, req, Layer.BYPASS, refresh)
         lookup = self.exact.lookup(req)
         if lookup.entry is not None:
             return self._exact_hit(req, lookup)
@@ -374,55 +227,11 @@ class Cache:
         if cc.only_if_cached:
             self._exact_metrics.miss(lookup.miss_reason or MissReason.ABSENT)
             raise NotCachedError("no fresh cached answer (only-if-cached)")
-        return Miss(self, req, Layer.MISS, lookup, probe)
+        return Miss(self.ledger, req, Layer.MISS, lookup, probe)
 
     def finish(self, miss: Miss, response: Response, *, upstream_s: float) -> Completion:
-        """`miss.close(response)` for callers that replay a log (the analyzer)."""
-        return _closed(miss.close(response, upstream_s=upstream_s))
-
-    # -- closing a Miss (called by Miss.close and Miss.close_shared, once per Miss) --
-
-    def _finish(
-        self, miss: Miss, response: Response, upstream_s: float, produced_by: str | None
-    ) -> Completion:
-        prompt_tokens = usage_tokens(response)[0]
-        self._exact_metrics.prompt_tokens(prompt_tokens)
-        if miss.probe is not None and self.semantic is not None:
-            self.semantic.metrics.prompt_tokens(prompt_tokens)  # the semantic layer looked too
-        lookup = miss.lookup
-        if miss.layer is Layer.MISS and lookup is not None:
-            self._exact_metrics.miss(lookup.miss_reason or MissReason.ABSENT)
-        if lookup is not None and not miss.request.directives.cache_control.no_store:
-            stored_under = self.exact.store(
-                lookup, miss.request, response, upstream_s=upstream_s, produced_by=produced_by
-            )
-            if stored_under is not None and self.semantic is not None:
-                self.semantic.store(miss.request, stored_under, lookup.key, miss.probe)
-            if stored_under is not None:
-                self._remember(miss.request, response, ServedBy.FETCHED, (lookup.key,))
-        return miss.answer(response, upstream_s)
-
-    def _abandon(self, miss: Miss) -> None:
-        if miss.layer is Layer.MISS and miss.lookup is not None:
-            self._exact_metrics.miss(miss.lookup.miss_reason or MissReason.ABSENT)
-
-    def _shared(self, miss: Miss, leader: Completion) -> Completion:
-        prompt_tokens, completion_tokens = usage_tokens(leader.response)
-        self._exact_metrics.prompt_tokens(prompt_tokens)
-        if miss.probe is not None and self.semantic is not None:
-            self.semantic.metrics.prompt_tokens(prompt_tokens)
-        self._exact_metrics.hit(
-            prompt_tokens=prompt_tokens,
-            completion_tokens=completion_tokens,
-            upstream_s=leader.upstream_s or 0.0,
-            money_usd=self.metrics.prices.cost_usd(
-                miss.request.model, prompt_tokens, completion_tokens
-            ),
-        )
-        self._exact_metrics.count("coalesced")
-        if leader.key is not None:
-            self._remember(miss.request, leader.response, ServedBy.FETCHED, (leader.key,))
-        return Completion(leader.response, Layer.EXACT, age_s=0.0, key=leader.key, coalesced=True)
+        """Close `miss` with `response`, for callers that replay a log (the analyzer)."""
+        return close_fetched(miss, response, upstream_s)
 
     def _semantic_hit(
         self, req: ChatRequest, lookup: Lookup, hit: SemanticHit, verify: ChatFn | None
@@ -438,7 +247,9 @@ class Cache:
             self.exact.store(lookup, req, response, upstream_s=hit.entry.upstream_s)
             keys = (hit.key, lookup.key)
         serving = SemanticServing(hit.key, hit.score, hit.group)
-        self._remember(req, response, ServedBy.SEMANTIC, keys, serving)
+        self.served.remember(
+            req.directives.tenant, response.get("id"), ServedBy.SEMANTIC, keys, serving
+        )
         return Completion(
             response,
             Layer.SEMANTIC,
@@ -460,21 +271,12 @@ class Cache:
             seen_prompt_tokens=entry.prompt_tokens,
         )
         response: Response = orjson.loads(entry.response)
-        self._remember(req, response, ServedBy.EXACT, (lookup.key,))
+        self.served.remember(
+            req.directives.tenant, response.get("id"), ServedBy.EXACT, (lookup.key,)
+        )
         return Completion(
             response, Layer.EXACT, age_s=self.exact.age_s(entry), key=lookup.key, raw=entry.response
         )
-
-    def _remember(
-        self,
-        req: ChatRequest,
-        response: Response,
-        layer: ServedBy,
-        keys: tuple[str, ...],
-        semantic: SemanticServing | None = None,
-    ) -> None:
-        tenant = req.directives.tenant
-        self.served.remember(tenant, response.get("id"), layer, keys, semantic)
 
     # -- complaints --
 
@@ -525,17 +327,4 @@ class Cache:
         if self.semantic is not None:
             self.semantic.close()  # its replica sync's thread, before the store it reads
         self.backend.close()
-
-
-def _retrieve(task: asyncio.Future[Completion]) -> None:
-    """Mark a fetch's exception retrieved: its caller may have been cancelled meanwhile, and
-    the error already reached every waiter through the flight."""
-    if not task.cancelled():
-        task.exception()
-
-
-def _closed(done: Completion | None) -> Completion:
-    """The Completion a first close returned (a Miss is closed once, by its owner)."""
-    if done is None:
-        raise RuntimeError("a Miss was closed twice")
-    return done
+        self.store_io.close()

@@ -9,12 +9,14 @@ same chunk objects with a `text` piece per choice instead of a `delta`.
   be stored and later served to a non-streaming request. It knows whether the stream completed
   (every choice got a finish_reason).
 - `sse_event` / `SSE_DONE`: the Server-Sent-Events framing (`data: {json}\\n\\n`, `data: [DONE]`).
+- `include_usage` / `for_client`: a stream is fetched with usage (the stored answer needs it)
+  and passed to each client as it asked (`stream_options.include_usage`).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 # One `chat.completion.chunk` body, as streamed.
@@ -24,6 +26,22 @@ SSE_DONE = b"data: [DONE]\n\n"
 # Finish reasons of an answer that is complete and safe to reuse. `content_filter` is a refusal by
 # policy and `None` means the answer was cut off: neither is ever stored.
 COMPLETE_FINISH_REASONS = frozenset({"stop", "length", "tool_calls", "function_call"})
+
+
+def include_usage(body: Mapping[str, Any]) -> bool:
+    """The client asked for the usage chunk (`stream_options.include_usage`)."""
+    options = body.get("stream_options")
+    return isinstance(options, dict) and options.get("include_usage") is True
+
+
+def for_client(chunk: StreamChunk, include_usage: bool) -> StreamChunk | None:
+    """A chunk fetched with usage, as a client asked for it: usage only with
+    `stream_options.include_usage` (a usage-only chunk dropped, usage stripped from others)."""
+    if include_usage or chunk.get("usage") is None:
+        return chunk
+    if not chunk.get("choices"):
+        return None
+    return {k: v for k, v in chunk.items() if k != "usage"}
 
 
 def sse_event(obj: dict[str, Any]) -> bytes:

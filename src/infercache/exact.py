@@ -2,9 +2,10 @@
 
 Lookup: derive the key (keys.py), read the version view (one meta read: the model's version
 token and the generations of the request's tags), read the entry. The entry is served only if
-it has not expired on the injected clock, was produced under the current model version token,
-and every tag it depends on is still at the generation it recorded. A stale entry found on read
-is deleted (lazy reclamation) and the miss is attributed to its reason.
+it is fresh (freshness.py: unexpired, produced under the current model version token, every
+tag it depends on still at the generation it recorded, and no older than the request's
+max-age). A stale entry found on read is deleted (lazy reclamation) and the miss is attributed
+to its reason.
 
 Store: a complete response (policy.unstorable_reason) is written with the view seen *at lookup*,
 so an answer generated across a model swap or an invalidation is never served.
@@ -24,6 +25,7 @@ import orjson
 
 from infercache.clock import Clock
 from infercache.errors import StoreError, StoreUnavailableError
+from infercache.freshness import stale_reason, too_old
 from infercache.keys import IGNORABLE_FIELDS, exact_key
 from infercache.metrics import MissReason, StrategyMetrics
 from infercache.policy import CachePolicy, unstorable_reason, usage_tokens
@@ -82,11 +84,14 @@ class ExactCache:
             unavailable = isinstance(exc, StoreUnavailableError)
             why = MissReason.STORE_UNAVAILABLE if unavailable else MissReason.STORE_ERROR
             return Lookup(key, None, None, why)
-        reason = self._staleness(entry, view) if entry is not None else MissReason.ABSENT
-        if entry is not None and reason is not None:
-            self._delete(key)
-        elif entry is not None and self.too_old_for(entry, request.directives.max_age_s):
-            reason = MissReason.EXPIRED  # fresh for others (kept), too old for this caller
+        reason: MissReason | None = MissReason.ABSENT
+        if entry is not None:
+            now_s = self._clock.now_s()
+            reason = stale_reason(entry, view, now_s)
+            if reason is not None:
+                self._delete(key)
+            elif too_old(entry, now_s, request.directives.max_age_s):
+                reason = MissReason.EXPIRED  # fresh for others (kept), too old for this caller
         self._metrics.overhead(self._clock.monotonic_s() - started)
         return Lookup(key, view, entry if reason is None else None, reason)
 
@@ -102,22 +107,13 @@ class ExactCache:
         model version and tag generations current); None when it is gone for all of them,
         whatever max-age one of them asks for. Raises StoreError."""
         entry = self.backend.get(key)
-        if entry is None or self._staleness(entry, view) is not None:
+        if entry is None or stale_reason(entry, view, self._clock.now_s()) is not None:
             return None
         return entry
 
     def too_old_for(self, entry: Entry, max_age_s: float | None) -> bool:
         """Older than one request's max-age: a miss for it, still fresh for the others."""
-        return max_age_s is not None and self._clock.now_s() - entry.created_at_s > max_age_s
-
-    def _staleness(self, entry: Entry, view: VersionView) -> MissReason | None:
-        if self._clock.now_s() >= entry.expires_at_s:
-            return MissReason.EXPIRED
-        if not view.model_is_current(entry.model_version):
-            return MissReason.STALE_MODEL_VERSION
-        if not view.tags_are_current(entry.tags):
-            return MissReason.INVALIDATED_TAG
-        return None
+        return too_old(entry, self._clock.now_s(), max_age_s)
 
     def store(
         self,

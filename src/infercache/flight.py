@@ -1,38 +1,48 @@
 """Coalescing: one upstream call shared by every identical request in flight, in one process.
 
-The one primitive behind the library's `complete` (threads), `acomplete` (asyncio) and the
-gateway (asyncio, streaming or not):
+The primitive under the one miss protocol (miss_flight.py), which the library, the gateway and
+the wrapped `openai` client all go through:
 
     flights = FlightTable()
     flight, leader = flights.lead_or_join(key)
     leader:  fetch; flight.publish(*chunks) as they come (optional); then flight.settle(result,
              error) exactly once — in a `finally`, so no path leaves waiters hanging
-    waiters: flight.wait(timeout_s) (threads), await flight.result() (asyncio), or
-             `async for chunk in flight.chunks()` (every chunk from the first, then the error if
-             the flight failed)
+    waiters: flight.wait(timeout_s) or `for chunk in flight.iter_chunks()` (threads);
+             await flight.result() or `async for chunk in flight.chunks()` (asyncio): every
+             chunk from the first, then the error if the flight failed
 
 A `Flight` is a value that settles once: `settle` returns False and changes nothing on a second
-call. It is thread-safe: the state sits under one lock, threads wait on a `threading.Event`
-(made when the first thread waits: the gateway's flights never need one), and each asyncio
+call. It is thread-safe: the state sits under one lock; threads wait on a condition over that
+lock (made when the first thread waits: the gateway's flights never need one), and each asyncio
 subscriber waits on its own loop's event, set with `call_soon_threadsafe` from another thread.
 A key leaves the table when its flight settles, so a later caller starts afresh (by then the
 answer is in the cache).
 
-Interest (asyncio subscribers only): `cancel_when_idle(task)` cancels the leader's task when the
-last async subscriber leaves before the flight settled (every streaming client hung up), so the
-upstream stops generating; the task then settles the flight with its error.
+Interest: every reader (`wait`, `iter_chunks`, `result`, `chunks`) counts while it reads.
+`cancel_when_idle(cancel)` calls `cancel` when the last reader leaves before the flight settled
+(every streaming client hung up), so the upstream stops generating; the fetch then settles the
+flight with its error. Peeking (`first_event`) is not interest.
+
+Observability: a table's `observer` (None in production) hears every change of the table's
+flights, their waiters and their readers, after the locks are released; tests wait on it
+(tests/flight_watch.py) instead of sleeping.
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import AsyncIterator, Callable
-from typing import Any, Generic, TypeVar
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Generic, Protocol, TypeVar
 
 from infercache.chat import StreamChunk
 
 T = TypeVar("T")
+
+
+class FlightObserver(Protocol):
+    def changed(self) -> None:
+        """A flight joined or left the table, or gained or lost a waiter or a reader."""
 
 
 class _Waker:
@@ -58,16 +68,16 @@ class _Waker:
 class Flight(Generic[T]):
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._readers_changed: threading.Condition | None = None  # made by wait_for_readers
+        self._thread_wake: threading.Condition | None = None  # made by the first thread to read
         self._done = False
-        self._done_event: threading.Event | None = None  # made by the first thread to wait
         self._chunks: list[StreamChunk] = []
         self._result: T | None = None
         self._error: BaseException | None = None
         self._wakers: list[_Waker] = []
         self._interested = 0
-        self._task: asyncio.Task[Any] | None = None
+        self._cancel: asyncio.Task[object] | Callable[[], object] | None = None
         self._waiters = 0
+        self._table: FlightTable[T] | None = None
 
     # -- the leader's side --
 
@@ -77,6 +87,8 @@ class Flight(Generic[T]):
             if self._done:
                 raise RuntimeError("publish after the flight settled")
             self._chunks.extend(chunks)
+            if self._thread_wake is not None:
+                self._thread_wake.notify_all()
             wakers = list(self._wakers)
         for waker in wakers:
             waker.wake()
@@ -91,17 +103,19 @@ class Flight(Generic[T]):
             if error is None and result is None:
                 self._error = RuntimeError("a flight settled without a result or an error")
             self._done = True
-            if self._done_event is not None:
-                self._done_event.set()
+            if self._thread_wake is not None:
+                self._thread_wake.notify_all()
             wakers = list(self._wakers)
         for waker in wakers:
             waker.wake()
         return True
 
-    def cancel_when_idle(self, task: asyncio.Task[Any]) -> None:
-        self._task = task
+    def cancel_when_idle(self, cancel: asyncio.Task[object] | Callable[[], object]) -> None:
+        """When the last reader leaves before the flight settled, cancel the task (from any
+        thread: a reader may be a thread), or call `cancel` in the leaving reader's thread."""
+        self._cancel = cancel
 
-    # -- the waiters' side --
+    # -- what anyone may read --
 
     @property
     def settled(self) -> bool:
@@ -118,14 +132,10 @@ class Flight(Generic[T]):
         """Callers that joined this flight instead of leading it."""
         return self._waiters
 
-    def wait_for_readers(self, n: int, timeout_s: float) -> bool:
-        """Block until exactly `n` asyncio readers are interested (observability and tests)."""
-        with self._lock:
-            if self._readers_changed is None:
-                self._readers_changed = threading.Condition(self._lock)
-            readers_changed = self._readers_changed
-        with readers_changed:
-            return readers_changed.wait_for(lambda: self._interested == n, timeout_s)
+    @property
+    def readers(self) -> int:
+        """Readers interested in the answer right now."""
+        return self._interested
 
     def result_now(self) -> T | None:
         """The result if the flight already settled with one; None otherwise."""
@@ -141,15 +151,65 @@ class Flight(Generic[T]):
         assert self._result is not None  # settle() guarantees a result or an error
         return self._result
 
+    @property
+    def error_before_chunks(self) -> BaseException | None:
+        """The error that settled the flight before any chunk (an upstream refusal)."""
+        with self._lock:
+            if self._done and not self._chunks:
+                return self._error
+        return None
+
+    # -- threads --
+
     def wait(self, timeout_s: float | None = None) -> T:
         """Block this thread until the flight settles; its result, or raises its error."""
-        with self._lock:
-            if not self._done and self._done_event is None:
-                self._done_event = threading.Event()
-            done_event = self._done_event
-        if done_event is not None and not done_event.wait(timeout_s):
-            raise TimeoutError(f"flight not settled after {timeout_s} s")
+        wake = self._enter_thread()
+        try:
+            with wake:
+                if not wake.wait_for(lambda: self._done, timeout_s):
+                    raise TimeoutError(f"flight not settled after {timeout_s} s")
+        finally:
+            self._leave()
         return self.outcome()
+
+    def iter_chunks(self) -> Iterator[StreamChunk]:
+        """`chunks` for a thread: every chunk from the first; then raises the flight's error."""
+        wake = self._enter_thread()
+        try:
+            seen = 0
+            while True:
+                with wake:
+                    while len(self._chunks) == seen and not self._done:
+                        wake.wait()
+                    batch = self._chunks[seen:]
+                    done = self._done
+                yield from batch
+                seen += len(batch)
+                if done and seen == len(self._chunks):
+                    break
+            if self._error is not None:
+                raise self._error
+        finally:
+            self._leave()
+
+    def wait_first_event(self) -> None:
+        """`first_event` for a thread: until the flight has a chunk or has settled."""
+        with self._lock:
+            if self._thread_wake is None:
+                self._thread_wake = threading.Condition(self._lock)
+            while not (self._chunks or self._done):
+                self._thread_wake.wait()
+
+    def _enter_thread(self) -> threading.Condition:
+        with self._lock:
+            if self._thread_wake is None:
+                self._thread_wake = threading.Condition(self._lock)
+            self._interested += 1
+            wake = self._thread_wake
+        self._moved()
+        return wake
+
+    # -- asyncio --
 
     async def result(self) -> T:
         waker = self._subscribe()
@@ -171,14 +231,6 @@ class Flight(Generic[T]):
                 waker.event.clear()
         finally:
             self._unsubscribe(waker, interested=False)
-
-    @property
-    def error_before_chunks(self) -> BaseException | None:
-        """The error that settled the flight before any chunk (an upstream refusal)."""
-        with self._lock:
-            if self._done and not self._chunks:
-                return self._error
-        return None
 
     async def chunks(self) -> AsyncIterator[StreamChunk]:
         """Every chunk from the first; then raises the flight's error, if it failed."""
@@ -207,25 +259,47 @@ class Flight(Generic[T]):
         with self._lock:
             self._wakers.append(waker)
             self._interested += interested
-            self._readers_moved()
+        if interested:
+            self._moved()
         return waker
 
     def _unsubscribe(self, waker: _Waker, *, interested: bool = True) -> None:
         with self._lock:
             self._wakers.remove(waker)
-            if not interested:
-                return
-            self._interested -= 1
-            self._readers_moved()
-            idle = self._interested == 0 and not self._done
-            task = self._task
-        if idle and task is not None and not task.done():
-            task.cancel()
+        if interested:
+            self._leave()
 
-    def _readers_moved(self) -> None:
-        """Under the lock: wake `wait_for_readers`, if anyone ever called it."""
-        if self._readers_changed is not None:
-            self._readers_changed.notify_all()
+    def _leave(self) -> None:
+        """A reader left; the last one to leave an unsettled flight cancels its fetch."""
+        with self._lock:
+            self._interested -= 1
+            idle = self._interested == 0 and not self._done
+            cancel = self._cancel
+        self._moved()
+        if idle and cancel is not None:
+            if isinstance(cancel, asyncio.Task):
+                _cancel_task(cancel)
+            else:
+                cancel()
+
+    def _moved(self) -> None:
+        """Outside the lock: tell the table's observer, if anyone watches."""
+        table = self._table
+        if table is not None and table.observer is not None:
+            table.observer.changed()
+
+
+def _cancel_task(task: asyncio.Task[object]) -> None:
+    """Cancel `task` from any thread."""
+    loop = task.get_loop()
+    try:
+        running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+    except RuntimeError:
+        running = None
+    if running is loop:
+        task.cancel()
+    elif not loop.is_closed():
+        loop.call_soon_threadsafe(task.cancel)
 
 
 class FlightTable(Generic[T]):
@@ -233,9 +307,8 @@ class FlightTable(Generic[T]):
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._joined = threading.Condition(self._lock)
-        self._watching = 0  # callers in wait_for/wait_for_waiters: only they need a notify
         self._flights: dict[str, Flight[T]] = {}
+        self.observer: FlightObserver | None = None
 
     def lead_or_join(self, key: str | None) -> tuple[Flight[T], bool]:
         """The flight for `key` and whether the caller leads it. A `None` key never coalesces:
@@ -244,62 +317,36 @@ class FlightTable(Generic[T]):
             return Flight(), True
         with self._lock:
             flight = self._flights.get(key)
-            if flight is not None and not flight.settled:
+            leader = flight is None or flight.settled
+            if flight is None or leader:
+                flight = _Tracked(self, key)
+                self._flights[key] = flight
+            else:
                 flight._waiters += 1
-                self._changed()
-                return flight, False
-            flight = _Tracked(self, key)
-            self._flights[key] = flight
-            self._changed()
-            return flight, True
+        if self.observer is not None:
+            self.observer.changed()
+        return flight, leader
 
     def _remove(self, key: str, flight: Flight[T]) -> None:
         with self._lock:
             if self._flights.get(key) is flight:
                 del self._flights[key]
-                self._changed()
-
-    def _changed(self) -> None:
-        if self._watching:  # under the lock
-            self._joined.notify_all()
+        if self.observer is not None:
+            self.observer.changed()
 
     def __len__(self) -> int:
         with self._lock:
             return len(self._flights)
 
-    def in_progress(self) -> list[Flight[T]]:
+    def in_progress(self) -> dict[str, Flight[T]]:
+        """The flights in progress by key (a snapshot)."""
         with self._lock:
-            return list(self._flights.values())
+            return dict(self._flights)
 
     def waiting(self) -> int:
         """Callers waiting on a flight they did not lead."""
         with self._lock:
             return sum(f.waiters for f in self._flights.values())
-
-    def wait_for_waiters(self, key: str, n: int, timeout_s: float) -> bool:
-        """Block until `n` callers wait on the flight for `key` (observability and tests)."""
-        return self._watch(
-            lambda: (f := self._flights.get(key)) is not None and f.waiters >= n, timeout_s
-        )
-
-    def wait_for(self, flights: int, waiting: int, timeout_s: float) -> bool:
-        """Block until at least `flights` flights are in progress with at least `waiting`
-        callers waiting on them in all (observability and tests)."""
-        return self._watch(
-            lambda: (
-                len(self._flights) >= flights
-                and sum(f.waiters for f in self._flights.values()) >= waiting
-            ),
-            timeout_s,
-        )
-
-    def _watch(self, predicate: Callable[[], bool], timeout_s: float) -> bool:
-        with self._joined:
-            self._watching += 1
-            try:
-                return self._joined.wait_for(predicate, timeout_s)
-            finally:
-                self._watching -= 1
 
 
 class _Tracked(Flight[T]):
@@ -312,6 +359,7 @@ class _Tracked(Flight[T]):
 
     def settle(self, result: T | None, error: BaseException | None) -> bool:
         first = super().settle(result, error)
-        if first:
-            self._table._remove(self._key, self)
+        table = self._table
+        if first and table is not None:
+            table._remove(self._key, self)
         return first

@@ -29,13 +29,13 @@ def test_the_gateway_serves_through_a_lock_by_retrying_off_the_loop(
             during = client.post("/v1/chat/completions", json=body())
         assert during.status_code == 200, during.text
         assert during.headers["x-infercache"] == "miss"  # the store was skipped, not waited on
-        assert gateway.lookups_retried_off_loop == 1
+        assert gateway.store_io.reads_retried == 1
         assert running.exact()["misses"]["store_error"] >= 1
         stored = client.post("/v1/chat/completions", json=body())
         assert stored.headers["x-infercache"] == "miss"  # nothing was stored under the lock
         hit = client.post("/v1/chat/completions", json=body())
         assert hit.headers["x-infercache"] == "exact-hit"
-    assert gateway.lookups_retried_off_loop == 1  # read on the loop once the lock was gone
+    assert gateway.store_io.reads_retried == 1  # read on the loop once the lock was gone
 
 
 def test_a_miss_is_stored_on_the_loop_and_off_it_while_another_process_writes(
@@ -52,13 +52,13 @@ def test_a_miss_is_stored_on_the_loop_and_off_it_while_another_process_writes(
 
         assert ask("one") == "miss"
         assert ask("one") == "exact-hit"
-        assert gateway.stores_retried_off_loop == 0  # stored on the loop
+        assert gateway.store_io.writes_retried == 0  # stored on the loop
         with sqlite_lock_held(db, "BEGIN IMMEDIATE"):  # a write lock; reads go on
             assert ask("two") == "miss"
-            assert gateway.stores_retried_off_loop == 1  # given to the pool, which waited
+            assert gateway.store_io.writes_retried == 1  # given to the pool, which waited
             assert running.exact()["counters"]["store_errors"] == 1  # its busy timeout out
             assert ask("one") == "exact-hit"  # looked up on the loop meanwhile
         assert ask("two") == "miss"  # nothing was stored under the lock
         assert ask("two") == "exact-hit"
-    assert gateway.stores_retried_off_loop == 1
-    assert gateway.lookups_retried_off_loop == 0
+    assert gateway.store_io.writes_retried == 1
+    assert gateway.store_io.reads_retried == 0

@@ -11,6 +11,7 @@ import pytest
 
 from infercache.gateway.stats import gateway_stats
 from tests.gateway.conftest import MakeGateway, Running, body
+from tests.harness.flight_watch import FlightWatch
 
 pytestmark = pytest.mark.concurrency
 
@@ -22,7 +23,7 @@ def post(running: Running, payload: Any) -> httpx.Response:
 
 def wait_for_waiters(running: Running, n: int) -> None:
     """Until one flight is in progress with `n` requests waiting on it."""
-    assert running.built.gateway.flights.wait_for(1, n, timeout_s=30)
+    assert FlightWatch(running.built.gateway.flights).flights(1, n)
 
 
 def run_concurrently(running: Running, payloads: list[dict[str, Any]]) -> list[httpx.Response]:
@@ -89,15 +90,16 @@ def test_waiters_get_the_whole_answer_when_the_leader_hangs_up(make_gateway: Mak
     thread = threading.Thread(target=leader)
     thread.start()
     wait_for_waiters(running, 0)
-    (flight,) = running.built.gateway.flights.in_progress()
-    assert flight.wait_for_readers(1, 30)  # the leader's stream reads it
+    watch = FlightWatch(running.built.gateway.flights)
+    (flight,) = watch.table.in_progress().values()
+    assert watch.readers(flight, 1)  # the leader's stream reads it
     waiter: list[httpx.Response] = []
     waiter_thread = threading.Thread(target=lambda: waiter.append(post(running, body())))
     waiter_thread.start()
-    assert flight.wait_for_readers(2, 30)  # and the waiter awaits it
+    assert watch.readers(flight, 2)  # and the waiter awaits it
     hang_up.set()
     thread.join(30)
-    assert flight.wait_for_readers(1, 30)  # the gateway saw the leader leave
+    assert watch.readers(flight, 1)  # the gateway saw the leader leave
     running.fake.release()
     waiter_thread.join(30)
     assert running.fake.cancelled_streams == 0

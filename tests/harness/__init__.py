@@ -8,4 +8,6 @@ upstreams.py   stand-ins for a paid provider: `FakeUpstream` (HTTP, for the gate
                `CountingUpstream` (the library's upstream function)
 cli.py         `run_analyze(...)`: `infercache analyze` in-process
 vocabulary.py  `chat(...)`: the deterministic request body tests speak in
+flight_watch.py  `FlightWatch`: a flight table's observer, to wait on its flights, waiters and
+               readers instead of sleeping
 """

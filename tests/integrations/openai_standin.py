@@ -6,9 +6,11 @@ small JSON echo, so pass-through can be checked."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import struct
+import threading
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -43,6 +45,8 @@ class StandIn:
     chat_calls: int = 0
     fail_status: int | None = None  # answer chat and embeddings with this error status
     cut_streams: bool = False  # end streams before the finish_reason and [DONE]
+    # Set: every stream waits for it before its finish chunk (a slow answer, held open).
+    hold: threading.Event | None = None
 
     def __post_init__(self) -> None:
         self.app = Starlette(
@@ -58,6 +62,7 @@ class StandIn:
         self.chat_calls = 0
         self.fail_status = None
         self.cut_streams = False
+        self.hold = None
 
     def bodies(self, path: str) -> list[Any]:
         return [r.body for r in self.received if r.path == path]
@@ -123,6 +128,8 @@ class StandIn:
             yield event(
                 [{"index": 0, "delta": {"content": text[i : i + 5]}, "finish_reason": None}]
             )
+        if self.hold is not None:
+            assert await asyncio.to_thread(self.hold.wait, 30)
         if self.cut_streams:
             return
         yield event([{"index": 0, "delta": {}, "finish_reason": "stop"}])

@@ -11,8 +11,9 @@ from typing import Any
 
 import pytest
 
-from infercache.cache import Cache, Layer
+from infercache.cache import Cache
 from infercache.clock import ManualClock
+from infercache.completion import Layer
 from infercache.errors import UpstreamUnavailableError
 from infercache.semantic.embedder import HashingEmbedder
 from infercache.semantic.guards import build_guards

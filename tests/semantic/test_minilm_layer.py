@@ -9,8 +9,9 @@ from typing import Any
 
 import pytest
 
-from infercache.cache import Cache, Layer
+from infercache.cache import Cache
 from infercache.clock import ManualClock
+from infercache.completion import Layer
 from infercache.semantic.embedder import MiniLMEmbedder
 from infercache.semantic.guards import default_guards
 from infercache.semantic.layer import SemanticConfig

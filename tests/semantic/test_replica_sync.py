@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 import redis
 
-from infercache.cache import Cache, Layer
+from infercache.cache import Cache
 from infercache.clock import ManualClock
+from infercache.completion import Layer
 from infercache.semantic.records import record_key
 from infercache.semantic.replica_sync import ReplicaSync, attach, tail_before_rebuild
 from infercache.stores.feed import FeedEvent, FeedKind, open_feed

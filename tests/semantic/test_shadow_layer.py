@@ -11,8 +11,9 @@ from typing import Any
 
 import pytest
 
-from infercache.cache import Cache, Layer
+from infercache.cache import Cache
 from infercache.clock import ManualClock
+from infercache.completion import Layer
 from infercache.semantic.embedder import HashingEmbedder
 from infercache.semantic.guards import default_guards
 from infercache.semantic.judges import ExactAnswerJudge

@@ -13,8 +13,9 @@ import pytest
 import redis
 from redis.crc import key_slot
 
-from infercache.cache import Cache, Layer
+from infercache.cache import Cache
 from infercache.clock import ManualClock
+from infercache.completion import Layer
 from infercache.errors import ConfigError
 from infercache.settings import Settings
 from infercache.stores import EPOCH_META

@@ -43,8 +43,9 @@ from infercache.analyze.cost_model import SecondsLedger
 from infercache.analyze.prepared_request import PreparedRequest
 from infercache.analyze.replay_store import CompactMemoryStore
 from infercache.analyze.simulated_prefix_cache import SimulatedPrefixCache, kv_namespace
-from infercache.cache import Cache, Completion, Layer
+from infercache.cache import Cache
 from infercache.clock import ManualClock
+from infercache.completion import Completion, Layer
 from infercache.errors import InvalidRequestError, NotCachedError
 from infercache.metrics import Metrics, MissReason, PriceTable
 from infercache.semantic.embedder import Embedder

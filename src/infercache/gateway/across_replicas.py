@@ -22,9 +22,9 @@ from __future__ import annotations
 import hashlib
 import logging
 
-from infercache.cache import Miss
 from infercache.errors import StoreError, UpstreamError
 from infercache.keys import canonical_json
+from infercache.miss import Miss
 from infercache.store_guard import GuardedBackend
 from infercache.stores.replica_flight import FlightLease, ReplicaFlights, SharedAnswer
 

@@ -142,6 +142,15 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         "built-in engine runs in this process (the embedded default).",
     )
     add_store_options(p)
+    _upstream_options(p)
+    _access_options(p)
+    _engine_options(p)
+    p.set_defaults(handler=_serve)
+
+
+def _upstream_options(p: argparse.ArgumentParser) -> None:
+    """Where the gateway listens, what it calls on a miss, and whether it starts without its
+    store."""
     p.add_argument(
         "--store-optional",
         action="store_true",
@@ -176,6 +185,13 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         "content, version and SDK headers (repeatable; never a credential header; default none)",
     )
     p.add_argument(
+        "--max-body-bytes", type=int, help="reject larger bodies with 413 (default 4194304)"
+    )
+
+
+def _access_options(p: argparse.ArgumentParser) -> None:
+    """Who may call the gateway, and what it records of the calls."""
+    p.add_argument(
         "--api-key",
         action="append",
         metavar="KEY=TENANT",
@@ -209,9 +225,10 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         help="a span per request, exported over OTLP/HTTP (the OTEL_* variables configure it; "
         "on by itself when OTEL_EXPORTER_OTLP_ENDPOINT is set; needs infercache[otel])",
     )
-    p.add_argument(
-        "--max-body-bytes", type=int, help="reject larger bodies with 413 (default 4194304)"
-    )
+
+
+def _engine_options(p: argparse.ArgumentParser) -> None:
+    """The semantic layer, and the built-in engine (serving without --upstream)."""
     p.add_argument(
         "--semantic",
         nargs="?",
@@ -248,4 +265,3 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         help="built-in engine: requests that may wait for a place; one more is a 429 with "
         "Retry-After, passed to the client and never stored (default 64)",
     )
-    p.set_defaults(handler=_serve)

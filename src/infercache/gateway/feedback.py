@@ -17,14 +17,13 @@ A body that is not an object with a non-empty string `id` and a boolean `wrong` 
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from infercache.errors import InvalidRequestError, NotFoundError
-from infercache.gateway.auth import Auth, resolve_tenant
-from infercache.gateway.service import Gateway
+from infercache.gateway.auth import resolve_tenant
+from infercache.gateway.routes import AppState
 from infercache.http_errors import json_object, read_json
 
 log = logging.getLogger(__name__)
@@ -32,31 +31,27 @@ log = logging.getLogger(__name__)
 _MAX_ID_CHARS = 256
 
 
-def feedback_endpoint(
-    gateway: Gateway, auth: Auth, max_body_bytes: int
-) -> Callable[[Request], Awaitable[Response]]:
-    async def feedback(request: Request) -> Response:
-        caller = auth.caller(request.headers)
-        body = json_object(await read_json(request, max_body_bytes))
-        tenant = resolve_tenant(caller, request.headers, body)
-        response_id, wrong = body.get("id"), body.get("wrong")
-        if not isinstance(response_id, str) or not 0 < len(response_id) <= _MAX_ID_CHARS:
-            raise InvalidRequestError(
-                f"'id' must be the response's id, a string of 1 to {_MAX_ID_CHARS} characters",
-                param="id",
-            )
-        if not isinstance(wrong, bool):
-            raise InvalidRequestError("'wrong' must be true or false", param="wrong")
-        retired = wrong and await gateway.offload(
-            gateway.cache.report_wrong, response_id, tenant=tenant
+async def feedback(state: AppState, request: Request) -> Response:
+    caller = state.auth.caller(request.headers)
+    body = json_object(await read_json(request, state.max_body_bytes))
+    tenant = resolve_tenant(caller, request.headers, body)
+    response_id, wrong = body.get("id"), body.get("wrong")
+    if not isinstance(response_id, str) or not 0 < len(response_id) <= _MAX_ID_CHARS:
+        raise InvalidRequestError(
+            f"'id' must be the response's id, a string of 1 to {_MAX_ID_CHARS} characters",
+            param="id",
         )
-        if wrong and not retired:
-            raise NotFoundError(
-                f"no answer with id {response_id!r} was served to you recently", param="id"
-            )
-        if retired:
-            log.info("answer %s reported wrong by tenant %s: retired", response_id, tenant)
-        reply = {"object": "feedback", "id": response_id, "wrong": wrong, "retired": retired}
-        return JSONResponse(reply)
-
-    return feedback
+    if not isinstance(wrong, bool):
+        raise InvalidRequestError("'wrong' must be true or false", param="wrong")
+    cache = state.gateway.cache
+    retired = wrong and await cache.store_io.off_loop(
+        cache.report_wrong, response_id, tenant=tenant
+    )
+    if wrong and not retired:
+        raise NotFoundError(
+            f"no answer with id {response_id!r} was served to you recently", param="id"
+        )
+    if retired:
+        log.info("answer %s reported wrong by tenant %s: retired", response_id, tenant)
+    reply = {"object": "feedback", "id": response_id, "wrong": wrong, "retired": retired}
+    return JSONResponse(reply)

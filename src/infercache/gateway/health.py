@@ -23,7 +23,7 @@ from infercache.stores.base import EPOCH_META
 async def health(gateway: Gateway) -> dict[str, Any]:
     """The body of `/healthz`, from one read of the store."""
     try:
-        await gateway.offload(gateway.cache.backend.read_meta, [EPOCH_META])
+        await gateway.store_io.off_loop(gateway.cache.backend.read_meta, [EPOCH_META])
     except StoreError:
         return {
             "status": "degraded",

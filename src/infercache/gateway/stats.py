@@ -2,7 +2,7 @@
 model versions (each change with its evidence, each model's fingerprints: versions.py),
 the semantic layer's mode (shadow or calibrated: pairs judged, would-be hit rate, the current
 false-hit bound, serving or not) and the complaints received per layer that answered.
-It reads the store: call it off the event loop (`Gateway.offload`)."""
+It reads the store: call it off the event loop (`gateway.store_io.off_loop`, store_guard.py)."""
 
 from __future__ import annotations
 

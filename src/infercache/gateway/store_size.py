@@ -6,7 +6,7 @@
 
 A reading is reused for `max_age_s` (a Redis store counts its entries with a SCAN, too slow to
 repeat on every scrape); an unreadable store exports no gauges and logs why. It reads the store:
-`Metrics.to_prometheus` runs off the event loop (`Gateway.offload`).
+`Metrics.to_prometheus` runs off the event loop (`gateway.store_io.off_loop`, store_guard.py).
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ Thread-safe; the async methods run the store I/O in a thread.
 from __future__ import annotations
 
 import ast
-import asyncio
+import functools
 import json
 import threading
 from collections import OrderedDict
@@ -195,14 +195,18 @@ class LangChainCache(BaseCache):
         """Make every entry of this namespace unreachable (other entries are kept)."""
         self.cache.invalidate([self.namespace_tag])
 
+    # The async methods run where store_guard.py's StoreIO says: on the loop when the store
+    # cannot make them wait, else off it.
+
     async def alookup(self, prompt: str, llm_string: str) -> RETURN_VAL_TYPE | None:
-        return await asyncio.to_thread(self.lookup, prompt, llm_string)
+        return await self.cache.store_io.read(self.lookup, prompt, llm_string)
 
     async def aupdate(self, prompt: str, llm_string: str, return_val: RETURN_VAL_TYPE) -> None:
-        await asyncio.to_thread(self.update, prompt, llm_string, return_val)
+        failed = functools.partial(self.cache.exact.store_failed, "store")
+        await self.cache.store_io.write(self.update, prompt, llm_string, return_val, failed=failed)
 
     async def aclear(self, **kwargs: Any) -> None:
-        await asyncio.to_thread(self.clear, **kwargs)
+        await self.cache.store_io.off_loop(self.clear, **kwargs)
 
     # -- the view a missed lookup saw, kept until its update --
 

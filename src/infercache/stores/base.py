@@ -145,6 +145,15 @@ class InlineWrites(Protocol):
     def nonblocking_writes(self) -> AbstractContextManager[None]: ...
 
 
+@runtime_checkable
+class ThreadResources(Protocol):
+    """A backend that opens something per thread (SQLite's connection). `release_thread()`
+    closes what the calling thread opened, before that thread ends: a short-lived thread (the
+    start-up check) leaves nothing open behind it, whenever its thread state is reclaimed."""
+
+    def release_thread(self) -> None: ...
+
+
 class Backend(Store, MetaStore, Protocol):
     """What the cache needs from one backend: entries and meta, sharing one lifetime."""
 

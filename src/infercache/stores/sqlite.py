@@ -259,6 +259,10 @@ class SQLiteStore:
             row = conn.execute("SELECT value FROM meta WHERE name = ?", (EPOCH_META,)).fetchone()
         return str(row[0])
 
+    def release_thread(self) -> None:
+        """Close the calling thread's connections (stores.base.ThreadResources)."""
+        self._db.close()
+
     def close(self) -> None:
         try:
             with self._db.write() as conn:

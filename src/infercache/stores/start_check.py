@@ -30,7 +30,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from infercache.errors import ConfigError, StoreError
-from infercache.stores.base import EPOCH_META, Backend
+from infercache.stores.base import EPOCH_META, Backend, ThreadResources
 from infercache.urls import mask_credentials
 
 log = logging.getLogger(__name__)
@@ -100,18 +100,22 @@ def check_at_start(
 def _in_own_thread(backend: Backend, checks: Sequence[StartCheck], timeout_s: float) -> None:
     """Run the checks in a thread of their own, given `timeout_s`: a store that neither
     answers nor fails (a host that drops packets) is a `StoreError` then. The thread ends with
-    the checks, and what it opened for itself ends with it (SQLite's per-thread connection),
-    so the store is found as the checks found it: a test may still lock the file alone."""
+    the checks, and closes what it opened for itself first (`ThreadResources`: SQLite's
+    per-thread connection), so the store is left as the checks found it: another process may
+    still lock the file alone."""
     outcome: list[BaseException | None] = []
 
     def run() -> None:
+        failure: BaseException | None = None
         try:
             for check in checks:
                 check(backend)
         except BaseException as exc:  # noqa: BLE001 - handed to the caller below
-            outcome.append(exc)
-        else:
-            outcome.append(None)
+            failure = exc
+        finally:
+            if isinstance(backend, ThreadResources):  # closed before the caller goes on
+                backend.release_thread()
+        outcome.append(failure)
 
     thread = threading.Thread(target=run, name="infercache-store-check", daemon=True)
     thread.start()

@@ -12,9 +12,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from infercache.cache import Cache, Layer
+from infercache.cache import Cache
 from infercache.cli import main
 from infercache.clock import ManualClock
+from infercache.completion import Layer
 from infercache.errors import InvalidRequestError
 from infercache.gateway.semantic_setup import enable_from_settings
 from infercache.semantic.embedder import HashingEmbedder, StaticEmbedder

@@ -281,5 +281,6 @@ def _refusal(
     return (
         f"{head}: every threshold that serves {need} answers lies below what unrelated "
         f"questions reach (floor {floor:.4f}). "
-        f"{'Add' if fitted else 'Fit a matcher (--fit) or add'} labelled texts or a longer log."
+        f"{'Add' if fitted else 'Fit a matcher (--fit) or add'} labelled texts or a longer log, "
+        f"or raise the target."
     )

@@ -12,9 +12,9 @@ copy of the client (same key, base URL, retries, timeouts and connection pool), 
 attribute — `with_raw_response`, `with_streaming_response`, `.parse`, `embeddings`, `models`,
 `responses`, streams and their chunk types — is the SDK's own. The caching client sits where
 the SDK builds and sends its HTTP requests: it builds them with the wrapped client (its
-headers, cookies, params) and sends them through `openai_http.sync_send` / `async_send`, which
+headers, cookies, params) and sends them through `http_path.sync_send` / `async_send`, which
 caches `POST .../chat/completions` (streams included) and `POST .../embeddings` (per input) and
-hands every other request to the wrapped client's own `send`, untouched. openai_http.py draws
+hands every other request to the wrapped client's own `send`, untouched. http_path.py draws
 that path.
 
 Directives travel as in the gateway: an `infercache` object in the body (`extra_body=`), or
@@ -39,7 +39,7 @@ import httpx2
 import openai
 
 from infercache.cache import Cache
-from infercache.openai_http import CachingRouter, async_send, sync_send
+from infercache.openai.http_path import CachingRouter, async_send, sync_send
 
 ClientT = TypeVar("ClientT", openai.OpenAI, openai.AsyncOpenAI)
 
@@ -76,7 +76,7 @@ class _NoTransport(
 
 class _SyncCaching:
     """Builds requests with the wrapped client (its headers, cookies, params) and sends them
-    through `_sync_send`, which calls the wrapped client's own `send`."""
+    through `http_path.sync_send`, which calls the wrapped client's own `send`."""
 
     _inner: Any
     _router: CachingRouter

@@ -5,27 +5,30 @@ only those k upstream. The pure steps are in embedding_request.py; this file doe
       1. parse and key each input                      (embedding_request.parse_embedding_request)
       2. read the version view once (the model's version token, the tags' generations), then
          each distinct key; an entry serves when unexpired, younger than `max_age_s` and
-         recorded under the current model version and tag generations (as exact.py judges);
-         a stale one is deleted (lazy reclamation)
+         recorded under the current model version and tag generations (freshness.py, as for
+         chat); a stale one is deleted (lazy reclamation)
       3. count a hit or a miss (with its reason) per input, under the strategy `embeddings`
       → lookup.upstream_body: only the distinct missing inputs (None: every input hit)
-    the caller sends upstream_body to its upstream (an HTTP client, the engine, a test double)
-    finish(lookup, response, upstream_s) → EmbeddingResult                 (store writes)
-      4. check the answer and give each fetched input its share of tokens and seconds
-      5. store each fetched vector under its key, recorded under the view read in step 2, so a
-         model swap or an invalidation during the call leaves it unreachable
+    fetch_missing(lookup, source) / afetch_missing → EmbeddingResult
+      4. the missing inputs as a lease (embedding_miss.py) of the one miss protocol
+         (miss_flight.py): identical batches in flight share one call of the caller's
+         upstream (an HTTP client, the engine, a test double); the leader's answer is checked
+         and each fetched input given its share of tokens and seconds
+      5. the leader stores each fetched vector under the view read in step 2, so a model swap
+         or an invalidation during the call leaves it unreachable (`record`); a waiter counts
+         the inputs it was given `coalesced` (`shared`)
       6. merge: every input's vector in request order, with usage        (embedding_request.merge)
+    create(body, fn) / acreate: begin → fetch_missing with a function as the upstream
 
 Embeddings are deterministic, so every request is cacheable; `cache_control` works as for chat
 (`no-cache` skips the reads, `no-store` the writes, `only-if-cached` raises NotCachedError when
 any input is missing). Entries carry the TTL policy of the chat entries. A store failure is a
 counted `store_error` miss, never the caller's problem. Thread-safe: no state beyond the
-backend's. Not coalesced: two identical batches in flight both go upstream.
+backend's and the flights in progress.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
@@ -34,7 +37,13 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from infercache.clock import Clock
-from infercache.embedding_request import (
+from infercache.completion import Completion
+from infercache.embeddings.embedding_miss import (
+    AsyncEmbeddingFunction,
+    EmbeddingFunction,
+    EmbeddingMiss,
+)
+from infercache.embeddings.embedding_request import (
     STRATEGY,
     CachedVector,
     EmbeddingLookup,
@@ -45,9 +54,13 @@ from infercache.embedding_request import (
     parse_embedding_request,
 )
 from infercache.errors import NotCachedError, StoreError, StoreUnavailableError
+from infercache.flight import FlightTable
+from infercache.freshness import stale_reason, too_old
 from infercache.keys import IGNORABLE_FIELDS
 from infercache.metrics import MissReason, PriceTable, StrategyMetrics
+from infercache.miss_flight import Source, SyncSource, coalesce, coalesce_sync
 from infercache.policy import CachePolicy
+from infercache.store_guard import StoreIO
 from infercache.stores.base import Backend, Entry
 from infercache.versions import Versions, VersionView
 
@@ -71,8 +84,12 @@ class EmbeddingCache:
         metrics: StrategyMetrics,
         prices: PriceTable,
         ignorable_fields: frozenset[str] = IGNORABLE_FIELDS,
+        flights: FlightTable[Completion] | None = None,
+        store_io: StoreIO | None = None,
     ) -> None:
         self.backend = backend
+        self.flights: FlightTable[Completion] = flights if flights is not None else FlightTable()
+        self.store_io = store_io if store_io is not None else StoreIO(backend)
         self.versions = Versions(backend)
         self._policy = policy
         self._clock = clock
@@ -89,6 +106,8 @@ class EmbeddingCache:
             metrics=cache.metrics.strategy(STRATEGY),
             prices=cache.metrics.prices,
             ignorable_fields=cache.settings.ignorable_fields,
+            flights=cache.flights,
+            store_io=cache.store_io,
         )
 
     # -- the two steps around the upstream call --
@@ -115,21 +134,28 @@ class EmbeddingCache:
         self, lookup: EmbeddingLookup, response: Mapping[str, Any] | None, *, upstream_s: float
     ) -> EmbeddingResult:
         """Merge the upstream's answer for `lookup.upstream_body` (None when there was
-        nothing to fetch) with the hits, and store the fetched vectors."""
+        nothing to fetch) with the hits, and store the fetched vectors (outside any flight)."""
         if response is None:
             if lookup.missing:
                 raise ValueError("finish(None) with inputs missing: fetch upstream_body first")
-            return EmbeddingResult(merge(lookup, {}), lookup.hits, 0, 0)
-        fetched = fetched_vectors(lookup, response, upstream_s)
-        positions = Counter(lookup.request.keys)
-        for key, vector in fetched.items():
-            self._metrics.prompt_tokens(vector.prompt_tokens * positions[key])
-        stored = 0
-        if lookup.view is not None and not lookup.request.directives.cache_control.no_store:
-            stored = self._store(lookup, fetched)
-        model = response.get("model")
-        answer = merge(lookup, fetched, model if isinstance(model, str) else None)
-        return EmbeddingResult(answer, lookup.hits, len(fetched), stored)
+            return self.merged(lookup, {}, {}, 0)
+        vectors = fetched_vectors(lookup, response, upstream_s)
+        return self.merged(lookup, vectors, response, self.record(lookup, vectors))
+
+    def fetch_missing(self, lookup: EmbeddingLookup, source: SyncSource[Any]) -> EmbeddingResult:
+        """The answer for every input, the missing ones fetched through the one miss protocol
+        from this thread (module docstring)."""
+        if lookup.upstream_body is None:
+            return self.finish(lookup, None, upstream_s=0.0)
+        miss = EmbeddingMiss(self, lookup)
+        return coalesce_sync(miss, self.flights, source, self._clock).wait()
+
+    async def afetch_missing(self, lookup: EmbeddingLookup, source: Source[Any]) -> EmbeddingResult:
+        """`fetch_missing` on an event loop; the store writes where `store_io` says."""
+        if lookup.upstream_body is None:
+            return self.finish(lookup, None, upstream_s=0.0)
+        miss = EmbeddingMiss(self, lookup)
+        return await coalesce(miss, self.flights, source, self.store_io, self._clock).answer()
 
     # -- conveniences for library callers --
 
@@ -140,13 +166,7 @@ class EmbeddingCache:
         *,
         tenant: str | None = None,
     ) -> EmbeddingResult:
-        lookup = self.begin(body, tenant=tenant)
-        sent = lookup.upstream_body
-        if sent is None:
-            return self.finish(lookup, None, upstream_s=0.0)
-        started = self._clock.monotonic_s()
-        response = upstream(sent)
-        return self.finish(lookup, response, upstream_s=self._clock.monotonic_s() - started)
+        return self.fetch_missing(self.begin(body, tenant=tenant), EmbeddingFunction(upstream))
 
     async def acreate(
         self,
@@ -155,15 +175,39 @@ class EmbeddingCache:
         *,
         tenant: str | None = None,
     ) -> EmbeddingResult:
-        """`create` for asyncio; the store I/O runs in a thread, off the event loop."""
-        lookup = await asyncio.to_thread(self.begin, body, tenant=tenant)
-        sent = lookup.upstream_body
-        if sent is None:
-            return self.finish(lookup, None, upstream_s=0.0)
-        started = self._clock.monotonic_s()
-        response = await upstream(sent)
-        upstream_s = self._clock.monotonic_s() - started
-        return await asyncio.to_thread(self.finish, lookup, response, upstream_s=upstream_s)
+        """`create` for asyncio; the store I/O where `store_io` says (store_guard.py)."""
+        lookup = await self.store_io.read(self.begin, body, tenant=tenant)
+        return await self.afetch_missing(lookup, AsyncEmbeddingFunction(upstream))
+
+    # -- what closing an EmbeddingMiss does (embedding_miss.EmbeddingRecords) --
+
+    def record(self, lookup: EmbeddingLookup, vectors: Mapping[str, CachedVector]) -> int:
+        """Count the fetched inputs' tokens and store their vectors; how many were stored."""
+        self._prompt_tokens(lookup, vectors)
+        if lookup.view is None or lookup.request.directives.cache_control.no_store:
+            return 0
+        return self._store(lookup, vectors)
+
+    def shared(self, lookup: EmbeddingLookup, vectors: Mapping[str, CachedVector]) -> None:
+        """Another request in flight fetched these inputs for this one."""
+        self._prompt_tokens(lookup, vectors)
+        self._metrics.count("coalesced", len(vectors))
+
+    def merged(
+        self,
+        lookup: EmbeddingLookup,
+        vectors: Mapping[str, CachedVector],
+        response: Mapping[str, Any],
+        stored: int,
+    ) -> EmbeddingResult:
+        model = response.get("model")
+        answer = merge(lookup, vectors, model if isinstance(model, str) else None)
+        return EmbeddingResult(answer, lookup.hits, len(vectors), stored)
+
+    def _prompt_tokens(self, lookup: EmbeddingLookup, vectors: Mapping[str, CachedVector]) -> None:
+        positions = Counter(lookup.request.keys)
+        for key, vector in vectors.items():
+            self._metrics.prompt_tokens(vector.prompt_tokens * positions[key])
 
     # -- store I/O --
 
@@ -175,37 +219,24 @@ class EmbeddingCache:
         why: dict[str, MissReason] = {}
         try:
             view = self.versions.view(request.model, request.directives.tags)
+            now_s, max_age_s = self._clock.now_s(), request.directives.max_age_s
             for key in dict.fromkeys(request.keys):
                 entry = self.backend.get(key) if read_entries else None
-                reason = self._staleness(entry, view, request.directives.max_age_s)
-                if entry is not None and reason is None:
+                if entry is None:
+                    why[key] = MissReason.ABSENT if read_entries else MissReason.BYPASSED
+                elif (stale := stale_reason(entry, view, now_s)) is not None:
+                    why[key] = stale
+                    self._delete(key)  # gone for every request: lazy reclamation
+                elif too_old(entry, now_s, max_age_s):
+                    why[key] = MissReason.EXPIRED  # fresh for others, too old for this caller
+                else:
                     found[key] = self._vector(entry)
-                    continue
-                why[key] = reason or (MissReason.ABSENT if read_entries else MissReason.BYPASSED)
-                if reason in (MissReason.STALE_MODEL_VERSION, MissReason.INVALIDATED_TAG):
-                    self._delete(key)  # lazy reclamation, as the exact layer does
         except StoreError as exc:
             self.store_failed("lookup", exc)
             unavailable = isinstance(exc, StoreUnavailableError)
             reason = MissReason.STORE_UNAVAILABLE if unavailable else MissReason.STORE_ERROR
             return None, {}, dict.fromkeys(request.keys, reason)
         return view, found, why
-
-    def _staleness(
-        self, entry: Entry | None, view: VersionView, max_age_s: float | None
-    ) -> MissReason | None:
-        if entry is None:
-            return None
-        now_s = self._clock.now_s()
-        if now_s >= entry.expires_at_s:
-            return MissReason.EXPIRED
-        if not view.model_is_current(entry.model_version):
-            return MissReason.STALE_MODEL_VERSION
-        if not view.tags_are_current(entry.tags):
-            return MissReason.INVALIDATED_TAG
-        if max_age_s is not None and now_s - entry.created_at_s > max_age_s:
-            return MissReason.EXPIRED  # fresh for others, too old for this caller
-        return None
 
     def _delete(self, key: str) -> None:
         try:

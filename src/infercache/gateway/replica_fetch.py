@@ -1,0 +1,166 @@
+"""How the gateway reaches its upstreams for a miss: the `Source` it passes to the one miss
+protocol (miss_flight.py), which does the rest (settle, store, close).
+
+    fetch(miss, sink):
+      across.join(miss)                      one call per key across gateway replicas
+        → SharedAnswer: another replica fetched it: a coalesced hit here (an error it
+                        shared is raised)                             (across_replicas.py)
+        → FlightLease: this replica fetches; once the local readers have the answer it is
+                       shared (`Fetched.after`); on failure the lease is handed over
+        → None: fetch alone (no shared Redis, or it failed)
+      router.lease → a replica, counted in flight while the call runs          (router.py)
+        the endpoint's call, streamed or not (endpoints.py); a stream's chunks published as
+        they come; a replica that fails before any chunk is ejected and the call tried once
+        more on another
+      the prefix reuse an HTTP upstream reports, counted (prefix_usage.py)
+    observe(miss, response): swap detection (versions.py); store I/O, run by the protocol
+      where store_guard.py says, with the store write
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Coroutine, Sequence
+from typing import Any
+
+from infercache.completion import Response
+from infercache.errors import UpstreamAbortedError, UpstreamError, UpstreamUnavailableError
+from infercache.gateway.across_replicas import AcrossReplicas
+from infercache.gateway.endpoints import ENDPOINTS
+from infercache.gateway.prefix_usage import UpstreamPrefixUsage
+from infercache.gateway.router import PrefixRouter
+from infercache.gateway.upstream import Upstream
+from infercache.gateway.versions import ModelVersionTracker
+from infercache.miss import Miss
+from infercache.miss_flight import ChunkSink, Fetched
+from infercache.stores.replica_flight import FlightLease, SharedAnswer
+
+log = logging.getLogger(__name__)
+
+
+class ReplicaFetch:
+    """The gateway's upstreams behind its router, and the replica flights beside them."""
+
+    def __init__(
+        self,
+        upstreams: Sequence[Upstream],
+        router: PrefixRouter[Upstream],
+        *,
+        tracker: ModelVersionTracker,
+        prefix_usage: UpstreamPrefixUsage,
+        across: AcrossReplicas | None,
+    ) -> None:
+        self.upstreams = list(upstreams)
+        self.router = router
+        self.tracker = tracker
+        self._prefix_usage = prefix_usage
+        self._across = across
+
+    def source(self, bearer: str | None) -> CallerSource:
+        """The protocol's Source for one caller (its bearer, when forwarded upstream)."""
+        return CallerSource(self, bearer)
+
+    async def fetch(self, miss: Miss, sink: ChunkSink, bearer: str | None) -> Fetched:
+        joined = await self._across.join(miss) if self._across is not None else None
+        if isinstance(joined, SharedAnswer):  # another gateway replica fetched it
+            body = joined.completion()
+            if not joined.ok:
+                error = body.get("error")
+                message = str(error.get("message")) if isinstance(error, dict) else "upstream error"
+                raise UpstreamError(message, status_code=joined.status, body=body)
+            return Fetched(body, elsewhere=True)
+        try:
+            upstream, response = await self._call_replicas(miss, sink, bearer)
+        except BaseException as exc:
+            if joined is not None:
+                await AcrossReplicas.fail(joined, _failure(exc))
+            raise
+        if not upstream.records_prefix_metrics:
+            self._prefix_usage.count(response)  # the prefix reuse the upstream reports
+        if joined is None:
+            return Fetched(response)
+        return Fetched(response, after=functools.partial(_share, joined, response))
+
+    async def _call_replicas(
+        self, miss: Miss, sink: ChunkSink, bearer: str | None
+    ) -> tuple[Upstream, Response]:
+        """The call on the replica the router picks; when that replica fails before any chunk
+        came back (unreachable, timed out, a 5xx), it is ejected and the call goes once to
+        another replica."""
+        tried: list[int] = []
+        while True:
+            with self.router.lease(miss.request.directives.tenant, miss.request.body, tried) as i:
+                upstream = self.upstreams[i]
+                try:
+                    response = await self._call(upstream, miss, sink, bearer)
+                except UpstreamError as exc:
+                    if not _replica_fault(exc):
+                        raise
+                    self.router.failed(i)
+                    tried.append(i)
+                    if sink.published or len(tried) > 1 or len(self.upstreams) == 1:
+                        raise
+                    log.warning("retrying on another replica after: %s", exc.message)
+                    continue
+            self.router.succeeded(i)
+            return upstream, response
+
+    async def _call(
+        self, upstream: Upstream, miss: Miss, sink: ChunkSink, bearer: str | None
+    ) -> Response:
+        """One upstream call, its chunks published as they come; the complete answer."""
+        adapter = ENDPOINTS[miss.request.endpoint]
+        tenant = miss.request.directives.tenant
+        body = dict(miss.request.body)
+        if not miss.request.stream:
+            body.pop("stream", None)
+            body.pop("stream_options", None)
+            return await adapter.complete(upstream, body, tenant, bearer)  # whole: no chunk
+        body["stream_options"] = {"include_usage": True}
+        assembler = adapter.assembler()
+        async for chunk in adapter.stream(upstream, body, tenant, bearer):
+            assembler.add(chunk)
+            sink.publish(chunk)
+        if not assembler.complete:
+            raise UpstreamAbortedError("the upstream stream ended without a finish_reason")
+        return assembler.result()
+
+
+class CallerSource:
+    """`ReplicaFetch` for one caller: a miss_flight.Source."""
+
+    __slots__ = ("_bearer", "_fetch")
+
+    def __init__(self, fetch: ReplicaFetch, bearer: str | None) -> None:
+        self._fetch = fetch
+        self._bearer = bearer
+
+    def fetch(self, miss: Miss, sink: ChunkSink) -> Coroutine[Any, Any, Fetched]:
+        return self._fetch.fetch(miss, sink, self._bearer)
+
+    def observe(self, miss: Miss, response: Response) -> None:
+        seen = miss.lookup.view if miss.lookup is not None else None
+        self._fetch.tracker.observe_response(miss.request.model, response, seen)
+
+
+async def _share(lease: FlightLease, response: Response) -> None:
+    """Once every local reader has the answer: share it with the other gateway replicas (or
+    hand the lease over when that fails)."""
+    try:
+        await AcrossReplicas.publish(lease, response)
+    finally:
+        if not lease.closed:
+            await AcrossReplicas.fail(lease, UpstreamAbortedError("no answer"))
+
+
+def _failure(exc: BaseException) -> BaseException:
+    """What a failed call hands the replica flight: its error, or an abort when cancelled."""
+    if isinstance(exc, Exception):
+        return exc
+    return UpstreamAbortedError("every client left before the answer completed")
+
+
+def _replica_fault(exc: UpstreamError) -> bool:
+    """The replica itself failed (not the request): unreachable, timed out, or a 5xx."""
+    return isinstance(exc, UpstreamUnavailableError) or exc.status_code >= 500
