@@ -1,7 +1,7 @@
 """Gateway throughput and latency on loopback: exact hits, and what a miss adds.
 
     .venv/bin/python bench/gateway.py [--seconds 10] [--concurrency 32] [--store URL]
-                                      [--without FEATURES]
+                                      [--without FEATURES] [--rounds 3] [--endpoints-only]
 
 Three processes share the machine: a trivial OpenAI-compatible upstream that answers at once
 (so a miss measures the gateway, not a model), the gateway (`infercache serve --upstream ...`,
@@ -13,6 +13,11 @@ since a Python client costs more per request than the gateway does; async httpx 
 - miss overhead: from 1 connection, requests with unique prompts, each a real miss (lookup,
   upstream call, store), against the gateway and then directly against the upstream; the
   added latency is the difference of the medians.
+- hits per endpoint (wrk only): the same question as chat, Anthropic's `/v1/messages`
+  (translated to the upstream's chat on its miss) and OpenAI's `/v1/responses` (sent to the
+  upstream natively), each stored once, then exact hits from 1 and `--concurrency`
+  connections, the endpoints alternated over `--rounds` rounds (each going first in turn);
+  each endpoint's median rate against chat's (issue 25: within 20%).
 Client and servers share the same 2 cores, so throughput is a floor, not a ceiling.
 `--without` runs the gateway with per-request features off (bench/without.py lists them), to
 measure what they cost.
@@ -53,6 +58,28 @@ ANSWER = {
 }
 
 
+RESPONSE = {
+    "id": "resp_bench", "object": "response", "created_at": 1_700_000_000, "status": "completed",
+    "model": "bench-model", "parallel_tool_calls": True, "tool_choice": "auto", "tools": [],
+    "output": [{"type": "message", "id": "msg_bench", "status": "completed", "role": "assistant",
+                "content": [{"type": "output_text", "text": "Paris is the capital of France.",
+                             "annotations": []}]}],
+    "usage": {"input_tokens": 30, "output_tokens": 8, "total_tokens": 38},
+}  # fmt: skip
+SYSTEM = "You are a helpful support assistant."
+QUESTION = "Question 0: what is the capital of France?"
+# The same question on each cached endpoint: (path, body)
+ENDPOINT_BODIES = {
+    "chat": ("/chat/completions", {"model": "bench-model", "temperature": 0, "messages": [
+        {"role": "system", "content": SYSTEM}, {"role": "user", "content": QUESTION}]}),
+    "messages": ("/messages", {"model": "bench-model", "temperature": 0, "max_tokens": 64,
+                               "system": SYSTEM,
+                               "messages": [{"role": "user", "content": QUESTION}]}),
+    "responses": ("/responses", {"model": "bench-model", "temperature": 0,
+                                 "instructions": SYSTEM, "input": QUESTION}),
+}  # fmt: skip
+
+
 def serve_upstream(port: int) -> None:
     """The stand-in upstream: answers every chat request at once."""
     import uvicorn
@@ -68,9 +95,14 @@ def serve_upstream(port: int) -> None:
     async def models(request: Request) -> JSONResponse:
         return JSONResponse({"object": "list", "data": [{"id": "bench-model"}]})
 
+    async def responses(request: Request) -> JSONResponse:
+        await request.body()
+        return JSONResponse(RESPONSE)
+
     app = Starlette(
         routes=[
             Route("/v1/chat/completions", chat, methods=["POST"]),
+            Route("/v1/responses", responses, methods=["POST"]),
             Route("/v1/models", models),
         ]
     )
@@ -227,12 +259,43 @@ def run_wrk(gw: str, up: str, concurrency: int, seconds: int) -> None:
           f"added p50 {via['p50_ms'] - direct['p50_ms']:.3f} ms")  # fmt: skip
 
 
+def endpoint_hits(gw: str, concurrency: int, seconds: int, rounds: int) -> None:
+    """Exact hits on chat, messages and responses, alternated; each one's median against
+    chat's."""
+    rates: dict[tuple[str, int], list[float]] = {}
+    for name, (path, payload) in ENDPOINT_BODIES.items():
+        stored = httpx.post(f"{gw}{path}", json=payload, timeout=30)
+        assert stored.status_code == 200, stored.text
+        again = httpx.post(f"{gw}{path}", json=payload, timeout=30)
+        assert again.headers["x-infercache"] == "exact-hit", (name, again.headers)
+    names = list(ENDPOINT_BODIES)
+    for r in range(rounds):
+        order = names[r % len(names) :] + names[: r % len(names)]  # each goes first in turn
+        for connections in (1, concurrency):
+            for name in order:
+                path, payload = ENDPOINT_BODIES[name]
+                script = HIT_LUA.replace("BODY", json.dumps(payload))
+                result = wrk(f"{gw}{path}", script, connections, seconds)
+                assert result["others"] == 0, f"{name}: not every response was a hit: {result}"
+                rates.setdefault((name, connections), []).append(result["rps"])
+    for connections in (1, concurrency):
+        chat = statistics.median(rates[("chat", connections)])
+        for name in ENDPOINT_BODIES:
+            rate = statistics.median(rates[(name, connections)])
+            print(f"exact hits on {name}, {connections} connection(s): {rate:,.0f}/s "
+                  f"(median of {rounds}; {rate / chat:.0%} of chat's)")  # fmt: skip
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seconds", type=int, default=10, help="per wrk run")
     parser.add_argument("--requests", type=int, default=20_000, help="httpx mode only")
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--misses", type=int, default=2000)
+    parser.add_argument("--rounds", type=int, default=3, help="per-endpoint hits: rounds")
+    parser.add_argument(
+        "--endpoints-only", action="store_true", help="only the per-endpoint hits (wrk)"
+    )
     parser.add_argument("--store", help="store URL (default: SQLite in a temp dir)")
     parser.add_argument(
         "--without",
@@ -263,7 +326,9 @@ def main() -> int:
             if args.without:
                 print(f"gateway features off: {args.without}")
             if shutil.which("wrk"):
-                run_wrk(gw, up, args.concurrency, args.seconds)
+                if not args.endpoints_only:
+                    run_wrk(gw, up, args.concurrency, args.seconds)
+                endpoint_hits(gw, args.concurrency, args.seconds, args.rounds)
                 return 0
             print("wrk not found (apt-get install wrk): measuring with httpx, a heavier client")
             rate, lat = asyncio.run(hits(gw, args.requests, args.concurrency))

@@ -132,15 +132,42 @@ def _cluster_is_ok(cli: str, ports: list[int]) -> bool:
 
 
 class RedisClusterServers:
-    """A real Redis Cluster of masters on loopback (no replicas), each node in its own
-    directory so it can be restarted with its cluster config and no data."""
+    """A real Redis Cluster on loopback: masters, and `replicas` replicas per master, each node
+    in its own directory so it can be killed and restarted with its cluster config and no
+    data (`persist`: with its append-only file). `full_coverage=False` is
+    `cluster-require-full-coverage no` (what production should run: a dead master then fails
+    only its own slots)."""
 
-    def __init__(self, workdir: Path, ports: list[int], flavour: str, timeout_s: float) -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        ports: list[int],
+        flavour: str,
+        timeout_s: float,
+        *,
+        replicas: int = 0,
+        full_coverage: bool = True,
+        node_timeout_ms: int = 5000,
+        persist: bool = False,
+        reads_when_down: bool = False,
+        fsync: str = "everysec",
+    ) -> None:
         self.ports = ports
         self._workdir = workdir
         self._binary = _server_binary(f"{flavour}-server")
         self._cli = _server_binary(f"{flavour}-cli")
         self._timeout_s = timeout_s
+        self._replicas = replicas
+        self._options = [
+            "--cluster-node-timeout", str(node_timeout_ms),
+            "--cluster-require-full-coverage", "yes" if full_coverage else "no",
+            "--repl-diskless-sync-delay", "0",  # a replica syncs at once (default: waits 5 s)
+            # a killed node restarts with data (`fsync`: everysec, Redis' default, may lose the
+            # last second or two of writes to a kill; always loses none)
+            *(["--appendonly", "yes", "--appendfsync", fsync] if persist else []),
+            # a node whose cluster state is not ok still serves reads on its slots
+            *(["--cluster-allow-reads-when-down", "yes"] if reads_when_down else []),
+        ]  # fmt: skip
         self._running: dict[int, tuple[subprocess.Popen[str], threading.Thread]] = {}
 
     def url(self) -> str:
@@ -151,8 +178,7 @@ class RedisClusterServers:
         node_dir.mkdir(parents=True, exist_ok=True)
         args = [
             *_server_args(port, node_dir),
-            "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-            "--cluster-node-timeout", "5000",
+            "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", *self._options,
         ]  # fmt: skip
         process = _launch(self._binary, args)
         self._running[port] = (process, _drain(process))
@@ -162,28 +188,87 @@ class RedisClusterServers:
             self._start_node(port)
         nodes = [f"127.0.0.1:{p}" for p in self.ports]
         subprocess.run(
-            [self._cli, "--cluster", "create", *nodes, "--cluster-replicas", "0", "--cluster-yes"],
-            capture_output=True,
-            text=True,
-            check=True,
-            timeout=self._timeout_s,
-        )
+            [self._cli, "--cluster", "create", *nodes,
+             "--cluster-replicas", str(self._replicas), "--cluster-yes"],
+            capture_output=True, text=True, check=True, timeout=self._timeout_s,
+        )  # fmt: skip
         self.wait_ok()
 
+    def _cli_out(self, port: int, *command: str) -> str:
+        return subprocess.run(
+            [self._cli, "-p", str(port), *command], capture_output=True, text=True, check=True
+        ).stdout
+
     def wait_ok(self) -> None:
-        """Until every node says `cluster_state:ok` (each poll a real request, a deadline)."""
+        """Until every running node says `cluster_state:ok` and every running replica is in
+        sync with its master (each poll a real request, a deadline)."""
         deadline = time.monotonic() + self._timeout_s
-        while not _cluster_is_ok(self._cli, self.ports):
+        while not (_cluster_is_ok(self._cli, list(self._running)) and self._replicas_synced()):
             assert time.monotonic() < deadline, f"cluster not ok within {self._timeout_s} s"
             for process, _ in self._running.values():
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     pytest.fail(f"a cluster node exited with {process.wait(0.02)}")
 
+    def _replicas_synced(self) -> bool:
+        for port in self._running:
+            info = self._cli_out(port, "info", "replication")
+            if "role:slave" in info and "master_link_status:up" not in info:
+                return False
+        return True
+
+    def wait_replicated(self) -> None:
+        """Until every running replica has every write its master has acknowledged."""
+        deadline = time.monotonic() + self._timeout_s
+        while not all(self._in_step(port) for port in self.masters()):
+            assert time.monotonic() < deadline, f"replicas behind after {self._timeout_s} s"
+
+    def _in_step(self, master: int) -> bool:
+        out = self._cli_out(master, "info", "replication")
+        info = dict(line.strip().split(":", 1) for line in out.splitlines() if ":" in line)
+        offset = info.get("master_repl_offset")
+        return all(
+            f"offset={offset}," in value for key, value in info.items() if key.startswith("slave")
+        )
+
+    def masters(self) -> list[int]:
+        """Ports of the running nodes that are masters now (CLUSTER NODES of a live node)."""
+        found = []
+        for line in self._cli_out(next(iter(self._running)), "cluster", "nodes").splitlines():
+            fields = line.split()
+            port = int(fields[1].split("@")[0].rsplit(":", 1)[1])
+            if "master" in fields[2] and "fail" not in fields[2] and port in self._running:
+                found.append(port)
+        return sorted(found)
+
+    def pid(self, port: int) -> int:
+        return self._running[port][0].pid
+
+    def kill(self, port: int) -> None:
+        """SIGKILL one node, as a crash would (its data is lost unless `persist`)."""
+        process, drain = self._running.pop(port)
+        process.kill()
+        process.wait(10)
+        drain.join(10)
+        assert process.stdout is not None
+        process.stdout.close()
+
+    def restart(self, port: int, *, wait: bool = True) -> None:
+        """Start a killed node again (its nodes.conf: same id and slots; no data unless
+        `persist`), until every node says `cluster_state:ok` (unless not `wait`)."""
+        self._start_node(port)
+        if wait:
+            self.wait_ok()
+
+    def cluster_state(self, port: int) -> str:
+        """The node's own `cluster_state` (ok or fail)."""
+        out = self._cli_out(port, "cluster", "info")
+        return next(line.split(":", 1)[1].strip() for line in out.splitlines() if
+                    line.startswith("cluster_state:"))  # fmt: skip
+
     def restart_empty(self, port: int) -> None:
         """Stop one node and start it again: same slots (its nodes.conf), no data."""
         _stop(*self._running.pop(port))
-        self._start_node(port)
-        self.wait_ok()
+        self.restart(port)
 
     def stop(self) -> None:
         for process, drain in self._running.values():
@@ -193,13 +278,33 @@ class RedisClusterServers:
 
 @contextlib.contextmanager
 def start_redis_cluster(
-    workdir: Path, *, masters: int = 3, flavour: str = "redis", timeout_s: float = 30.0
+    workdir: Path,
+    *,
+    masters: int = 3,
+    flavour: str = "redis",
+    timeout_s: float = 30.0,
+    replicas: int = 0,
+    full_coverage: bool = True,
+    node_timeout_ms: int = 5000,
+    persist: bool = False,
+    reads_when_down: bool = False,
+    fsync: str = "everysec",
 ) -> Iterator[RedisClusterServers]:
-    """`masters` servers with `--cluster-enabled yes` on free ports, joined by
-    `redis-cli --cluster create ... --cluster-replicas 0`, once every node says
-    `cluster_state:ok`."""
+    """`masters` servers (and `replicas` per master) with `--cluster-enabled yes` on free
+    ports, joined by `redis-cli --cluster create ... --cluster-replicas N`, once every node
+    says `cluster_state:ok` and every replica is in sync."""
+    ports = [free_cluster_port() for _ in range(masters * (1 + replicas))]
     cluster = RedisClusterServers(
-        workdir, [free_cluster_port() for _ in range(masters)], flavour, timeout_s
+        workdir,
+        ports,
+        flavour,
+        timeout_s,
+        replicas=replicas,
+        full_coverage=full_coverage,
+        node_timeout_ms=node_timeout_ms,
+        persist=persist,
+        reads_when_down=reads_when_down,
+        fsync=fsync,
     )
     try:
         cluster._create()
@@ -219,6 +324,37 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServ
 def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisClusterServers]:
     """A real 3-master Redis Cluster on loopback for the session."""
     with start_redis_cluster(tmp_path_factory.mktemp("redis-cluster")) as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="session")
+def fault_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisClusterServers]:
+    """A 3-master cluster for tests that kill a master (and restart it before they end), with
+    `cluster-require-full-coverage no`."""
+    workdir = tmp_path_factory.mktemp("fault-cluster")
+    with start_redis_cluster(workdir, full_coverage=False) as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="session")
+def failover_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisClusterServers]:
+    """3 masters with one replica each and a 1 s node timeout, for failover tests."""
+    workdir = tmp_path_factory.mktemp("failover-cluster")
+    with start_redis_cluster(
+        workdir, replicas=1, full_coverage=False, node_timeout_ms=1000
+    ) as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="session")
+def rejoin_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisClusterServers]:
+    """3 masters as production should run them without replicas: `cluster-require-full-coverage
+    no`, `cluster-allow-reads-when-down yes`, append-only files (a killed master comes back
+    with its data; fsync always, so with a test's writes of a moment ago too)."""
+    workdir = tmp_path_factory.mktemp("rejoin-cluster")
+    with start_redis_cluster(
+        workdir, full_coverage=False, persist=True, reads_when_down=True, fsync="always"
+    ) as cluster:
         yield cluster
 
 

@@ -72,6 +72,12 @@ from infercache.stores import Backend, open_store
 
 log = logging.getLogger(__name__)
 
+# The endpoints the semantic layer answers: a last user turn compared by meaning. Not legacy
+# completions (no turns), nor Responses: a response's id names the one conversation a
+# follow-up continues (responses/conversations.py), so a paraphrase's answer would carry
+# another conversation's id.
+_COMPARED = (Endpoint.CHAT, Endpoint.MESSAGES)
+
 # What the library calls on a miss: a chat-completions body in, a response body out.
 ChatFn = Callable[[dict[str, Any]], Response]
 AsyncChatFn = Callable[[dict[str, Any]], Awaitable[Response]]
@@ -189,15 +195,16 @@ class Cache:
         tenant: str | None = None,
         verify: ChatFn | None = None,
         endpoint: Endpoint = Endpoint.CHAT,
+        beta: str | None = None,
     ) -> Completion | Miss:
         """Parse, apply the policy, look the request up in each layer, top-down.
 
         Returns the answer when a layer has it, else the `Miss` to fetch. `tenant`, when given
         (an authenticated caller), overrides any tenant claimed in the body. `verify`: how to
         fetch a fresh answer when live verification samples a semantic hit (run in the
-        background, never on this call's path).
+        background, never on this call's path). `beta`: a Messages client's `anthropic-beta`.
         """
-        req = parse_request(body, tenant=tenant, endpoint=endpoint)
+        req = parse_request(body, tenant=tenant, endpoint=endpoint, beta=beta)
         cc = req.directives.cache_control
         if cc.no_cache and cc.only_if_cached:
             raise InvalidRequestError(
@@ -219,7 +226,7 @@ class Cache:
         if lookup.entry is not None:
             return self._exact_hit(req, lookup)
         probe = None
-        if self.semantic is not None and lookup.view is not None and endpoint is Endpoint.CHAT:
+        if self.semantic is not None and lookup.view is not None and endpoint in _COMPARED:
             hit, probe = self.semantic.lookup(req, lookup.view)
             if hit is not None:
                 self._exact_metrics.miss(lookup.miss_reason or MissReason.ABSENT)

@@ -30,9 +30,11 @@ def add_store_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--store",
         metavar="URL",
-        help="sqlite:///PATH, redis://HOST:PORT/DB, redis+cluster://HOST:PORT[,HOST:PORT...] or "
-        "memory:// (default: INFERCACHE_STORE, else [cache] store in --config, else "
-        "sqlite:///<data dir>/cache.sqlite3, the data dir being ~/.cache/infercache or "
+        help="sqlite:///PATH, redis://HOST:PORT/DB (one server), "
+        "redis+cluster://HOST:PORT[,HOST:PORT...] (a Redis Cluster; rediss:// and "
+        "rediss+cluster:// for TLS) or memory:// (default: INFERCACHE_STORE, else [cache] store "
+        "in --config, else sqlite:///<data dir>/cache.sqlite3, the data dir being "
+        "~/.cache/infercache or "
         "INFERCACHE_DATA_DIR)",
     )
     parser.add_argument(

@@ -20,6 +20,8 @@ and shape checks raise `ValueError`/`TypeError`, never a client-facing class.
     ├── StoreError                     any cache-store failure; becomes a counted miss, never
     │   │                              a failed request
     │   └── StoreUnavailableError      over its latency budget, or skipped while it fails
+    │       └── NodeUnavailableError   one node of a Redis Cluster failed or is skipped; the
+    │                                  other nodes serve (stores/cluster_breaker.py)
     ├── StoreWouldBlockError           a non-blocking store read would wait: retried off the
     │                                  event loop (internal, never reaches a client)
     ├── EmbedderError                  the semantic layer's embedder failed; a counted miss
@@ -28,7 +30,9 @@ and shape checks raise `ValueError`/`TypeError`, never a client-facing class.
         └── UpstreamAbortedError       a shared upstream call ended without a complete answer
 
 Every error renders in the OpenAI error shape, built by `openai_error_body` and nowhere else:
-`{"error": {"message", "type", "param", "code"}}`.
+`{"error": {"message", "type", "param", "code"}}`; on the gateway's `/v1/messages` route, in
+Anthropic's, built by `anthropic_error_body`: `{"type": "error", "error": {"type", "message"}}`,
+its type named from the HTTP status as Anthropic names them (`to_anthropic`).
 """
 
 from __future__ import annotations
@@ -41,6 +45,22 @@ def openai_error_body(
 ) -> dict[str, Any]:
     """The body OpenAI's API returns for an error: the one place that shape is built."""
     return {"error": {"message": message, "type": error_type, "param": param, "code": code}}
+
+
+# HTTP status → Anthropic's error type (its API documents these; any other 5xx is `api_error`).
+_ANTHROPIC_TYPES = {
+    400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+    404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error",
+    529: "overloaded_error",
+}  # fmt: skip
+
+
+def anthropic_error_body(message: str, *, status: int) -> dict[str, Any]:
+    """The body Anthropic's API returns for an error of this HTTP status."""
+    kind = _ANTHROPIC_TYPES.get(status)
+    if kind is None:
+        kind = "invalid_request_error" if 400 <= status < 500 else "api_error"
+    return {"type": "error", "error": {"type": kind, "message": message}}
 
 
 class InfercacheError(Exception):
@@ -60,6 +80,10 @@ class InfercacheError(Exception):
         return openai_error_body(
             self.message, error_type=self.error_type, param=self.param, code=self.code
         )
+
+    def to_anthropic(self) -> dict[str, Any]:
+        """The body Anthropic's API returns for this kind of error."""
+        return anthropic_error_body(self.message, status=self.status_code)
 
     def headers(self) -> dict[str, str]:
         """HTTP headers that belong with this error (Retry-After, say)."""
@@ -157,6 +181,12 @@ class StoreUnavailableError(StoreError):
     """The store took longer than its budget, or its circuit breaker is open: skipped."""
 
 
+class NodeUnavailableError(StoreUnavailableError):
+    """One node of a Redis Cluster failed, or is skipped while it fails (its own breaker,
+    stores/cluster_breaker.py); keys on the other nodes are served as usual, so the breaker of
+    the whole store does not count it."""
+
+
 class StoreWouldBlockError(InfercacheError):
     """A store call made in non-blocking mode (`stores.base.inline_reads`) would have waited
     (a lock, a write, a breaker not closed): the caller retries it off the event loop. Never
@@ -192,6 +222,13 @@ class UpstreamError(InfercacheError):
         if self.body is not None and isinstance(self.body.get("error"), dict):
             return self.body
         return super().to_openai()
+
+    def to_anthropic(self) -> dict[str, Any]:
+        """An Anthropic upstream's own error body as it came; any other's message in
+        Anthropic's shape."""
+        if self.body is not None and self.body.get("type") == "error":
+            return self.body
+        return super().to_anthropic()
 
     def headers(self) -> dict[str, str]:
         return {"retry-after": self.retry_after} if self.retry_after else {}

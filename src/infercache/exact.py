@@ -135,7 +135,7 @@ class ExactCache:
         """
         if lookup.view is None:
             return None
-        why_not = unstorable_reason(response)
+        why_not = unstorable_reason(response, request.endpoint)
         if why_not is not None:
             self._metrics.count("not_stored")
             log.debug("not storing %s: %s", lookup.key, why_not)

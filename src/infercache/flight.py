@@ -25,7 +25,7 @@ flight with its error. Peeking (`first_event`) is not interest.
 
 Observability: a table's `observer` (None in production) hears every change of the table's
 flights, their waiters and their readers, after the locks are released; tests wait on it
-(tests/flight_watch.py) instead of sleeping.
+(tests/harness/flight_watch.py) instead of sleeping.
 """
 
 from __future__ import annotations

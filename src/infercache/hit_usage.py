@@ -18,6 +18,10 @@ returns the answer as served and the headers that go with it:
                       bill the prompt at the cached-input price and the completion in full
     "original"        the stored usage as it came (the call that produced the answer)
 
+The other APIs' answers alike, in their own shape: an Anthropic message's "cached" usage reads
+the whole prompt from the cache (`cache_read_input_tokens`, `input_tokens` 0, no write), a
+Responses answer's `input_tokens_details.cached_tokens` is its whole input.
+
 Every mode adds `x-infercache-saved-tokens: prompt=P, completion=C`: the tokens the caller did
 not pay for, as /stats counts them (the stored answer's `prompt_tokens` and
 `completion_tokens`). `id`, `created` and everything else stay the original's: a hit repeats
@@ -66,14 +70,21 @@ def served_hit(response: dict[str, Any], mode: HitUsage, raw: bytes | None = Non
     usage = response.get("usage")
     if mode is HitUsage.ORIGINAL or not isinstance(usage, dict):
         return ServedHit(response, headers, raw)
-    if mode is HitUsage.ZERO:
-        served_usage = _zeroed(usage)
-    else:
-        details = usage.get("prompt_tokens_details")
-        details = dict(details) if isinstance(details, dict) else {}
-        details["cached_tokens"] = prompt
-        served_usage = {**usage, "prompt_tokens_details": details}
+    zero = mode is HitUsage.ZERO
+    served_usage = _zeroed(usage) if zero else _all_cached(response, usage, prompt)
     return ServedHit({**response, "usage": served_usage}, headers, None)
+
+
+def _all_cached(response: dict[str, Any], usage: dict[str, Any], prompt: int) -> dict[str, Any]:
+    """`usage` saying the whole prompt (`prompt` tokens) was read from a cache."""
+    if response.get("type") == "message":  # Anthropic
+        reads = {"cache_read_input_tokens": prompt, "cache_creation_input_tokens": 0}
+        return {**usage, "input_tokens": 0, **reads}
+    name = "prompt_tokens_details" if "prompt_tokens" in usage else "input_tokens_details"
+    details = usage.get(name)
+    details = dict(details) if isinstance(details, dict) else {}
+    details["cached_tokens"] = prompt
+    return {**usage, name: details}
 
 
 def _zeroed(usage: dict[str, Any]) -> dict[str, Any]:

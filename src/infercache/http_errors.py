@@ -80,9 +80,12 @@ def exception_handlers() -> dict[Any, ErrorHandler]:
     return {InfercacheError: _on_infercache_error, HTTPException: _on_http_error}
 
 
+INTERNAL_ERROR = "internal server error"
+
+
 def internal_error_body() -> dict[str, Any]:
     """What a client is told about a failure we did not foresee (the details are logged)."""
-    return openai_error_body("internal server error", error_type="server_error", code=None)
+    return openai_error_body(INTERNAL_ERROR, error_type="server_error", code=None)
 
 
 class CatchAll:

@@ -23,6 +23,13 @@ Which body fields enter the key:
   `logprobs: false`, empty `stop`/`logit_bias`), are dropped, and integral floats become ints
   (`temperature: 0.0` == `temperature: 0`). `temperature` itself is never defaulted here.
 
+Anthropic Messages and OpenAI Responses bodies (`Endpoint.MESSAGES`, `.RESPONSES`) enter as
+their own modules decide (`key_body` in anthropic/request.py: no `metadata`, no `cache_control`
+breakpoint, the `anthropic-beta` header folded in; responses/request.py: no `store`,
+`prompt_cache_key`, ...), then normalised as above; `request_body` is that one answer for
+every endpoint. Every endpoint but chat adds its name to the payload, so two APIs whose bodies
+happen to be byte-identical never share an entry (their answers differ in shape).
+
 The model *version* is deliberately not hashed in: the entry records the version (and its
 generation) current when the request was looked up, and every read compares it with the current
 one (see versions.py). A model swap is therefore one O(1) write, stale reads are counted as
@@ -38,7 +45,9 @@ from typing import Any
 
 import orjson
 
+from infercache.anthropic.request import key_body as messages_key_body
 from infercache.request import ChatRequest, Endpoint
+from infercache.responses.request import key_body as responses_key_body
 
 KEY_PREFIX = "ic1:"
 
@@ -110,6 +119,19 @@ def canonical_json(obj: object) -> bytes:
         return _FALLBACK.encode(obj).encode()
 
 
+def request_body(
+    request: ChatRequest, ignorable: frozenset[str] = IGNORABLE_FIELDS
+) -> dict[str, Any]:
+    """The part of `request`'s body that can change the answer, normalised: what the exact key
+    hashes and the semantic scope starts from (module docstring)."""
+    endpoint = request.endpoint
+    if endpoint is Endpoint.MESSAGES:
+        return normalised_body(messages_key_body(request.body, request.beta), ignorable)
+    if endpoint is Endpoint.RESPONSES:
+        return normalised_body(responses_key_body(request.body), ignorable)
+    return normalised_body(request.body, ignorable)
+
+
 def exact_key(request: ChatRequest, ignorable: frozenset[str] = IGNORABLE_FIELDS) -> str:
     """The exact-cache key of `request` (tenant, tags and context included)."""
     d = request.directives
@@ -117,7 +139,7 @@ def exact_key(request: ChatRequest, ignorable: frozenset[str] = IGNORABLE_FIELDS
         "tenant": d.tenant,
         "context": d.context_fingerprint,
         "tags": list(d.tags),
-        "request": normalised_body(request.body, ignorable),
+        "request": request_body(request, ignorable),
     }
     if request.endpoint is not Endpoint.CHAT:  # chat keys stay what they were
         payload["endpoint"] = request.endpoint.value

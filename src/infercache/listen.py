@@ -23,7 +23,10 @@ from infercache.errors import ConfigError
 def bind_listener(host: str, port: int, *, flag: str = "--port") -> socket.socket:
     """A socket bound to (host, port), ready for uvicorn; `ConfigError` if it cannot be."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # IPPROTO_TCP named, not 0: asyncio sets TCP_NODELAY only on connections whose socket
+    # says TCP (base_events._set_nodelay); with proto 0 every answer after a connection's
+    # first waited ~40 ms for the client's delayed ACK (Nagle)
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host.strip("[]"), port))

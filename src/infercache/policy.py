@@ -2,9 +2,12 @@
 
 - Cacheable request: a sampled request (temperature > 0, or no temperature, which the OpenAI API
   treats as 1) without a `seed` is not cached unless `cache_sampled` is set: replaying one sample
-  to every caller silently removes the variety they asked for. Nor is a request offering a tool
-  marked `"x-side-effects": true` (on the tool or its `function`): the model's answer to it may
-  be an action to take, and replaying "send the email" twice is not a saving.
+  to every caller silently removes the variety they asked for. Anthropic Messages and OpenAI
+  Responses take no seed: only `temperature: 0` is deterministic enough (and a Responses
+  `reasoning` request is sampled): `is_sampled` of anthropic/request.py, responses/request.py.
+  Nor is a request offering a tool marked `"x-side-effects": true` (on the tool or its
+  `function`): the model's answer to it may be an action to take, and replaying "send the
+  email" twice is not a saving.
 - TTL: every entry has one. `default_ttl_s` is required in settings; a per-request `ttl_s` (or
   `Cache-Control: max-age`) overrides it but is capped by `max_ttl_s`. There is no "forever".
 - Not cacheable, as the request logs and the analyzer name it (`not_cacheable_reason`): one of
@@ -12,7 +15,11 @@
   `default_temperature`), `NO_STORE` (`no-store`/`no-cache` in its directives), or None. The
   redacted request log (redaction.py) writes it and the analyzer (analyze/) reads it back.
 - Storable response: a complete answer only. Never an error body, empty `choices`, a choice whose
-  `finish_reason` is missing (partial / cut-off stream) or `content_filter`, or a refusal.
+  `finish_reason` is missing (partial / cut-off stream) or `content_filter`, or a refusal; for
+  the other APIs, their module's `unstorable_reason` (a `max_tokens` cut-off, an `incomplete`
+  response, a refusal, ...).
+- Usage (`usage_tokens`, `cached_tokens`): read in whichever shape an answer carries (chat's
+  `prompt_tokens`, Responses' and Anthropic's `input_tokens`: prompt_cache/usage.py).
 """
 
 from __future__ import annotations
@@ -21,8 +28,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from infercache.anthropic import request as anthropic_request
 from infercache.chat import COMPLETE_FINISH_REASONS
-from infercache.request import ChatRequest
+from infercache.prompt_cache.usage import prompt_cache_usage
+from infercache.request import ChatRequest, Endpoint
+from infercache.responses import request as responses_request
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +55,14 @@ class CachePolicy:
             return "offers a tool marked x-side-effects"
         if self.cache_sampled:
             return None
+        sampled = _SAMPLED_APIS.get(request.endpoint)
+        if sampled is not None:
+            if not sampled(request.body):
+                return None
+            if request.body.get("reasoning") is not None:
+                return "sampled (a reasoning request; the API takes no seed)"
+            temperature = request.body.get("temperature", 1)
+            return f"sampled (temperature={temperature}; the API takes no seed)"
         temperature = request.body.get("temperature")
         if temperature is None:
             temperature = self.default_temperature
@@ -56,6 +74,16 @@ class CachePolicy:
         asked = request.directives.ttl_s
         return min(asked if asked is not None else self.default_ttl_s, self.max_ttl_s)
 
+
+# The APIs that take no seed: whether a body samples (temperature 1 when absent).
+_SAMPLED_APIS = {
+    Endpoint.MESSAGES: anthropic_request.is_sampled,
+    Endpoint.RESPONSES: responses_request.is_sampled,
+}
+_UNSTORABLE_APIS = {
+    Endpoint.MESSAGES: anthropic_request.unstorable_reason,
+    Endpoint.RESPONSES: responses_request.unstorable_reason,
+}
 
 SIDE_EFFECTS_MARKER = "x-side-effects"
 SAMPLED = "sampled without a seed"
@@ -90,8 +118,14 @@ def has_side_effect_tools(body: Mapping[str, Any]) -> bool:
     return False
 
 
-def unstorable_reason(response: Mapping[str, Any]) -> str | None:
-    """None if `response` is a complete answer that may be stored, else why not."""
+def unstorable_reason(
+    response: Mapping[str, Any], endpoint: Endpoint = Endpoint.CHAT
+) -> str | None:
+    """None if `response` is a complete answer of `endpoint`'s API that may be stored, else
+    why not."""
+    other = _UNSTORABLE_APIS.get(endpoint)
+    if other is not None:
+        return "error response" if response.get("error") is not None else other(response)
     if response.get("error") is not None:
         return "error response"
     choices = response.get("choices")
@@ -110,10 +144,15 @@ def unstorable_reason(response: Mapping[str, Any]) -> str | None:
 
 
 def usage_tokens(response: Mapping[str, Any]) -> tuple[int, int]:
-    """(prompt_tokens, completion_tokens) from a response's usage; zeros when absent."""
+    """(prompt_tokens, completion_tokens) from a response's usage, in any API's shape (every
+    input token, cache reads and writes included); zeros when absent."""
     usage = response.get("usage")
     if not isinstance(usage, Mapping):
         return 0, 0
+    if "prompt_tokens" not in usage and "completion_tokens" not in usage:  # Responses, Messages
+        output = usage.get("output_tokens")
+        prompt_in = prompt_cache_usage(response).input_tokens
+        return prompt_in, output if isinstance(output, int) and not isinstance(output, bool) else 0
     prompt = usage.get("prompt_tokens")
     completion = usage.get("completion_tokens")
     return (
@@ -124,8 +163,5 @@ def usage_tokens(response: Mapping[str, Any]) -> tuple[int, int]:
 
 def cached_tokens(response: Mapping[str, Any]) -> int:
     """Prompt tokens the upstream served from its prefix cache (`usage.prompt_tokens_details
-    .cached_tokens`); zero when absent."""
-    usage = response.get("usage")
-    details = usage.get("prompt_tokens_details") if isinstance(usage, Mapping) else None
-    value = details.get("cached_tokens") if isinstance(details, Mapping) else None
-    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+    .cached_tokens`, or the other APIs' own names: prompt_cache/usage.py); zero when absent."""
+    return prompt_cache_usage(response).read_tokens

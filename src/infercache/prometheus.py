@@ -78,6 +78,15 @@ COUNTERS: dict[str, tuple[str, str]] = {
         "infercache_prefix_cache_hits",
         "Prompt tokens found in the prefix cache (as vLLM's prefix_cache_hits)",
     ),
+    "prefix_cache_writes": (
+        "infercache_prefix_cache_writes",
+        "Prompt tokens a provider wrote to its prompt cache (billed at its write price)",
+    ),
+    "prompt_cache_write_premium_usd": (
+        "infercache_spent_usd",
+        "Money a strategy cost in USD at the configured prices (a provider prompt cache's write "
+        "premium): the net saving is saved_usd - spent_usd",
+    ),
     "prompt_tokens": ("infercache_engine_prompt_tokens", "Prompt tokens the engine processed"),
     "generation_tokens": ("infercache_engine_generation_tokens", "Tokens the engine generated"),
     "evictions": ("infercache_prefix_cache_evictions", "Radix nodes evicted from the KV cache"),

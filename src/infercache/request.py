@@ -1,4 +1,6 @@
-"""A chat-completions request as the cache sees it: the body for the upstream plus directives.
+"""A request as the cache sees it: the body for the upstream plus directives. The body is one
+of four APIs' (`Endpoint`): OpenAI chat and legacy completions, validated here; Anthropic
+Messages and OpenAI Responses, validated by anthropic/request.py and responses/request.py.
 
 Cache metadata travels in an optional `infercache` object inside the request body; it is
 validated here and stripped before anything is sent upstream:
@@ -27,8 +29,10 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, NamedTuple
 
+from infercache.anthropic import request as anthropic_request
 from infercache.client_values import missing, shown
 from infercache.errors import InvalidRequestError
+from infercache.responses import request as responses_request
 
 DIRECTIVES_FIELD = "infercache"
 _CACHE_CONTROLS = frozenset({"no-cache", "no-store", "only-if-cached"})
@@ -82,10 +86,12 @@ class Directives(NamedTuple):  # a NamedTuple, not a frozen dataclass: built on 
 
 
 class Endpoint(StrEnum):
-    """Which OpenAI endpoint a request is for: it decides the body's shape and its answer's."""
+    """Which API a request is for: it decides the body's shape and its answer's."""
 
     CHAT = "chat.completions"  # messages → chat.completion
     COMPLETIONS = "completions"  # prompt → text_completion (the legacy API)
+    MESSAGES = "messages"  # Anthropic Messages: messages → message (anthropic/)
+    RESPONSES = "responses"  # OpenAI Responses: input → response (responses/)
 
 
 class ChatRequest(NamedTuple):  # a NamedTuple, not a frozen dataclass: built on every request
@@ -94,6 +100,9 @@ class ChatRequest(NamedTuple):  # a NamedTuple, not a frozen dataclass: built on
     body: Mapping[str, Any]
     directives: Directives
     endpoint: Endpoint = Endpoint.CHAT
+    # The client's `anthropic-beta` header (Messages): a beta can change the answer, so it is
+    # keyed (anthropic/request.py key_body), and it goes upstream with the request.
+    beta: str | None = None
 
     @property
     def model(self) -> str:
@@ -220,6 +229,12 @@ _COMPLETION_CHECKS: dict[str, tuple[str, Any]] = {
 
 
 def _validate_body(body: Mapping[str, Any], endpoint: Endpoint) -> None:
+    if endpoint is Endpoint.MESSAGES:
+        anthropic_request.validate(body)
+        return
+    if endpoint is Endpoint.RESPONSES:
+        responses_request.validate(body)
+        return
     checks = _FIELD_CHECKS if endpoint is Endpoint.CHAT else _COMPLETION_CHECKS
     for name in body.keys() & checks.keys():
         value = body[name]
@@ -247,19 +262,24 @@ def _validate_body(body: Mapping[str, Any], endpoint: Endpoint) -> None:
 
 
 def parse_request(
-    body: object, *, tenant: str | None = None, endpoint: Endpoint = Endpoint.CHAT
+    body: object,
+    *,
+    tenant: str | None = None,
+    endpoint: Endpoint = Endpoint.CHAT,
+    beta: str | None = None,
 ) -> ChatRequest:
-    """Validate a chat-completions (or legacy completions) body and split off its
-    `infercache` directives.
+    """Validate a body of `endpoint`'s API (chat, legacy completions, Anthropic Messages,
+    OpenAI Responses) and split off its `infercache` directives.
 
     `tenant`, when given (the gateway's authenticated tenant), overrides the body's claim.
+    `beta`: the client's `anthropic-beta` header, for Messages.
     """
     if not isinstance(body, dict):
         raise InvalidRequestError(f"the request body must be a JSON object, got {_json_kind(body)}")
     _validate_body(body, endpoint)
     directives = parse_directives(body.get(DIRECTIVES_FIELD), tenant)
     upstream_body = {k: v for k, v in body.items() if k != DIRECTIVES_FIELD}
-    return ChatRequest(body=upstream_body, directives=directives, endpoint=endpoint)
+    return ChatRequest(upstream_body, directives, endpoint, beta or None)
 
 
 def _json_kind(value: object) -> str:

@@ -42,6 +42,9 @@ which the library's asyncio path, the gateway and the wrapped client all ask):
     asyncio's default executor. `inline` turns False once the calls compute embeddings (the
     semantic layer is on): milliseconds of CPU never run on the loop. A thread hop costs a
     call ~0.2 ms on a hit and ~0.5 ms of CPU on a miss (bench/README.md, "Gateway").
+
+A `NodeUnavailableError` (one node of a Redis Cluster failing while the others serve) is not
+held against the whole store: the cluster store has a breaker per node (cluster_breaker.py).
 """
 
 from __future__ import annotations
@@ -57,7 +60,12 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from infercache.clock import Clock
-from infercache.errors import StoreError, StoreUnavailableError, StoreWouldBlockError
+from infercache.errors import (
+    NodeUnavailableError,
+    StoreError,
+    StoreUnavailableError,
+    StoreWouldBlockError,
+)
 from infercache.stores.base import Backend, Entry, InlineReads, InlineWrites, StoreStats
 from infercache.urls import mask_credentials
 
@@ -203,6 +211,8 @@ class GuardedBackend:
         started = clock.monotonic_s()
         try:
             result = fn(*args)
+        except NodeUnavailableError:
+            raise  # one cluster node: the store skips it itself (stores/cluster_breaker.py)
         except StoreError:
             breaker.record(False)
             raise

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from infercache.analyze.prefix_breakers import (
+from infercache.prefix_breakers import (
     BreakerFinder,
     classify,
     common_prefix_len,

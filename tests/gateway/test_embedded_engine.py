@@ -6,7 +6,10 @@ with the packaged SmolLM2 model and the official `openai` client:
 - the engine's full queue (`--max-batch 1 --max-queue 0`, its one place held) reaches the
   client as a 429 with Retry-After in the OpenAI shape, on chat and completions, streamed or
   not; nothing is stored, and the same request is served once there is room;
-- bad batching flags are refused by `serve` before anything loads.
+- bad batching flags are refused by `serve` before anything loads;
+- Anthropic's `messages.create` (the `anthropic` SDK) and OpenAI's `responses.create`, plain and
+  streamed, a follow-up by `previous_response_id` too, are answered by translation to the
+  engine's chat and cached: a repeat is an exact hit, a stream replays to the same answer.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import anthropic
 import httpx
 import openai
 import pytest
@@ -111,6 +115,77 @@ def four_calls(url: str, model: str) -> list[httpx.Response]:
             )
             for ask in asks
         ]
+
+
+# One word asked for, room for more: the engine's answer ends by itself (a max_tokens cut-off
+# is never stored by either API).
+ONE_WORD = "Answer with one word only."
+
+
+@pytest.mark.slow
+def test_anthropic_messages_are_answered_by_the_engine_and_cached(
+    gateway: tuple[str, Engine],
+) -> None:
+    url, engine = gateway
+    ask: dict[str, Any] = {
+        "model": engine.model_id,
+        "max_tokens": 24,
+        "system": ONE_WORD,
+        "messages": [{"role": "user", "content": "What colour is the sky?"}],
+        "extra_body": {"temperature": 0},
+    }
+    with anthropic.Anthropic(base_url=url, api_key="local", max_retries=0) as claude:
+        first = claude.messages.with_raw_response.create(**ask)
+        second = claude.messages.with_raw_response.create(**ask)
+        with claude.messages.stream(**ask) as stream:
+            replay_layer = stream.response.headers["x-infercache"]
+            replayed = stream.get_final_message()
+        streamed = {**ask, "messages": [{"role": "user", "content": "What colour is grass?"}]}
+        finals = []
+        for _ in range(2):
+            with claude.messages.stream(**streamed) as stream:
+                finals.append((stream.response.headers["x-infercache"], stream.get_final_message()))
+    message = first.parse()
+    assert message.stop_reason == "end_turn", message
+    assert (first.headers["x-infercache"], second.headers["x-infercache"]) == ("miss", "exact-hit")
+    assert texts(second.parse()) == texts(message)
+    assert message.usage.input_tokens > 0
+    assert (replay_layer, texts(replayed)) == ("exact-hit", texts(message))
+    assert [layer for layer, _ in finals] == ["miss", "exact-hit"]
+    assert finals[0][1].stop_reason == "end_turn"
+    assert texts(finals[1][1]) == texts(finals[0][1])
+
+
+def texts(message: Any) -> list[str]:
+    return [block.text for block in message.content]
+
+
+@pytest.mark.slow
+def test_openai_responses_are_answered_by_the_engine_and_cached(
+    gateway: tuple[str, Engine],
+) -> None:
+    url, engine = gateway
+    ask: dict[str, Any] = {"model": engine.model_id, "temperature": 0, "max_output_tokens": 24,
+                           "instructions": ONE_WORD}  # fmt: skip
+    with openai.OpenAI(base_url=f"{url}/v1", api_key="local", max_retries=0) as app:
+        raw = [app.responses.with_raw_response.create(input="What colour is snow?", **ask)
+               for _ in range(2)]  # fmt: skip
+        first = raw[0].parse()
+        with app.responses.stream(input="What colour is snow?", **ask) as stream:
+            replayed = stream.get_final_response()
+        follow = [
+            app.responses.with_raw_response.create(
+                input="And coal?", previous_response_id=first.id, **ask
+            )
+            for _ in range(2)
+        ]
+    assert first.status == "completed", first
+    assert [r.headers["x-infercache"] for r in raw] == ["miss", "exact-hit"]
+    assert raw[1].parse().output_text == first.output_text
+    assert (replayed.id, replayed.output_text) == (first.id, first.output_text)
+    assert [r.headers["x-infercache"] for r in follow] == ["miss", "exact-hit"]
+    assert follow[0].parse().status == "completed"
+    assert follow[1].parse().output_text == follow[0].parse().output_text
 
 
 @pytest.mark.slow

@@ -80,8 +80,9 @@ def _planted(name: str, key: str) -> str:
 def test_a_planted_gateway_key_never_reaches_the_upstream_in_any_header_or_query(
     make_gateway: MakeGateway, fake: tuple[Any, str], mode: str
 ) -> None:
-    """The key in each of 12 header names and in the query, to chat, embeddings and three
-    pass-through paths: nothing the upstream received holds it; its own key is always sent."""
+    """The key in each of 12 header names and in the query, to chat, embeddings, Anthropic's
+    messages (translated to chat), OpenAI's responses (sent natively) and two pass-through
+    paths: nothing the upstream received holds it; its own key is always sent."""
     _, upstream_url = fake
     key = "sk-pl4nted-client-a"
     running = make_gateway(
@@ -94,6 +95,16 @@ def test_a_planted_gateway_key_never_reaches_the_upstream_in_any_header_or_query
         ("POST", "/v1/embeddings", {"model": "e", "input": ["a", "b"]}),
         ("GET", "/v1/files", None),
         ("POST", "/v1/responses", {"model": "test-model", "input": "hi"}),
+        (
+            "POST",
+            "/v1/messages",
+            {
+                "model": "test-model",
+                "max_tokens": 9,
+                "temperature": 0,
+                "messages": [{"role": "user", "content": "hi"}],
+            },
+        ),
         ("POST", "/v1/batches", {"input_file_id": "file-1"}),
     )
     with httpx.Client(base_url=running.url, timeout=30) as client:
@@ -110,7 +121,9 @@ def test_a_planted_gateway_key_never_reaches_the_upstream_in_any_header_or_query
                 )
                 assert response.status_code == 200, (name, path, response.text)
     received = running.fake.received
-    assert len(received) == 2 + 3 * len(PLANTED_HEADERS)  # chat and embeddings hit after one
+    # chat, embeddings and messages hit after one; the stand-in's responses answer is not a
+    # completed response, so it is never stored: it and the two pass-throughs reach it each time
+    assert len(received) == 3 + 3 * len(PLANTED_HEADERS)
     for request in received:
         assert key.encode() not in request
         assert f"authorization: Bearer {UPSTREAM_KEY}".encode() in request

@@ -8,7 +8,7 @@ import orjson
 import pytest
 
 from infercache.errors import UpstreamError, UpstreamUnavailableError
-from infercache.gateway.upstream import map_aiohttp_errors
+from infercache.gateway.upstream_errors import map_aiohttp_errors
 
 
 @pytest.mark.parametrize(

@@ -11,7 +11,10 @@ Anthropic (`POST /v1/messages`, `x-api-key` and `anthropic-version` required):
   `input_tokens` for the rest; entries live 5 minutes, refreshed when read.
 OpenAI (`POST /v1/chat/completions` and `/v1/responses`): automatic prefix caching of prompts of
 at least 1,024 tokens, reused in 128-token steps, within 5 minutes, partitioned by the
-`prompt_cache_key` (none is a partition too); reported as `cached_tokens`.
+`prompt_cache_key` (none is a partition too); reported as `cached_tokens`. `OpenAIStandIn`
+serves both: chat with `prompt_tokens_details.cached_tokens`, Responses natively (its own
+response objects and event stream, `previous_response_id` resolved from the responses it keeps
+itself, an unknown one a 404), and records each body with the `prompt_cache_key` it carried.
 """
 
 from __future__ import annotations
@@ -62,6 +65,8 @@ class AnthropicStandIn:
         self.requests: list[dict[str, Any]] = []
         self.headers: list[dict[str, str]] = []
         self._cache: dict[bytes, float] = {}  # prefix digest -> expiry (wall clock)
+        self.stop_reason = "end_turn"  # "max_tokens": every answer cut off
+        self.usages: list[dict[str, int]] = []  # each answer's usage, as billed
         self.app = Starlette(routes=[Route("/v1/messages", self.messages, methods=["POST"])])
 
     def _pieces(self, body: dict[str, Any]) -> list[tuple[str, bool]]:
@@ -105,8 +110,10 @@ class AnthropicStandIn:
                 self._cache[prefix] = now + TTL_S
                 written = max(written, length)
         write = max(0, written - read)
-        return {"input_tokens": total - read - write, "output_tokens": 5,
-                "cache_read_input_tokens": read, "cache_creation_input_tokens": write}  # fmt: skip
+        usage = {"input_tokens": total - read - write, "output_tokens": 5,
+                 "cache_read_input_tokens": read, "cache_creation_input_tokens": write}  # fmt: skip
+        self.usages.append(usage)
+        return usage
 
     async def messages(self, request: Request) -> Response:
         body = json.loads(await request.body())
@@ -127,7 +134,7 @@ class AnthropicStandIn:
         text = f"answer #{len(self.requests)} to {_blocks_text(last)}"
         message = {"id": f"msg_{len(self.requests):04d}", "type": "message", "role": "assistant",
                    "model": body["model"], "content": [{"type": "text", "text": text}],
-                   "stop_reason": "end_turn", "stop_sequence": None,
+                   "stop_reason": self.stop_reason, "stop_sequence": None,
                    "usage": self.usage(key, body)}  # fmt: skip
         if not body.get("stream"):
             return JSONResponse(message)
@@ -147,7 +154,7 @@ class AnthropicStandIn:
             yield frame("content_block_delta", index=0,
                         delta={"type": "text_delta", "text": text[i : i + 5]})  # fmt: skip
         yield frame("content_block_stop", index=0)
-        yield frame("message_delta", delta={"stop_reason": "end_turn", "stop_sequence": None},
+        yield frame("message_delta", delta={"stop_reason": self.stop_reason, "stop_sequence": None},
                     usage={"output_tokens": 5})  # fmt: skip
         yield frame("message_stop")
 
@@ -173,3 +180,115 @@ class OpenAIPromptCache:
         for d in digests.values():
             self._cache[d] = now + TTL_S
         return cached
+
+
+def _words(value: Any) -> list[str]:
+    """The stand-in's tokens of a chat message list, a Responses input or instructions."""
+    if isinstance(value, str):
+        return _TOKEN.findall(value)
+    if isinstance(value, dict):
+        return _words(value.get("content", value.get("text", value.get("output", ""))))
+    if isinstance(value, list):
+        return [w for v in value for w in _words(v)]
+    return []
+
+
+class OpenAIStandIn:
+    """OpenAI's chat and Responses APIs with its automatic prefix cache (module docstring)."""
+
+    def __init__(self, clock: Clock) -> None:
+        self.cache = OpenAIPromptCache(clock)
+        self.clock = clock
+        self.requests: list[tuple[str, dict[str, Any]]] = []  # (path, body)
+        self.headers: list[dict[str, str]] = []
+        self._kept: dict[str, list[Any]] = {}  # response id -> its whole conversation
+        self.app = Starlette(
+            routes=[
+                Route("/v1/chat/completions", self.chat, methods=["POST"]),
+                Route("/v1/responses", self.responses, methods=["POST"]),
+            ]
+        )
+
+    def _record(self, request: Request, body: dict[str, Any]) -> int:
+        self.requests.append((request.url.path, body))
+        self.headers.append(dict(request.headers))
+        return len(self.requests)
+
+    async def chat(self, request: Request) -> Response:
+        body = json.loads(await request.body())
+        n = self._record(request, body)
+        words = _words(body["messages"])
+        cached = self.cache.cached_tokens(body.get("prompt_cache_key"), words)
+        text = f"answer #{n} to {_blocks_text(body['messages'][-1]['content'])}"
+        return JSONResponse({
+            "id": f"chatcmpl-{n:04d}", "object": "chat.completion", "created": 1_700_000_000,
+            "model": body["model"], "system_fingerprint": "fp_standin",
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                         "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": len(words), "completion_tokens": 5,
+                      "total_tokens": len(words) + 5,
+                      "prompt_tokens_details": {"cached_tokens": cached}},
+        })  # fmt: skip
+
+    async def responses(self, request: Request) -> Response:
+        body = json.loads(await request.body())
+        n = self._record(request, body)
+        items = body["input"] if isinstance(body["input"], list) else [
+            {"role": "user", "content": body["input"]}
+        ]  # fmt: skip
+        previous = body.get("previous_response_id")
+        if previous is not None and previous not in self._kept:
+            error = {"message": f"Previous response with id '{previous}' not found.",
+                     "type": "invalid_request_error", "param": "previous_response_id",
+                     "code": "previous_response_not_found"}  # fmt: skip
+            return JSONResponse({"error": error}, status_code=404)
+        conversation = [*self._kept.get(previous or "", []), *items]
+        words = _words(body.get("instructions") or "") + _words(conversation)
+        cached = self.cache.cached_tokens(body.get("prompt_cache_key"), words)
+        text = f"answer #{n} to {_blocks_text(items[-1].get('content', ''))}"
+        item = {"type": "message", "id": f"msg_{n:04d}", "status": "completed",
+                "role": "assistant",
+                "content": [{"type": "output_text", "text": text, "annotations": []}]}  # fmt: skip
+        response = {
+            "id": f"resp_{n:04d}", "object": "response", "created_at": 1_700_000_000,
+            "status": "completed", "model": body["model"], "output": [item],
+            "instructions": body.get("instructions"), "previous_response_id": previous,
+            "parallel_tool_calls": True, "tool_choice": "auto", "tools": [], "error": None,
+            "incomplete_details": None, "temperature": body.get("temperature"),
+            "usage": {"input_tokens": len(words), "output_tokens": 5,
+                      "total_tokens": len(words) + 5,
+                      "input_tokens_details": {"cached_tokens": cached},
+                      "output_tokens_details": {"reasoning_tokens": 0}},
+        }  # fmt: skip
+        if body.get("store", True):
+            self._kept[response["id"]] = [*conversation, item]
+        if not body.get("stream"):
+            return JSONResponse(response)
+        return StreamingResponse(self._events(response), media_type="text/event-stream")
+
+    async def _events(self, response: dict[str, Any]) -> AsyncIterator[bytes]:
+        number = iter(range(1000))
+
+        def frame(kind: str, **data: Any) -> bytes:
+            event = {"type": kind, "sequence_number": next(number), **data}
+            return f"event: {kind}\ndata: {json.dumps(event)}\n\n".encode()
+
+        opening = {**response, "status": "in_progress", "output": [], "usage": None}
+        yield frame("response.created", response=opening)
+        yield frame("response.in_progress", response=opening)
+        item = response["output"][0]
+        text = item["content"][0]["text"]
+        yield frame("response.output_item.added", output_index=0,
+                    item={**item, "status": "in_progress", "content": []})  # fmt: skip
+        part = {"type": "output_text", "text": "", "annotations": []}
+        yield frame("response.content_part.added", item_id=item["id"], output_index=0,
+                    content_index=0, part=part)  # fmt: skip
+        for i in range(0, len(text), 7):
+            yield frame("response.output_text.delta", item_id=item["id"], output_index=0,
+                        content_index=0, delta=text[i : i + 7], logprobs=[])  # fmt: skip
+        yield frame("response.output_text.done", item_id=item["id"], output_index=0,
+                    content_index=0, text=text, logprobs=[])  # fmt: skip
+        yield frame("response.content_part.done", item_id=item["id"], output_index=0,
+                    content_index=0, part={**part, "text": text})  # fmt: skip
+        yield frame("response.output_item.done", output_index=0, item=item)
+        yield frame("response.completed", response=response)

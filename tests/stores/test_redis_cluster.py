@@ -51,7 +51,7 @@ def cache_on(store: RedisClusterStore, tmp_path: Path, clock: ManualClock) -> Ca
 
 
 def node_of(store: RedisClusterStore, key: str) -> redis.Redis:
-    node = store._client.get_node_from_key(key)
+    node = store.nodes.node_of(key)
     return redis.Redis(host=node.host, port=node.port)
 
 
@@ -81,18 +81,18 @@ def test_an_entry_and_its_meta_share_a_slot_and_a_lookup_is_one_command(
             f"{store._prefix}{{b{bucket}}}m".encode()
         )
     used_slots = {key_slot(f"{store._prefix}{{b{b}}}".encode()) for b in range(64)}
-    nodes = {store._client.get_node_from_key(f"{store._prefix}{{b{b}}}").port for b in range(64)}
+    nodes = {store.nodes.node_of(f"{store._prefix}{{b{b}}}").port for b in range(64)}
     assert len(used_slots) == 64
     assert len(nodes) == 3  # the buckets spread over every master
     store.get_with_meta("k0", ["model:m"])  # loads the script on its node
     calls: list[tuple[Any, ...]] = []
-    real = store._client.execute_command
+    real = redis.Redis.execute_command
 
-    def counting(*args: Any, **kwargs: Any) -> Any:
+    def counting(self: redis.Redis, *args: Any, **kwargs: Any) -> Any:
         calls.append(args)
-        return real(*args, **kwargs)
+        return real(self, *args, **kwargs)
 
-    monkeypatch.setattr(store._client, "execute_command", counting)
+    monkeypatch.setattr(redis.Redis, "execute_command", counting)
     store.get_with_meta("k1", ["model:m", "tag:a", "tag:b"])
     assert [c[0] for c in calls] == ["EVALSHA"]
 
@@ -192,8 +192,7 @@ def test_a_lookup_on_a_node_that_lost_its_data_repairs_before_it_answers(
     key = next(
         k
         for k in (f"k{i}" for i in range(1000))
-        if a._client.get_node_from_key(a._entry_key(k)).port
-        != a._client.get_node_from_key(f"{a._prefix}{{b0}}m").port
+        if a.nodes.node_of(a._entry_key(k)).port != a.nodes.node_of(f"{a._prefix}{{b0}}m").port
     )
     lose_node_data(a, a._entry_key(key))
     assert a.get_with_meta(key, ["tag:kb", EPOCH_META]) == (
@@ -255,7 +254,7 @@ def test_a_node_really_restarted_empty_loses_entries_not_invalidations(
         for body in tagged:  # stored again, under the new generation and version
             assert cache.complete(body, upstream).layer is Layer.MISS
         epoch = store.epoch()
-        home = store._client.get_node_from_key("r:{b0}m")
+        home = store.nodes.node_of("r:{b0}m")
         cluster.restart_empty(home.port)
         layers = [cache.complete(body, upstream).layer for body in tagged]
         on_home = sum(layer is Layer.MISS for layer in layers)

@@ -17,7 +17,8 @@ import redis
 
 from infercache.clock import ManualClock, SystemClock
 from infercache.errors import StoreError
-from infercache.stores.redis_connect import AsyncClient, async_client, sync_client
+from infercache.stores.redis_cluster import RedisClusterStore
+from infercache.stores.redis_connect import async_client, sync_client
 from infercache.stores.replica_flight import (
     FlightLease,
     FlightTimings,
@@ -38,21 +39,43 @@ COMPLETION = {
 
 
 class Servers:
-    def __init__(self, url: str, ports: list[int], prefix: str) -> None:
-        self.url, self.ports, self.prefix = url, ports, prefix
-        self.clients: list[AsyncClient] = []
+    """One Redis, or a cluster whose flights go through a cluster store's nodes, as a gateway
+    routes them (stores/async_nodes.py)."""
+
+    def __init__(
+        self, url: str, ports: list[int], prefix: str, store: RedisClusterStore | None = None
+    ) -> None:
+        self.url, self.ports, self.prefix, self.store = url, ports, prefix, store
+        self.made: list[ReplicaFlights] = []
 
     def flights(
         self, clock: ManualClock | SystemClock | None = None, **timings: int
     ) -> ReplicaFlights:
-        client = async_client(self.url, socket_timeout_s=None)
-        self.clients.append(client)
-        return ReplicaFlights(
-            client,
-            clock=clock or SystemClock(),
-            prefix=self.prefix,
-            timings=FlightTimings(**timings),
-        )
+        if self.store is None:
+            client = async_client(self.url, socket_timeout_s=None)
+            made = ReplicaFlights(
+                client,
+                clock=clock or SystemClock(),
+                prefix=self.prefix,
+                timings=FlightTimings(**timings),
+            )
+        else:
+            made = open_flights(
+                f"{self.url}?prefix={self.prefix}",
+                clock=clock or SystemClock(),
+                timings=FlightTimings(**timings),
+                nodes=self.store.connected_nodes,
+            )
+        self.made.append(made)
+        return made
+
+    def delete(self, key: str) -> None:
+        with sync_client(self.url, socket_timeout_s=5) as client:
+            client.delete(key)
+
+    def pttl_ms(self, key: str) -> int:
+        with sync_client(self.url, socket_timeout_s=5) as client:
+            return int(client.pttl(key))
 
     def blocked_clients(self) -> int:
         """Clients parked in a blocking command, over every node."""
@@ -74,10 +97,13 @@ async def servers(request: pytest.FixtureRequest, redis_prefix: str) -> AsyncIte
         made = Servers(server.url(), [server.port], redis_prefix)
     else:
         cluster: RedisClusterServers = request.getfixturevalue("redis_cluster")
-        made = Servers(cluster.url(), cluster.ports, redis_prefix)
+        store = RedisClusterStore(cluster.url(), clock=SystemClock(), prefix=redis_prefix)
+        made = Servers(cluster.url(), cluster.ports, redis_prefix, store)
     yield made
-    for client in made.clients:
-        await client.aclose()
+    for flights in made.made:
+        await flights.aclose()
+    if made.store is not None:
+        made.store.close()
 
 
 async def until(condition: Callable[[], bool], timeout_s: float = 10.0) -> None:
@@ -204,8 +230,7 @@ async def test_an_error_reaches_waiters_and_is_kept_only_briefly(servers: Server
     assert isinstance(got, SharedAnswer)
     assert (got.status, got.ok, got.completion()) == (502, False, error)
     answer_key = f"{servers.prefix}{{fl:k}}answer"
-    node = servers.flights()._client
-    assert 0 < await node.pttl(answer_key) <= 1_500
+    assert 0 < servers.pttl_ms(answer_key) <= 1_500
 
 
 async def test_renewal_keeps_a_slow_leader_in_charge(servers: Servers) -> None:
@@ -235,7 +260,7 @@ async def test_a_leader_presumed_dead_learns_it_lost_the_lease(servers: Servers)
     a, b = servers.flights(lease_ms=900), servers.flights(lease_ms=900)
     lease = await a.join("k", timeout_s=30)
     assert isinstance(lease, FlightLease)
-    await b._client.delete(f"{servers.prefix}{{fl:k}}lease")  # as if it had expired
+    servers.delete(f"{servers.prefix}{{fl:k}}lease")  # as if it had expired
     usurper = await b.join("k", timeout_s=30)
     assert isinstance(usurper, FlightLease)
     await within(lease.lost.wait())

@@ -12,6 +12,7 @@ from infercache.analyze.census import DISTANCE_BOUNDS_S
 from infercache.analyze.replay_figures import Strategy, StrategyFigures
 from infercache.analyze.report_tree import Figures
 from infercache.analyze.rules import RecommendRules, duration, pct
+from infercache.prefix_breakers import advice_line
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,12 +29,7 @@ def advice(report: Figures, r: RecommendRules, prefix_on: bool) -> list[str]:
     for b in report.prefix_breakers[:3]:
         tenant = report.tenant_names.get(b.tenant, b.tenant)
         who = f"tenant {tenant!r}, model {b.model!r}" if b.tenant else f"model {b.model!r}"
-        examples = ", ".join(repr(e) for e in b.examples[:2])
-        out.append(
-            f"prefix breaker ({who}): the {b.role} message varies at character "
-            f"{b.break_char} with a {b.kind} ({examples}); moving it to the end would let "
-            f"{b.requests:,} requests reuse {b.tail_tokens:,} more tokens each"
-        )
+        out.append(advice_line(b, who))
     total = report.requests
     for why, n in report.not_cacheable.reasons.items():
         if n / total >= 0.1:

@@ -47,7 +47,6 @@ from infercache.analyze.near_duplicates.finder import (
 )
 from infercache.analyze.near_duplicates.scoped_texts import small_flat_index
 from infercache.analyze.options import AnalyzeOptions, SemanticOptions
-from infercache.analyze.prefix_breakers import Breaker, BreakerFinder
 from infercache.analyze.prepared_request import PreparedRequest
 from infercache.analyze.reader_process import ChildEvents, SourceSpec, produce
 from infercache.analyze.replay import CENSUS, TREE, Replay, ReplayResult, ReplaySetup, SemanticParts
@@ -55,6 +54,7 @@ from infercache.clock import Clock, SystemClock
 from infercache.errors import ConfigError
 from infercache.intervals import sample_size
 from infercache.metrics import PriceTable
+from infercache.prefix_breakers import Breaker, BreakerFinder
 from infercache.semantic.embedder import Embedder
 from infercache.semantic.guards import Guard, build_guards, default_guards
 from infercache.semantic.index import IndexFactory

@@ -40,7 +40,6 @@ from typing import NamedTuple
 from infercache.analyze.kv_sweep import BudgetSweep
 from infercache.analyze.near_duplicates.finder import NearCheck
 from infercache.analyze.options import AnalyzeOptions
-from infercache.analyze.prefix_breakers import BreakerFinder
 from infercache.analyze.prepared_request import PreparedRequest
 from infercache.analyze.simulated_prefix_cache import (
     PrefixStats,
@@ -48,6 +47,7 @@ from infercache.analyze.simulated_prefix_cache import (
     kv_namespace,
 )
 from infercache.intervals import wilson_interval
+from infercache.prefix_breakers import BreakerFinder
 
 OTHER = "(other)"
 # Reuse distances: 4 bins a decade, 0.1 s to ~37 days, then everything longer.

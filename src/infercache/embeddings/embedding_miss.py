@@ -35,18 +35,18 @@ from infercache.miss_flight import ChunkSink, Fetched
 
 FLIGHT_KEY_PREFIX = "ief1:"
 
-Vectors = Mapping[str, CachedVector]
+CachedVectors = Mapping[str, CachedVector]
 
 
 class EmbeddingRecords(Protocol):
     """What closing an EmbeddingMiss does in the EmbeddingCache that looked it up."""
 
-    def record(self, lookup: EmbeddingLookup, vectors: Vectors) -> int: ...
+    def record(self, lookup: EmbeddingLookup, vectors: CachedVectors) -> int: ...
 
-    def shared(self, lookup: EmbeddingLookup, vectors: Vectors) -> None: ...
+    def shared(self, lookup: EmbeddingLookup, vectors: CachedVectors) -> None: ...
 
     def merged(
-        self, lookup: EmbeddingLookup, vectors: Vectors, response: Response, stored: int
+        self, lookup: EmbeddingLookup, vectors: CachedVectors, response: Response, stored: int
     ) -> EmbeddingResult: ...
 
     def store_failed(self, op: str, exc: StoreError) -> None: ...
@@ -61,7 +61,7 @@ class EmbeddingMiss:
         self.lookup = lookup
         self.flight_key = _flight_key(lookup)
         self._records = records
-        self._vectors: Vectors = {}
+        self._vectors: CachedVectors = {}
         self._stored = 0
         self._lock = threading.Lock()
         self._closed = False

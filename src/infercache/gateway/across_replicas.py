@@ -22,7 +22,7 @@ from __future__ import annotations
 import hashlib
 import logging
 
-from infercache.errors import StoreError, UpstreamError
+from infercache.errors import StoreError, StoreUnavailableError, UpstreamError
 from infercache.keys import canonical_json
 from infercache.miss import Miss
 from infercache.store_guard import GuardedBackend
@@ -57,6 +57,9 @@ class AcrossReplicas:
             return None
         try:
             return await self._flights.join(key, timeout_s=self._wait_s)
+        except StoreUnavailableError as exc:  # a cluster node skipped: its breaker logs
+            log.debug("replica flight skipped, fetching alone: %s", exc)
+            return None
         except StoreError as exc:
             log.warning("replica flight unavailable, fetching alone: %s", exc)
             return None

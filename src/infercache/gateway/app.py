@@ -3,11 +3,17 @@
     POST /v1/chat/completions        the cached path (service.py); streaming and not
     POST /v1/completions             the legacy API, cached on the same path and policy
     POST /v1/embeddings              cached per input (embeddings/)
+    POST /v1/messages                Anthropic's Messages API, cached on the same path; errors
+                                     in Anthropic's shape (messages_route.py)
+    POST /v1/responses               OpenAI's Responses API, cached on the same path; a
+                                     follow-up this gateway can resolve is keyed on its
+                                     content, any other passed through (responses_route.py)
     POST /v1/feedback                {"id": ID, "wrong": true}: retire a wrong answer (feedback.py)
     GET  /v1/models, /v1/models/ID   what the upstreams serve
     *    /v1/...                     any other path and method: passed through to an upstream
                                      as is (its credentials, never a gateway key), streamed
-                                     both ways, never cached, counted
+                                     both ways, never cached, counted, `x-infercache:
+                                     passthrough`
     GET  /metrics                    Prometheus text: per strategy (prometheus.py), per request
                                      with model and tenant (traffic.py), the store's size
     GET  /stats                      JSON: per strategy, the store, the upstreams
@@ -38,14 +44,16 @@ from starlette.routing import Route, Router
 from starlette.types import Receive, Scope, Send
 
 from infercache.errors import InfercacheError, UpstreamUnavailableError
-from infercache.gateway import routes
+from infercache.gateway import messages_route, responses_route, routes
 from infercache.gateway.auth import Auth
 from infercache.gateway.feedback import feedback
+from infercache.gateway.prefix_usage import PromptCacheCollector
 from infercache.gateway.routes import AppState
 from infercache.gateway.service import Gateway
 from infercache.gateway.store_size import StoreSize
 from infercache.http_errors import exception_handlers, middleware
 from infercache.request import Endpoint
+from infercache.responses.conversations import ResponseConversations
 
 log = logging.getLogger(__name__)
 
@@ -58,9 +66,11 @@ def create_app(
     *,
     max_body_bytes: int = 4 << 20,
     version_poll_s: float | None = 30.0,
+    conversations: ResponseConversations | None = None,
 ) -> Starlette:
     gateway.cache.metrics.export(StoreSize(gateway.cache.backend, gateway.cache.clock))
-    state = AppState(gateway, auth, max_body_bytes)
+    gateway.cache.metrics.export(PromptCacheCollector(gateway.prefix_usage))
+    state = AppState(gateway, auth, max_body_bytes, conversations)
 
     def bound(handler: Any, *args: Any) -> Any:
         return functools.partial(handler, state, *args)
@@ -68,6 +78,8 @@ def create_app(
     table = [
         Route("/v1/chat/completions", bound(routes.cached, Endpoint.CHAT), methods=["POST"]),
         Route("/v1/completions", bound(routes.cached, Endpoint.COMPLETIONS), methods=["POST"]),
+        Route("/v1/messages", bound(messages_route.messages), methods=["POST"]),
+        Route("/v1/responses", bound(responses_route.responses), methods=["POST"]),
         Route("/v1/embeddings", bound(routes.embeddings), methods=["POST"]),
         Route("/v1/feedback", bound(feedback), methods=["POST"]),
         Route("/v1/models", bound(routes.models), methods=["GET"]),

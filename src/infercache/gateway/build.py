@@ -26,19 +26,32 @@ from infercache.gateway.across_replicas import AcrossReplicas
 from infercache.gateway.app import create_app
 from infercache.gateway.auth import Auth
 from infercache.gateway.config import GatewayConfig
+from infercache.gateway.endpoints import ENDPOINTS, CachedEndpoint
 from infercache.gateway.fingerprints import SwapWindow
 from infercache.gateway.local_embeddings import MODEL_ID as MINILM_ID
 from infercache.gateway.local_embeddings import LocalEmbeddings
+from infercache.gateway.messages_endpoint import Breakpoints, messages_endpoint
 from infercache.gateway.requestlog import RequestLog
+from infercache.gateway.responses_endpoint import responses_endpoint
 from infercache.gateway.service import Gateway
 from infercache.gateway.tracing import RequestTracer, otlp_tracer
-from infercache.gateway.upstream import SALTED_KINDS, EmbeddingsUpstream, HTTPUpstream, Upstream
+from infercache.gateway.upstream import (
+    KEYED_KINDS,
+    SALTED_KINDS,
+    EmbeddingsUpstream,
+    HTTPUpstream,
+    Upstream,
+)
 from infercache.gateway.versions import ModelVersionTracker
+from infercache.prompt_cache.breakpoints import BreakpointPolicy
 from infercache.redaction import Redactor, load_or_create_secret
+from infercache.request import Endpoint
+from infercache.responses.conversations import ResponseConversations
 from infercache.settings import Settings
 from infercache.store_guard import GuardedBackend
 from infercache.stores import Backend, open_store
 from infercache.stores.memory import MemoryStore
+from infercache.stores.redis_cluster import RedisClusterStore
 from infercache.stores.redis_connect import is_redis_url
 from infercache.stores.replica_flight import FlightTimings, open_flights
 from infercache.stores.start_check import StoreAtStart, check_at_start
@@ -100,6 +113,7 @@ def build(
         if config.request_log
         else None
     )
+    conversations = ResponseConversations(cache.backend, clock, cache.policy)
     gateway = Gateway(
         cache,
         upstreams,
@@ -108,6 +122,7 @@ def build(
         across=_across_replicas(settings, config, clock, backend),
         embedder=_embedder(cache, upstreams),
         tracer=tracer or (otlp_tracer() if config.otel else None),
+        endpoints=_endpoints(config, clock, conversations),
     )
     if settings.semantic.enabled:
         from infercache.gateway.semantic_setup import enable_from_settings
@@ -125,8 +140,27 @@ def build(
         Auth(config.api_keys, config.admin_token, config.metrics_token),
         max_body_bytes=config.max_body_bytes,
         version_poll_s=config.version_poll_s,
+        conversations=conversations,
     )
     return Built(app, gateway, cache, store)
+
+
+def _endpoints(
+    config: GatewayConfig, clock: Clock, conversations: ResponseConversations
+) -> dict[Endpoint, CachedEndpoint]:
+    """The cached endpoints: OpenAI's, and Anthropic's Messages and OpenAI's Responses with
+    what they keep (the breakpoint policy and prefixes seen; the conversations served)."""
+    by_tenant = config.anthropic_breakpoints_by_tenant
+    breakpoints = Breakpoints(
+        clock,
+        BreakpointPolicy(config.anthropic_breakpoints),
+        {tenant: BreakpointPolicy(policy) for tenant, policy in by_tenant.items()},
+    )
+    return {
+        **ENDPOINTS,
+        Endpoint.MESSAGES: messages_endpoint(breakpoints),
+        Endpoint.RESPONSES: responses_endpoint(conversations),
+    }
 
 
 def _embedder(cache: Cache, upstreams: list[Upstream]) -> EmbeddingsUpstream:
@@ -154,10 +188,18 @@ def _across_replicas(
     url = settings.resolved_store_url
     if not (config.share_flights and is_redis_url(url)):
         return None
-    timings = FlightTimings(lease_ms=int(config.replica_lease_s * 1000), answer_ttl_ms=5_000)
+    timings = FlightTimings(
+        lease_ms=int(config.replica_lease_s * 1000),
+        answer_ttl_ms=5_000,
+        # The store budget, but at least 250 ms: an asyncio deadline also counts the time the
+        # call waits for the event loop, which a busy gateway makes long.
+        call_ms=max(250, int(config.store_budget_s * 1000)),
+    )
     guard = backend if isinstance(backend, GuardedBackend) else None
+    inner = guard.inner if guard is not None else backend
+    nodes = inner.connected_nodes if isinstance(inner, RedisClusterStore) else None
     return AcrossReplicas(
-        open_flights(url, clock=clock, timings=timings),
+        open_flights(url, clock=clock, timings=timings, nodes=nodes),
         guard=guard,
         wait_s=config.upstream_timeout_s,
     )
@@ -170,7 +212,8 @@ def _upstreams(
     engine_config: EngineConfig | None,
 ) -> list[Upstream]:
     if config.upstreams:
-        salted = any(spec.kind in SALTED_KINDS for spec in config.upstreams)
+        # vLLM and SGLang take a per-tenant cache_salt, OpenAI a derived prompt_cache_key
+        salted = any(spec.kind in (*SALTED_KINDS, *KEYED_KINDS) for spec in config.upstreams)
         secret = config.salt_secret or (
             load_or_create_secret(settings.data_dir) if salted else None
         )

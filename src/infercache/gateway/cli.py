@@ -19,7 +19,12 @@ from typing import Any
 
 from infercache.cli_cache import add_store_options, settings_from_args
 from infercache.errors import ConfigError, InfercacheError
-from infercache.gateway.config import GatewayConfig, UpstreamSpec, parse_api_keys
+from infercache.gateway.config import (
+    GatewayConfig,
+    UpstreamSpec,
+    parse_api_keys,
+    parse_breakpoints,
+)
 from infercache.listen import bind_listener
 from infercache.settings import Settings
 from infercache.urls import mask_credentials
@@ -61,6 +66,8 @@ def _config(args: argparse.Namespace) -> GatewayConfig:
         flags["max_body_bytes"] = args.max_body_bytes
     if args.store_optional:
         flags["store_optional"] = True
+    if args.anthropic_breakpoints:
+        flags.update(parse_breakpoints(args.anthropic_breakpoints))
     return config.with_values(flags, source="command line").with_env(os.environ)
 
 
@@ -164,7 +171,16 @@ def _upstream_options(p: argparse.ArgumentParser) -> None:
         action="append",
         metavar="URL[,kind=K][,key_env=VAR]",
         help="an OpenAI-compatible base URL (repeat for replicas; prefix-aware routing); kind is "
-        "openai (default), vllm or sglang; key_env names the variable holding its API key",
+        "openai (default), vllm, sglang or anthropic (api.anthropic.com: /v1/messages); key_env "
+        "names the variable holding its API key",
+    )
+    p.add_argument(
+        "--anthropic-breakpoints",
+        action="append",
+        metavar="[TENANT=]POLICY",
+        help="an Anthropic upstream's cache_control breakpoints: inject (mark a prefix only "
+        "once seen before, so none asked once pays the write premium), pass (the client's) or "
+        "strip; TENANT=POLICY for one tenant (repeatable; default inject)",
     )
     p.add_argument(
         "--upstream-key-env",

@@ -6,7 +6,8 @@ secrets from the environment (`INFERCACHE_UPSTREAM_API_KEY`, `INFERCACHE_ADMIN_T
     host = "127.0.0.1"
     port = 8080
     upstreams = ["http://127.0.0.1:8000/v1"]   # none: the built-in engine, in process
-    # or, per upstream: its kind and the environment variable holding its API key
+    # or, per upstream: its kind (openai, vllm, sglang, anthropic) and the environment
+    # variable holding its API key
     # upstreams = [{ url = "https://api.openai.com/v1", key_env = "OPENAI_API_KEY" }]
     api_keys = { "sk-team-a" = "team-a" }       # key = tenant; none: open, see auth.py
     forward_client_key = false                  # open mode only: send the caller's bearer on
@@ -22,6 +23,8 @@ secrets from the environment (`INFERCACHE_UPSTREAM_API_KEY`, `INFERCACHE_ADMIN_T
     store_budget_s = 0.05                       # a store call over this is a counted miss
     store_optional = false                      # start (degraded) when the store is unreachable
     share_flights = true                        # Redis store: one call per key across gateways
+    anthropic_breakpoints = "inject"            # or pass, strip (Anthropic upstreams)
+    anthropic_breakpoints_by_tenant = { "team-a" = "strip" }
     replica_lease_s = 10                        # a dead gateway's call is taken over after it
 
 Credentials: an upstream is called with its own key (its `key_env`, else
@@ -44,7 +47,8 @@ from infercache.errors import ConfigError
 from infercache.gateway.forwarding import CREDENTIAL_HEADERS
 from infercache.urls import has_credentials, mask_credentials
 
-UPSTREAM_KINDS = ("openai", "vllm", "sglang")
+UPSTREAM_KINDS = ("openai", "vllm", "sglang", "anthropic")
+BREAKPOINT_POLICIES = ("inject", "pass", "strip")
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,7 +69,7 @@ class UpstreamSpec:
 
     @classmethod
     def parse(cls, text: str) -> UpstreamSpec:
-        """`URL[,kind=vllm|sglang|openai][,key_env=VAR]` (the `--upstream` flag's syntax)."""
+        """`URL[,kind=openai|vllm|sglang|anthropic][,key_env=VAR]` (`--upstream`'s syntax)."""
         url, *options = text.split(",")
         values: dict[str, str] = {}
         for option in options:
@@ -120,6 +124,10 @@ class GatewayConfig:
     share_flights: bool = True  # with a Redis store: one upstream call per key across gateways
     replica_lease_s: float = 10.0  # a dead gateway's call is taken over after this long
     otel: bool = False  # a span per request to OTEL_EXPORTER_OTLP_ENDPOINT (tracing.py)
+    # Anthropic upstreams' `cache_control` breakpoints (gateway/messages_endpoint.py): inject
+    # (only on prefixes seen before), pass, or strip; per tenant, over the default.
+    anthropic_breakpoints: str = "inject"
+    anthropic_breakpoints_by_tenant: Mapping[str, str] = field(default_factory=dict)
     # Mixed into each tenant's vLLM/SGLang `cache_salt`; give every gateway of one deployment
     # the same (INFERCACHE_CACHE_SALT_SECRET), else each uses its data dir's secret.
     salt_secret: bytes | None = None
@@ -143,6 +151,11 @@ class GatewayConfig:
                 "fingerprint_swap_s must be >= 0 and fingerprint_swap_answers >= 1, got "
                 f"{self.fingerprint_swap_s} and {self.fingerprint_swap_answers}"
             )
+        for policy in (self.anthropic_breakpoints, *self.anthropic_breakpoints_by_tenant.values()):
+            if policy not in BREAKPOINT_POLICIES:
+                raise ConfigError(
+                    f"anthropic_breakpoints must be one of {BREAKPOINT_POLICIES}, got {policy!r}"
+                )
         if not 0 < self.store_budget_s <= 60:
             raise ConfigError(f"store_budget_s must be in (0, 60], got {self.store_budget_s}")
         if self.admin_token is not None and self.admin_token in self.api_keys:
@@ -217,6 +230,22 @@ class GatewayConfig:
         if keys:
             changes["upstream_keys"] = keys
         return replace(self, **changes) if changes else self
+
+
+def parse_breakpoints(values: list[str]) -> dict[str, Any]:
+    """`--anthropic-breakpoints POLICY` (the default) and `TENANT=POLICY` (repeatable) as
+    [gateway] settings."""
+    out: dict[str, Any] = {}
+    by_tenant: dict[str, str] = {}
+    for value in values:
+        tenant, sep, policy = value.rpartition("=")
+        if sep and tenant:
+            by_tenant[tenant] = policy
+        else:
+            out["anthropic_breakpoints"] = policy
+    if by_tenant:
+        out["anthropic_breakpoints_by_tenant"] = by_tenant
+    return out
 
 
 def parse_api_keys(pairs: list[str]) -> dict[str, str]:

@@ -12,28 +12,32 @@ protocol (miss_flight.py), which does the rest (settle, store, close).
         the endpoint's call, streamed or not (endpoints.py); a stream's chunks published as
         they come; a replica that fails before any chunk is ejected and the call tried once
         more on another
-      the prefix reuse an HTTP upstream reports, counted (prefix_usage.py)
-    observe(miss, response): swap detection (versions.py); store I/O, run by the protocol
-      where store_guard.py says, with the store write
+      the prefix reuse an HTTP upstream reports, counted per upstream (prefix_usage.py); the
+      request's first message offered to the live prefix-breaker finder (live_breakers.py)
+    observe(miss, response): swap detection (versions.py), then what the endpoint keeps of
+      the answer (a Responses conversation); store I/O, run by the protocol where
+      store_guard.py says, with the store write
 """
 
 from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Coroutine, Sequence
+from collections.abc import Coroutine, Mapping, Sequence
 from typing import Any
 
 from infercache.completion import Response
 from infercache.errors import UpstreamAbortedError, UpstreamError, UpstreamUnavailableError
 from infercache.gateway.across_replicas import AcrossReplicas
-from infercache.gateway.endpoints import ENDPOINTS
+from infercache.gateway.endpoints import CachedEndpoint, UpstreamCall
+from infercache.gateway.live_breakers import LiveBreakers
 from infercache.gateway.prefix_usage import UpstreamPrefixUsage
 from infercache.gateway.router import PrefixRouter
 from infercache.gateway.upstream import Upstream
 from infercache.gateway.versions import ModelVersionTracker
 from infercache.miss import Miss
 from infercache.miss_flight import ChunkSink, Fetched
+from infercache.request import Endpoint
 from infercache.stores.replica_flight import FlightLease, SharedAnswer
 
 log = logging.getLogger(__name__)
@@ -50,7 +54,11 @@ class ReplicaFetch:
         tracker: ModelVersionTracker,
         prefix_usage: UpstreamPrefixUsage,
         across: AcrossReplicas | None,
+        endpoints: Mapping[Endpoint, CachedEndpoint],
+        breakers: LiveBreakers | None = None,
     ) -> None:
+        self.endpoints = endpoints
+        self.breakers = breakers or LiveBreakers()
         self.upstreams = list(upstreams)
         self.router = router
         self.tracker = tracker
@@ -76,8 +84,9 @@ class ReplicaFetch:
             if joined is not None:
                 await AcrossReplicas.fail(joined, _failure(exc))
             raise
+        self.breakers.observe(miss.request)  # a layout defeating the upstream's prefix cache
         if not upstream.records_prefix_metrics:
-            self._prefix_usage.count(response)  # the prefix reuse the upstream reports
+            self._prefix_usage.count(upstream.name, response)  # the reuse it reports
         if joined is None:
             return Fetched(response)
         return Fetched(response, after=functools.partial(_share, joined, response))
@@ -110,20 +119,18 @@ class ReplicaFetch:
         self, upstream: Upstream, miss: Miss, sink: ChunkSink, bearer: str | None
     ) -> Response:
         """One upstream call, its chunks published as they come; the complete answer."""
-        adapter = ENDPOINTS[miss.request.endpoint]
-        tenant = miss.request.directives.tenant
-        body = dict(miss.request.body)
-        if not miss.request.stream:
-            body.pop("stream", None)
-            body.pop("stream_options", None)
-            return await adapter.complete(upstream, body, tenant, bearer)  # whole: no chunk
-        body["stream_options"] = {"include_usage": True}
+        request = miss.request
+        adapter = self.endpoints[request.endpoint]
+        call = UpstreamCall(request.directives.tenant, bearer, request.beta)
+        body = adapter.sent(dict(request.body), request.stream)
+        if not request.stream:
+            return await adapter.complete(upstream, body, call)  # whole: no chunk
         assembler = adapter.assembler()
-        async for chunk in adapter.stream(upstream, body, tenant, bearer):
+        async for chunk in adapter.stream(upstream, body, call):
             assembler.add(chunk)
             sink.publish(chunk)
         if not assembler.complete:
-            raise UpstreamAbortedError("the upstream stream ended without a finish_reason")
+            raise UpstreamAbortedError("the upstream stream ended before the answer did")
         return assembler.result()
 
 
@@ -142,6 +149,9 @@ class CallerSource:
     def observe(self, miss: Miss, response: Response) -> None:
         seen = miss.lookup.view if miss.lookup is not None else None
         self._fetch.tracker.observe_response(miss.request.model, response, seen)
+        keep = self._fetch.endpoints[miss.request.endpoint].observe
+        if keep is not None:
+            keep(miss.request, response)
 
 
 async def _share(lease: FlightLease, response: Response) -> None:

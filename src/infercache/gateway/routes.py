@@ -8,8 +8,9 @@ server shares (http_errors.py).
 from __future__ import annotations
 
 import logging
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 from starlette.exceptions import HTTPException
@@ -20,13 +21,14 @@ from infercache.errors import InvalidRequestError, ModelNotFoundError, NotFoundE
 from infercache.gateway.auth import Auth, resolve_tenant
 from infercache.gateway.forwarding import presented_secrets
 from infercache.gateway.health import health
-from infercache.gateway.service import Gateway, JSONReply
+from infercache.gateway.service import Gateway, JSONReply, StreamReply
 from infercache.gateway.stats import gateway_stats
 from infercache.gateway.upstream import PassThrough
 from infercache.header_controls import apply_header_controls
 from infercache.http_errors import json_object, read_json
 from infercache.metrics import MissReason
 from infercache.request import Endpoint
+from infercache.responses.conversations import ResponseConversations
 
 log = logging.getLogger(__name__)
 
@@ -42,8 +44,11 @@ OWN_PATHS = {
     "/v1/completions": ["POST"],
     "/v1/embeddings": ["POST"],
     "/v1/feedback": ["POST"],
+    "/v1/messages": ["POST"],
     "/v1/models": ["GET"],
+    "/v1/responses": ["POST"],
 }
+PASSTHROUGH = {"x-infercache": "passthrough"}  # on every answer passed through as it came
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +56,7 @@ class AppState:
     gateway: Gateway
     auth: Auth
     max_body_bytes: int
+    conversations: ResponseConversations | None = None  # Responses follow-ups (responses_route)
 
 
 # -- the cached endpoints --
@@ -58,8 +64,13 @@ class AppState:
 
 async def cached(state: AppState, endpoint: Endpoint, request: Request) -> Response:
     """`/v1/chat/completions`, `/v1/completions`: JSON, or a stream of server-sent events."""
-    tenant, bearer, body = await _caller_body(state, request)
+    tenant, bearer, body, _ = await caller_body(state, request)
     reply = await state.gateway.chat(body, tenant=tenant, bearer=bearer, endpoint=endpoint)
+    return http_reply(reply)
+
+
+def http_reply(reply: JSONReply | StreamReply) -> Response:
+    """A gateway reply as the HTTP response: JSON, or a stream of server-sent events."""
     if isinstance(reply, JSONReply):
         return Response(
             reply.raw if reply.raw is not None else orjson.dumps(reply.body),
@@ -75,7 +86,7 @@ async def cached(state: AppState, endpoint: Endpoint, request: Request) -> Respo
 
 
 async def embeddings(state: AppState, request: Request) -> Response:
-    tenant, bearer, body = await _caller_body(state, request)
+    tenant, bearer, body, _ = await caller_body(state, request)
     reply = await state.gateway.embeddings(body, tenant=tenant, bearer=bearer)
     return Response(
         orjson.dumps(reply.body),
@@ -85,13 +96,20 @@ async def embeddings(state: AppState, request: Request) -> Response:
     )
 
 
-async def _caller_body(state: AppState, request: Request) -> tuple[str, str | None, dict[str, Any]]:
-    """(tenant, bearer, body with header controls folded in) of an API call."""
+class Called(NamedTuple):
+    tenant: str
+    bearer: str | None
+    body: dict[str, Any]  # header controls folded in
+    headers: dict[str, str]
+
+
+async def caller_body(state: AppState, request: Request) -> Called:
+    """Who called, and what they sent, of an API call."""
     headers = header_map(request)
     caller = state.auth.caller(headers)
     body = json_object(await read_json(request, state.max_body_bytes))
     tenant = resolve_tenant(caller, headers, body)
-    return tenant, caller.bearer, apply_header_controls(body, headers)
+    return Called(tenant, caller.bearer, apply_header_controls(body, headers), headers)
 
 
 # -- models, and everything else passed through --
@@ -125,6 +143,14 @@ async def pass_through(state: AppState, request: Request) -> Response:
         allowed = OWN_PATHS[request.url.path]
         raise HTTPException(405, headers={"allow": ", ".join(allowed)})
     caller = state.auth.caller(request.headers)
+    return await passed_through(state, request, caller.bearer, request.stream())
+
+
+async def passed_through(
+    state: AppState, request: Request, bearer: str | None, body: AsyncIterator[bytes]
+) -> Response:
+    """`request` sent to an upstream as it came (`body`: its bytes), counted under its API
+    resource; the answer streamed back with `x-infercache: passthrough`."""
     targets = [u for u in state.gateway.upstreams if isinstance(u, PassThrough)]
     if not targets:
         raise NotFoundError(
@@ -141,12 +167,14 @@ async def pass_through(state: AppState, request: Request) -> Response:
         path,
         query=request.url.query,
         headers=headers,
-        body=request.stream(),
-        bearer=caller.bearer,
+        body=body,
+        bearer=bearer,
         secrets=[*presented_secrets(headers), *state.auth.secrets()],
     )
     return StreamingResponse(
-        forwarded.body, status_code=forwarded.status, headers=dict(forwarded.headers)
+        forwarded.body,
+        status_code=forwarded.status,
+        headers={**dict(forwarded.headers), **PASSTHROUGH},
     )
 
 

@@ -16,7 +16,8 @@
     embeddings(body, tenant, bearer)        per input (../embeddings/), the missing inputs
                                             fetched through the same protocol
 
-What differs between the cached endpoints (chat, completions) is an adapter (endpoints.py).
+What differs between the cached endpoints (chat, completions, Anthropic's messages, OpenAI's
+responses) is an adapter (endpoints.py), looked up in the table the gateway was built with.
 Replies are plain values (`JSONReply`, `StreamReply`) so the routes (routes.py) only do HTTP.
 """
 
@@ -24,7 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
@@ -35,7 +36,7 @@ from infercache.embeddings.embedding_cache import EmbeddingCache
 from infercache.embeddings.embedding_miss import AsyncEmbeddingFunction
 from infercache.errors import InfercacheError, NotFoundError, UpstreamError
 from infercache.gateway.across_replicas import AcrossReplicas
-from infercache.gateway.endpoints import ENDPOINTS, CachedEndpoint
+from infercache.gateway.endpoints import ENDPOINTS, CachedEndpoint, UpstreamCall
 from infercache.gateway.prefix_usage import UpstreamPrefixUsage
 from infercache.gateway.replica_fetch import ReplicaFetch
 from infercache.gateway.replica_load import LoadPoller
@@ -46,7 +47,7 @@ from infercache.gateway.traffic import RequestMetrics
 from infercache.gateway.upstream import EmbeddingsUpstream, Upstream
 from infercache.gateway.versions import ModelVersionTracker
 from infercache.hit_usage import served_hit
-from infercache.http_errors import internal_error_body
+from infercache.http_errors import INTERNAL_ERROR
 from infercache.miss import Miss
 from infercache.miss_flight import MissFlight, coalesce
 from infercache.request import Endpoint
@@ -80,8 +81,11 @@ class Gateway:
         across: AcrossReplicas | None = None,
         embedder: EmbeddingsUpstream | None = None,
         tracer: RequestTracer | None = None,
+        endpoints: Mapping[Endpoint, CachedEndpoint] = ENDPOINTS,
+        prefix_usage: UpstreamPrefixUsage | None = None,
     ) -> None:
         self.cache = cache
+        self.endpoints = endpoints
         self.tracer: RequestTracer = tracer or NoTracer()
         self.traffic = RequestMetrics.of(cache)  # /metrics per model and tenant (traffic.py)
         self.across = across
@@ -94,14 +98,14 @@ class Gateway:
         self.request_log = request_log
         self.flights = cache.flights
         self.store_io = cache.store_io  # where store I/O runs (store_guard.py)
+        self.prefix_usage = prefix_usage or UpstreamPrefixUsage(cache.metrics)
         self.replicas = ReplicaFetch(
             self.upstreams,
             self.router,
             tracker=tracker,
-            prefix_usage=UpstreamPrefixUsage(
-                cache.metrics.strategy("prefix"), cache.metrics.prices
-            ),
+            prefix_usage=self.prefix_usage,
             across=across,
+            endpoints=endpoints,
         )
         self._clock = cache.clock
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -112,14 +116,16 @@ class Gateway:
         self.load_poller.start()
 
     def background_fetch(
-        self, tenant: str, bearer: str | None
+        self, tenant: str, bearer: str | None, endpoint: Endpoint = Endpoint.CHAT
     ) -> Callable[[dict[str, Any]], dict[str, Any]]:
-        """A blocking upstream call for background threads (live verification of semantic
-        hits, the LLM judge): it runs on the gateway's loop and never on a request's path."""
+        """A blocking upstream call of `endpoint`'s API for background threads (live
+        verification of semantic hits, the LLM judge): it runs on the gateway's loop and never
+        on a request's path."""
+        adapter, who = self.endpoints[endpoint], UpstreamCall(tenant, bearer)
 
         async def call(body: dict[str, Any]) -> dict[str, Any]:
             with self.router.lease(tenant, body) as replica:
-                return await self.upstreams[replica].complete(body, tenant=tenant, api_key=bearer)
+                return await adapter.complete(self.upstreams[replica], body, who)
 
         def fetch(body: dict[str, Any]) -> dict[str, Any]:
             if self._loop is None:
@@ -137,11 +143,12 @@ class Gateway:
         tenant: str,
         bearer: str | None,
         endpoint: Endpoint = Endpoint.CHAT,
+        beta: str | None = None,
     ) -> JSONReply | StreamReply:
-        adapter = ENDPOINTS[endpoint]
+        adapter = self.endpoints[endpoint]
         entry = self._open(tenant, body, adapter.operation)
         try:
-            outcome = await self._begin(body, tenant, bearer, endpoint)
+            outcome = await self._begin(body, tenant, bearer, endpoint, beta)
             entry.layer = LAYER_HEADER[outcome.layer]
             if isinstance(outcome, Completion):
                 reply = self._replay(outcome, body, adapter)
@@ -172,13 +179,18 @@ class Gateway:
         )
 
     def _begin(
-        self, body: dict[str, Any], tenant: str, bearer: str | None, endpoint: Endpoint
+        self,
+        body: dict[str, Any],
+        tenant: str,
+        bearer: str | None,
+        endpoint: Endpoint,
+        beta: str | None,
     ) -> Coroutine[Any, Any, Completion | Miss]:
         """The lookup, where StoreIO says (a coroutine: one frame less on every request)."""
         # Live verification needs a way upstream only when the semantic layer is on.
-        verify = self.background_fetch(tenant, bearer) if self.cache.semantic else None
+        verify = self.background_fetch(tenant, bearer, endpoint) if self.cache.semantic else None
         return self.store_io.read(
-            self.cache.begin, body, tenant=tenant, verify=verify, endpoint=endpoint
+            self.cache.begin, body, tenant=tenant, verify=verify, endpoint=endpoint, beta=beta
         )
 
     def _replay(
@@ -229,18 +241,18 @@ class Gateway:
         try:
             async with aclosing(flight.chunks(adapter.chunks)) as chunks:
                 async for chunk in chunks:
-                    if coalesced and chunk.get("usage") is not None:
-                        chunk = served_hit(chunk, hit_usage).response
+                    if coalesced:  # a hit: its usage as the hit_usage setting says
+                        chunk = adapter.hit_chunk(chunk, hit_usage)
                     event = writer.event(chunk)
                     if event is not None:
                         yield event
             done = flight.flight.outcome()
             yield writer.end
         except UpstreamError as exc:  # cut off upstream, or every other reader left
-            yield writer.error(exc.to_openai())
+            yield writer.error(exc)
         except Exception:  # logged; the client gets an error event
             log.exception("the answer for %s failed mid-stream", miss.flight_key)
-            yield writer.error(internal_error_body())
+            yield writer.error(InfercacheError(INTERNAL_ERROR))
         finally:
             entry.close(
                 status=200 if done is not None else 499,

@@ -2,9 +2,9 @@
 
 `HTTPUpstream` speaks to any OpenAI-compatible server (`infercache engine serve`, vLLM, SGLang,
 llama.cpp, a provider) with one pooled `aiohttp.ClientSession` (chosen over httpx by measuring
-what a miss adds: bench/README.md, "Gateway"). `map_aiohttp_errors` is the one place
-aiohttp exceptions are translated: a connection failure or timeout before any answer is
-`UpstreamUnavailableError` (the gateway's 502), a connection that breaks mid-answer is
+what a miss adds: bench/README.md, "Gateway"). `map_aiohttp_errors` (upstream_errors.py) is
+the one place aiohttp exceptions are translated: a connection failure or timeout before any
+answer is `UpstreamUnavailableError` (the gateway's 502), a connection that breaks mid-answer is
 `UpstreamError`; the details (URL, library text) are logged, never sent to the client. An answer
 with an error status is `UpstreamError` carrying that status and the upstream's own error body,
 so the client sees what the upstream said.
@@ -19,8 +19,15 @@ The tenant is forwarded as an `x-infercache-tenant` header, which the built-in e
 salt its KV prefix cache. For vLLM and SGLang upstreams (`kind`), the body's `cache_salt` is set
 from the tenant, `HMAC(deployment secret, tenant)`, replacing whatever the client sent, so one
 tenant's time to first token can never reveal what another sent (vLLM CVE-2025-46570) and no
-client can choose another's salt; for other kinds a client's `cache_salt` is dropped. Nothing
-else in the body is changed.
+client can choose another's salt; for other kinds a client's `cache_salt` is dropped. For
+`openai` upstreams a body without a `prompt_cache_key` gets one derived from the tenant and its
+system prompt with the same secret (prompt_cache/cache_key.py), so the provider routes a
+tenant's requests that share a prompt to where it is cached. Nothing else in the body changes.
+
+An `anthropic` upstream (api.anthropic.com) takes its key as `x-api-key` and an
+`anthropic-version`; it serves `/v1/messages` only (`post_json`, `post_events` carry any API's
+call, the Messages and Responses adapters' way in: gateway/messages_endpoint.py,
+responses_endpoint.py).
 """
 
 from __future__ import annotations
@@ -29,7 +36,6 @@ import base64
 import hmac
 import logging
 from collections.abc import AsyncIterator, Mapping, Sequence
-from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -37,13 +43,17 @@ import aiohttp
 import orjson
 
 from infercache.chat import StreamChunk
-from infercache.errors import UpstreamError, UpstreamUnavailableError
+from infercache.errors import UpstreamError
 from infercache.gateway.forwarding import forwarded_headers, forwarded_query
+from infercache.gateway.upstream_errors import map_aiohttp_errors, raise_for_status
+from infercache.prompt_cache.cache_key import with_prompt_cache_key
 from infercache.urls import mask_credentials, split_credentials
 
 log = logging.getLogger(__name__)
 
 SALTED_KINDS = ("vllm", "sglang")  # servers that take a per-request `cache_salt`
+KEYED_KINDS = ("openai",)  # providers routing by a `prompt_cache_key`
+ANTHROPIC_VERSION = "2023-06-01"
 
 
 class Upstream(Protocol):
@@ -93,57 +103,13 @@ class EmbeddingsUpstream(Protocol):
         ...
 
 
-def map_aiohttp_errors(name: str, *, answering: bool = False) -> AbstractContextManager[None]:
-    """Translate aiohttp's exceptions into ours. `answering`: the upstream had begun to answer
-    (a stream), so a failure is a broken answer rather than an unreachable upstream."""
-    return _AiohttpErrors(name, answering)
-
-
-class _AiohttpErrors:
-    """`map_aiohttp_errors`' context (a class: it runs twice on every upstream call)."""
-
-    __slots__ = ("_answering", "_name")
-
-    def __init__(self, name: str, answering: bool) -> None:
-        self._name = name
-        self._answering = answering
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(
-        self, kind: type[BaseException] | None, exc: BaseException | None, tb: object
-    ) -> None:
-        if isinstance(exc, (aiohttp.ClientError, TimeoutError)):
-            log.warning("upstream %s failed: %r", self._name, exc)
-            if self._answering:
-                raise UpstreamError("the upstream connection broke mid-answer") from exc
-            raise UpstreamUnavailableError("the upstream is unreachable") from exc
-        if isinstance(exc, (orjson.JSONDecodeError, UnicodeDecodeError)):
-            log.warning("upstream %s sent an invalid answer: %s", self._name, exc)
-            raise UpstreamError("the upstream sent an invalid answer") from exc
-
-
-def _raise_for_status(status: int, content: bytes, retry_after: str | None = None) -> None:
-    if status < 400:
-        return
-    try:
-        parsed = orjson.loads(content)
-        body = parsed if isinstance(parsed, dict) else None
-    except orjson.JSONDecodeError:
-        body = None
-    message = f"upstream answered {status}"
-    if body and isinstance(body.get("error"), Mapping):
-        message = str(body["error"].get("message", message))
-    raise UpstreamError(message, status_code=status, body=body, retry_after=retry_after)
-
-
 # Hop-by-hop headers (RFC 9110 §7.6.1) and what the gateway sets itself.
 _HOP_BY_HOP = {
     "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
     "transfer-encoding", "upgrade",
 }  # fmt: skip
 _NOT_FORWARDED_BACK = _HOP_BY_HOP | {"content-length", "server", "date"}
+_CREDENTIALS = ("authorization", "x-api-key")  # where an upstream's own key goes
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,6 +140,34 @@ class PassThrough(Protocol):
     ) -> Forwarded:
         """`headers` and `query` as the client sent them: the upstream keeps only what
         forwarding.py allows and no value holding one of `secrets`."""
+
+
+@runtime_checkable
+class ProviderAPI(Protocol):
+    """An HTTP upstream that can carry any API's call (HTTPUpstream): how the Messages and
+    Responses adapters reach a provider natively (`kind`: anthropic, openai, ...)."""
+
+    kind: str
+
+    async def post_json(
+        self,
+        path: str,
+        body: dict[str, Any],
+        *,
+        tenant: str,
+        api_key: str | None,
+        headers: Mapping[str, str] | None = None,
+    ) -> dict[str, Any]: ...
+
+    def post_events(
+        self,
+        path: str,
+        body: dict[str, Any],
+        *,
+        tenant: str,
+        api_key: str | None,
+        headers: Mapping[str, str] | None = None,
+    ) -> AsyncIterator[StreamChunk]: ...
 
 
 def cache_salt(secret: bytes, tenant: str) -> str:
@@ -232,12 +226,19 @@ class HTTPUpstream:
         out = {k: v for k, v in body.items() if k != "cache_salt"}
         if self._salt_secret is not None and self.kind in SALTED_KINDS:
             out["cache_salt"] = cache_salt(self._salt_secret, tenant)
+        elif self._salt_secret is not None and self.kind in KEYED_KINDS:
+            out = with_prompt_cache_key(self._salt_secret, tenant, out)
         return out
 
     def _headers(self, tenant: str, api_key: str | None) -> dict[str, str]:
         """`api_key`: the caller's bearer, sent only when forwarding was configured."""
         headers = {"x-infercache-tenant": tenant, "content-type": "application/json"}
         key = self._api_key or (api_key if self._forward_client_key else None)
+        if self.kind == "anthropic":
+            headers["anthropic-version"] = ANTHROPIC_VERSION
+            if key:
+                headers["x-api-key"] = key
+                return headers
         if key:
             headers["authorization"] = f"Bearer {key}"
         elif self._auth is not None:
@@ -255,7 +256,7 @@ class HTTPUpstream:
                 content = await response.read()
                 status = response.status
                 retry_after = response.headers.get("retry-after")
-        _raise_for_status(status, content, retry_after)
+        raise_for_status(status, content, retry_after)
         with map_aiohttp_errors(self.name, answering=True):
             result = orjson.loads(content)
         if not isinstance(result, dict):
@@ -282,28 +283,62 @@ class HTTPUpstream:
     ) -> AsyncIterator[StreamChunk]:
         return self._stream("/completions", body, tenant, api_key)
 
-    async def _complete(
-        self, path: str, body: dict[str, Any], tenant: str, api_key: str | None
+    async def post_json(
+        self,
+        path: str,
+        body: dict[str, Any],
+        *,
+        tenant: str,
+        api_key: str | None,
+        headers: Mapping[str, str] | None = None,
     ) -> dict[str, Any]:
-        headers = self._headers(tenant, api_key)
+        """One call of any API at `path` (`/messages`, `/responses`), its JSON answer."""
+        return await self._complete(path, body, tenant, api_key, headers)
+
+    def post_events(
+        self,
+        path: str,
+        body: dict[str, Any],
+        *,
+        tenant: str,
+        api_key: str | None,
+        headers: Mapping[str, str] | None = None,
+    ) -> AsyncIterator[StreamChunk]:
+        """One streamed call of any API at `path`: each server-sent event's JSON data."""
+        return self._stream(path, body, tenant, api_key, headers)
+
+    async def _complete(
+        self,
+        path: str,
+        body: dict[str, Any],
+        tenant: str,
+        api_key: str | None,
+        extra: Mapping[str, str] | None = None,
+    ) -> dict[str, Any]:
+        headers = {**self._headers(tenant, api_key), **(extra or {})}
         data = orjson.dumps(self._body(body, tenant))
         return await self._json("POST", path, headers, data)
 
     async def _stream(
-        self, path: str, body: dict[str, Any], tenant: str, api_key: str | None
+        self,
+        path: str,
+        body: dict[str, Any],
+        tenant: str,
+        api_key: str | None,
+        extra: Mapping[str, str] | None = None,
     ) -> AsyncIterator[StreamChunk]:
         url = f"{self._url}{path}"
         with map_aiohttp_errors(self.name):
             response = await self._client().post(
                 url,
                 data=orjson.dumps({**self._body(body, tenant), "stream": True}),
-                headers=self._headers(tenant, api_key),
+                headers={**self._headers(tenant, api_key), **(extra or {})},
             )
         try:
             with map_aiohttp_errors(self.name, answering=True):
                 if response.status >= 400:
                     retry_after = response.headers.get("retry-after")
-                    _raise_for_status(response.status, await response.read(), retry_after)
+                    raise_for_status(response.status, await response.read(), retry_after)
                 async for raw in response.content:
                     line = raw.decode().strip()
                     if not line.startswith("data:"):
@@ -340,7 +375,10 @@ class HTTPUpstream:
         credentials (never a gateway key); the answer streams back as it comes, still
         encoded."""
         out = forwarded_headers(headers, secrets, also_allowed=self._forward_headers)
-        out.update({k: v for k, v in self._headers("", bearer).items() if k == "authorization"})
+        ours = self._headers("", bearer)
+        out.update({k: v for k, v in ours.items() if k in _CREDENTIALS})
+        if "anthropic-version" in ours:
+            out.setdefault("anthropic-version", ours["anthropic-version"])
         query = forwarded_query(query, secrets)
         url = f"{self._url}{path}" + (f"?{query}" if query else "")
         with map_aiohttp_errors(self.name):
@@ -361,7 +399,7 @@ class HTTPUpstream:
 
     async def metrics_text(self, timeout_s: float = 2.0) -> str:
         """The server's Prometheus `/metrics` (at its root, beside `/v1`): its load signals."""
-        headers = {k: v for k, v in self._headers("", None).items() if k == "authorization"}
+        headers = {k: v for k, v in self._headers("", None).items() if k in _CREDENTIALS}
         url = f"{self._url.removesuffix('/v1')}/metrics"
         with map_aiohttp_errors(self.name):
             async with self._client().get(
@@ -369,7 +407,7 @@ class HTTPUpstream:
             ) as response:
                 content = await response.read()
                 status = response.status
-        _raise_for_status(status, content)
+        raise_for_status(status, content)
         return content.decode()
 
     async def models(self) -> list[dict[str, Any]]:

@@ -31,7 +31,14 @@ from infercache.semantic.embedder import Embedder
 
 
 def answer_text(response: Mapping[str, Any]) -> str:
-    """The first choice's message text ("" when there is none)."""
+    """The answer's text, in any API's shape: the first choice's message text (chat), the text
+    blocks of an Anthropic message, the output text of a Responses answer ("" when none)."""
+    if response.get("type") == "message" or response.get("object") == "response":
+        blocks = response.get("content") or [
+            part for item in response.get("output") or [] for part in item.get("content") or []
+        ]
+        kinds = ("text", "output_text")
+        return "".join(b.get("text", "") for b in blocks if b.get("type") in kinds)
     choices = response.get("choices") or []
     if not choices or not isinstance(choices[0], Mapping):
         return ""

@@ -25,6 +25,7 @@ import numpy as np
 import numpy.typing as npt
 import orjson
 
+from infercache.semantic.judges import answer_text
 from infercache.stores.base import Entry
 
 RECORD_PREFIX = "sem:"
@@ -40,14 +41,14 @@ class SemanticRecord(NamedTuple):
 
 
 def answer_digest(response: bytes) -> str:
-    """A short digest naming an answer: of its first message's text when it has one (so two
+    """A short digest naming an answer: of its text when it has one (judges.answer_text: so two
     responses saying the same thing under different ids agree), else of the whole body."""
     try:
         body = json.loads(response)
-        content = body["choices"][0]["message"]["content"]
-    except (ValueError, KeyError, IndexError, TypeError):
-        content = None
-    data = content.strip().encode() if isinstance(content, str) else response
+        content = answer_text(body) if isinstance(body, dict) else ""
+    except (ValueError, AttributeError, TypeError):
+        content = ""
+    data = content.strip().encode() if content else response
     return hashlib.sha256(data).hexdigest()[:16]
 
 

@@ -11,6 +11,10 @@ compared by meaning.
     scope = "sc1:" + sha256(canonical_json({tenant, context, tags+generations, model_version,
                                            request with the last message's content removed}))
 
+An Anthropic Messages request (`Endpoint.MESSAGES`) is scoped the same way on its key body
+(keys.request_body: no breakpoints, no metadata, its beta), its last user turn's text blocks
+compared, and the endpoint's name in the payload, so it never matches a chat request.
+
 Because the version token and the tag generations are part of the scope, a model swap or an
 invalidation moves new requests to a new scope: old vectors are never candidates again. Pure.
 """
@@ -20,8 +24,8 @@ from __future__ import annotations
 import hashlib
 from typing import Any, NamedTuple
 
-from infercache.keys import IGNORABLE_FIELDS, canonical_json, normalised_body
-from infercache.request import ChatRequest
+from infercache.keys import IGNORABLE_FIELDS, canonical_json, request_body
+from infercache.request import ChatRequest, Endpoint
 from infercache.versions import VersionView
 
 SCOPE_PREFIX = "sc1:"
@@ -56,7 +60,7 @@ def query_of(
     request: ChatRequest, view: VersionView, ignorable: frozenset[str] = IGNORABLE_FIELDS
 ) -> Query | None:
     """The semantic query of `request`, or None when the layer does not apply to it."""
-    body = normalised_body(request.body, ignorable)
+    body = request_body(request, ignorable)
     text = last_user_text(body)
     if text is None:
         return None
@@ -71,4 +75,6 @@ def query_of(
         "model_version": view.model_version,
         "request": body,
     }
+    if request.endpoint is not Endpoint.CHAT:
+        payload["endpoint"] = request.endpoint.value
     return Query(SCOPE_PREFIX + hashlib.sha256(canonical_json(payload)).hexdigest(), text)

@@ -20,7 +20,9 @@ Writes (`write`, `incr`) — O(buckets), independent of the number of entries:
 4. commit bucket 0 last. `read` of meta outside a lookup reads bucket 0, so a write that failed
    half-way (a StoreError) is still seen as not done, and a retry (e.g. `set_model_version`
    with the same version) repeats it. Until a failed write is retried, buckets it reached
-   and buckets it did not may disagree; both are readable only when their node is.
+   and buckets it did not may disagree; both are readable only when their node is. While
+   home's node is skipped (no write can run then), `read` answers from the first bucket on a
+   node in use, as lookups do: a gateway's start-up check and its version reads go on.
 When a write returns, every copy holds its value: every process's next lookup sees it.
 
 Lost copies. A node restarted empty, or flushed, loses the entries and meta copies of its
@@ -31,6 +33,15 @@ bucket's copy, take per name the value with the highest sequence, and write it (
 been lost too. So meta survives while any one node keeps its copies, and no counter restarts
 below a value entries were stored under. Only when every copy is lost is a new epoch minted
 (base.py: the signal that the store was emptied).
+
+With a node down (its breaker open, cluster_nodes.py) a repair reads the copies it can reach:
+every completed write reached every copy, so any complete copy (one with its marker) holds them
+all, and a bucket is restored from the reachable ones alone. Two repairs need every node: home's
+(its allocator must not go below a number handed out to a write whose copies sit on the
+missing node) and one that finds no complete copy at all (a new store, or a lost one, cannot be
+told apart from copies that only the missing node holds). Those wait for the node
+(`NodeUnavailableError`); the buckets of live nodes go on serving meanwhile. A write needs
+every node and is refused before it starts while one is skipped.
 
 Limits: a failover to a replica that had not received the last writes loses them, as it does
 on one server (Redis replication is asynchronous). Every process sharing a cluster must use
@@ -44,12 +55,14 @@ import logging
 import threading
 import zlib
 from collections.abc import Callable, Sequence
+from typing import Any
 
-from redis.cluster import RedisCluster
+import redis
 from redis.commands.core import Script
 
-from infercache.errors import ConfigError, StoreError
+from infercache.errors import ConfigError, NodeUnavailableError, StoreError
 from infercache.stores.base import EPOCH_META
+from infercache.stores.cluster_nodes import ClusterNodes
 
 log = logging.getLogger(__name__)
 
@@ -106,12 +119,11 @@ def _text(value: object) -> str:
 
 class BucketMeta:
     """Meta copied into every bucket of a cluster (see the module docstring). Raises
-    `redis.RedisError` (the store translates it), and `StoreError` for a write that could not
-    reach every copy."""
+    `StoreError` (`NodeUnavailableError` when a node it needs is down, cluster_nodes.py)."""
 
     def __init__(
         self,
-        client: RedisCluster,
+        nodes: ClusterNodes,
         *,
         prefix: str,
         buckets: int,
@@ -120,12 +132,13 @@ class BucketMeta:
     ) -> None:
         if buckets < 1:
             raise ConfigError(f"buckets must be >= 1, got {buckets}")
-        self._client = client
+        self._nodes = nodes
         self.prefix = prefix
         self.buckets = buckets
         self._mint_token = mint_token
         self._verify_rounds = verify_rounds
         self._repair_lock = threading.Lock()
+        client = nodes.client  # the scripts' encoder; each call names the node it runs on
         self._lookup = Script(client, _LOOKUP)  # EVALSHA, loading the script on NOSCRIPT
         self._allocate = Script(client, _ALLOCATE)
         self._set_if_newer = Script(client, _SET_IF_NEWER)
@@ -148,6 +161,10 @@ class BucketMeta:
     def _allocator(self) -> str:
         return f"{self.tag(0)}a"
 
+    def home_key(self) -> str:
+        """A key in home's slot (bucket 0): its node holds the allocator and the layout."""
+        return self._values(0)
+
     # -- reads --
 
     def lookup(
@@ -156,18 +173,48 @@ class BucketMeta:
         """The entry at `entry_key` (in `bucket`) and the bucket's copy of `names`."""
         fields = [*names, EPOCH_META]
         keys = [entry_key, self._values(bucket)]
-        blob, values = self._lookup(keys=keys, args=fields)
+
+        def op(node: redis.Redis) -> Any:
+            return self._lookup(keys=keys, args=fields, client=node)
+
+        blob, values = self._nodes.call(entry_key, op)
         if values[-1] is None:
             self.repair(bucket)
-            blob, values = self._lookup(keys=keys, args=fields)
+            blob, values = self._nodes.call(entry_key, op)
         return blob, self._named(names, values)
 
-    def read(self, names: Sequence[str], bucket: int = 0) -> dict[str, str]:
+    def read(self, names: Sequence[str], bucket: int | None = None) -> dict[str, str]:
+        """`bucket`'s copy of `names`; without one, home's, or while home's node is skipped
+        the first bucket's on a node in use (module docstring: reads outside a lookup)."""
+        if bucket is not None:
+            return self._read(names, bucket)
+        try:
+            return self._read(names, 0)
+        except NodeUnavailableError:
+            other = self._bucket_elsewhere()
+            if other is None:
+                raise
+            return self._read(names, other)
+
+    def _bucket_elsewhere(self) -> int | None:
+        """The first bucket on a node in use other than home's; None if there is none."""
+        try:
+            home: str | None = self._nodes.node_of(self._values(0)).name
+        except NodeUnavailableError:  # nobody serves home's slot
+            home = None
+        for b in range(1, self.buckets):
+            key = self._values(b)
+            if self._nodes.allows(key) and self._nodes.node_of(key).name != home:
+                return b
+        return None
+
+    def _read(self, names: Sequence[str], bucket: int) -> dict[str, str]:
         fields = [*names, EPOCH_META]
-        values = self._client.hmget(self._values(bucket), fields)
+        key = self._values(bucket)
+        values = self._nodes.call(key, lambda node: node.hmget(key, fields))
         if values[-1] is None:
             self.repair(bucket)
-            values = self._client.hmget(self._values(bucket), fields)
+            values = self._nodes.call(key, lambda node: node.hmget(key, fields))
         return self._named(names, values)
 
     @staticmethod
@@ -191,11 +238,18 @@ class BucketMeta:
     def _replicate(self, name: str, value: str | None) -> int:
         if name == EPOCH_META:
             raise ValueError(f"{EPOCH_META} is minted by the store, not written")
-        keys, args = [self._allocator(), self._values(0)], [name, EPOCH_META]
-        seq = int(self._allocate(keys=keys, args=args))
+        # Every node, or nothing: refused before the allocation while one is skipped.
+        self._nodes.each_node([self._values(b) for b in range(self.buckets)], _nothing)
+        home = self._values(0)
+        keys, args = [self._allocator(), home], [name, EPOCH_META]
+
+        def allocate(node: redis.Redis) -> int:
+            return int(self._allocate(keys=keys, args=args, client=node))
+
+        seq = self._nodes.call(home, allocate)
         if seq < 0:  # home lost its copy (and so maybe its allocator): rebuild both first
             self.repair(0)
-            seq = int(self._allocate(keys=keys, args=args))
+            seq = self._nodes.call(home, allocate)
         text = str(seq) if value is None else value
         pending = list(range(1, self.buckets))
         for _ in range(self._verify_rounds):
@@ -205,42 +259,60 @@ class BucketMeta:
             pending = self._behind(pending, seq, name)
         if pending:
             raise StoreError(f"meta {name!r} did not reach buckets {pending}: retry the write")
-        self._set_if_newer(keys=[self._values(0), self._seqs(0)], args=[seq, name, text])
+        self._nodes.call(
+            home,
+            lambda node: self._set_if_newer(
+                keys=[home, self._seqs(0)], args=[seq, name, text], client=node
+            ),
+        )
         return seq
 
     def _fan_out(self, buckets: Sequence[int], seq: int, name: str, value: str) -> None:
-        pipe = self._client.pipeline()  # type: ignore[no-untyped-call]
-        for b in buckets:
-            # Plain EVAL: a cluster pipeline has no script support (no `eval`, no NOSCRIPT
-            # reload); writes are rare, so sending the script text costs little. The node is
-            # given: otherwise redis-py asks the server for an EVAL's keys (COMMAND GETKEYS),
-            # one more round trip per bucket.
-            values = self._values(b)
-            pipe.execute_command(
-                "EVAL", _SET_IF_NEWER, 2, values, self._seqs(b), seq, name, value,
-                target_nodes=self._client.get_node_from_key(values),  # type: ignore[no-untyped-call]
-            )  # fmt: skip
-        pipe.execute()
+        by_key = {self._values(b): b for b in buckets}
+
+        def op(node: redis.Redis, keys: list[str]) -> list[object]:
+            pipe = node.pipeline(transaction=False)
+            for key in keys:
+                # Plain EVAL: a pipeline cannot reload a script on NOSCRIPT, and writes are
+                # rare, so sending the script text costs little.
+                pipe.eval(_SET_IF_NEWER, 2, key, self._seqs(by_key[key]), seq, name, value)
+            return pipe.execute()
+
+        self._nodes.each_node(list(by_key), op)
 
     def _behind(self, buckets: Sequence[int], seq: int, name: str) -> list[int]:
-        pipe = self._client.pipeline()  # type: ignore[no-untyped-call]
-        for b in buckets:
-            pipe.hget(self._seqs(b), name)
-        return [b for b, got in zip(buckets, pipe.execute(), strict=True) if int(got or 0) < seq]
+        by_key = {self._seqs(b): b for b in buckets}
+
+        def op(node: redis.Redis, keys: list[str]) -> list[object]:
+            pipe = node.pipeline(transaction=False)
+            for key in keys:
+                pipe.hget(key, name)
+            return pipe.execute()
+
+        got, _ = self._nodes.each_node(list(by_key), op)
+        return [b for key, b in by_key.items() if int(got[key] or 0) < seq]
 
     # -- repair --
 
     def repair(self, bucket: int | None = None) -> int:
-        """Rebuild the copies that lost their marker (`bucket`'s, or every bucket's) from the
-        others, and home's first if it lost its own; return how many were rebuilt."""
+        """Rebuild the copies that lost their marker (`bucket`'s, or every reachable bucket's)
+        from the others, and home's first if it lost its own; return how many were rebuilt.
+        `NodeUnavailableError` when the repair needs a node that is down (module docstring)."""
         with self._repair_lock:
-            best, markers = self._snapshot()
+            best, markers, reached = self._snapshot()
             wanted = range(self.buckets) if bucket is None else (bucket,)
-            targets = [b for b in wanted if b not in markers]
+            targets = [b for b in wanted if b in reached and b not in markers]
             if not targets:
-                return 0  # another thread (or process) repaired it meanwhile
+                return 0  # another thread (or process) repaired it meanwhile, or it is down
+            home_lost = 0 in reached and 0 not in markers
+            if (home_lost or not markers) and len(reached) < self.buckets:
+                missing = sorted(set(range(self.buckets)) - reached)
+                raise NodeUnavailableError(
+                    f"restoring the meta of buckets {targets} waits for the nodes of buckets "
+                    f"{missing}: {'home lost its copy' if home_lost else 'no complete copy'}"
+                )
             token = markers.get(0)
-            if token is None:
+            if home_lost:  # restored first, with its allocator
                 candidate = next(iter(markers.values()), None) or self._mint_token()
                 token = self._restore_bucket(0, best, candidate)
                 if not markers:
@@ -250,6 +322,8 @@ class BucketMeta:
                         self.prefix,
                         token,
                     )
+            elif token is None:  # home is down: every complete copy holds the same token
+                token = next(iter(markers.values()))
             for b in targets:
                 if b != 0:
                     self._restore_bucket(b, best, token)
@@ -257,28 +331,32 @@ class BucketMeta:
                 log.warning("restored the meta of buckets %s from the other buckets", targets)
             return len(targets)
 
-    def _snapshot(self) -> tuple[dict[str, tuple[int, str]], dict[int, str]]:
-        """Per name, the (seq, value) with the highest seq over every copy; each bucket's
-        marker, where present."""
-        pipe = self._client.pipeline()  # type: ignore[no-untyped-call]
-        for b in range(self.buckets):
-            pipe.hgetall(self._values(b))
-            pipe.hgetall(self._seqs(b))
-        pipe.hgetall(self._allocator())
-        replies = pipe.execute()
+    def _snapshot(self) -> tuple[dict[str, tuple[int, str]], dict[int, str], set[int]]:
+        """Over every copy that can be read now: per name, the (seq, value) with the highest
+        seq; each bucket's marker, where present; the buckets read."""
+        by_key = {self._values(b): b for b in range(self.buckets)}
+
+        def op(node: redis.Redis, keys: list[str]) -> list[tuple[Any, Any]]:
+            pipe = node.pipeline(transaction=False)
+            for key in keys:
+                pipe.hgetall(key)
+                pipe.hgetall(self._seqs(by_key[key]))
+            replies = pipe.execute()
+            return list(zip(replies[::2], replies[1::2], strict=True))
+
+        copies, _ = self._nodes.each_node(list(by_key), op, skip_down=True)
         best: dict[str, tuple[int, str]] = {}
         markers: dict[int, str] = {}
-        for b in range(self.buckets):
-            values, seqs = replies[2 * b], replies[2 * b + 1]
+        for key, (values, seqs) in copies.items():
             for raw_name, raw_value in values.items():
                 name = _text(raw_name)
                 if name == EPOCH_META:
-                    markers[b] = _text(raw_value)
+                    markers[by_key[key]] = _text(raw_value)
                     continue
                 seq = int(seqs.get(raw_name, 0))
                 if seq > best.get(name, (0, ""))[0]:
                     best[name] = (seq, _text(raw_value))
-        return best, markers
+        return best, markers, {by_key[key] for key in copies}
 
     def _restore_bucket(self, bucket: int, best: dict[str, tuple[int, str]], token: str) -> str:
         third = self._allocator() if bucket == 0 else self._seqs(bucket)
@@ -286,16 +364,27 @@ class BucketMeta:
         for name, (seq, value) in best.items():
             args += [name, seq, value]
         keys = [self._values(bucket), self._seqs(bucket), third]
-        return _text(self._restore(keys=keys, args=args))
+        return _text(
+            self._nodes.call(keys[0], lambda node: self._restore(keys=keys, args=args, client=node))
+        )
 
     def ensure_layout(self) -> None:
         """Record the bucket count, or refuse one that differs from the recorded count."""
         key = f"{self.tag(0)}layout"
         mine = f"buckets={self.buckets}"
-        self._client.set(key, mine, nx=True)
-        recorded = _text(self._client.get(key))
+
+        def op(node: redis.Redis) -> object:
+            node.set(key, mine, nx=True)
+            return node.get(key)
+
+        recorded = _text(self._nodes.call(key, op))
         if recorded != mine:
             raise ConfigError(
                 f"this cluster's infercache keys under {self.prefix!r} use {recorded}, this "
                 f"process {mine}: every process sharing a cluster must use the same count"
             )
+
+
+def _nothing(node: redis.Redis, keys: list[str]) -> list[None]:
+    """No command: `each_node` with it only checks that every node is in use."""
+    return [None] * len(keys)

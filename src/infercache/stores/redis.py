@@ -6,10 +6,11 @@ holds meta strings and counters with no expiry. The lookup (`get_with_meta`) is 
 round trip: GET and MGET.
 
 The byte bound is the server's job (`maxmemory`). The server's `maxmemory-policy` must not be
-`allkeys-*` (redis_connect.py says why): it is checked when the store opens, which then raises
-`ConfigError`. A server that cannot be reached at open is checked on the first call that reaches
-it; a bad policy found then turns every call into a `StoreError` (a counted miss), never an
-eviction-prone cache.
+`allkeys-*`, and the server must not be a node of a Redis Cluster (redis_connect.py says why;
+a cluster is `redis+cluster://`, redis_cluster.py): both are checked when the store opens, which
+then raises `ConfigError` (so `serve` exits with the message). A server that cannot be reached
+at open is checked on the first call that reaches it; a failed check found then turns every
+call into a `StoreError` (a counted miss), never an eviction-prone or MOVED-answering cache.
 
 A server restarted empty (or flushed) loses entries and meta together, so nothing invalidated
 comes back; the epoch (`EPOCH_META`, minted by `epoch()`) is lost with them, which is how a
@@ -30,10 +31,7 @@ import redis
 from infercache.clock import Clock
 from infercache.errors import ConfigError, StoreError
 from infercache.stores.base import EPOCH_META, Entry, StoreStats
-from infercache.stores.redis_connect import (
-    eviction_policies,
-    require_safe_eviction,
-)
+from infercache.stores.redis_connect import check_server
 from infercache.urls import mask_credentials
 
 log = logging.getLogger(__name__)
@@ -74,7 +72,7 @@ class RedisStore:
             )
 
     def _check_server(self) -> None:
-        require_safe_eviction(eviction_policies(self._client), self.url)
+        check_server(self._client, self.url)
         self._checked = True
 
     def _ready(self) -> None:

@@ -8,11 +8,20 @@ over a few dozen masters, few enough that a write to meta touches 64 small hashe
 - `{prefix}{b0}a`, `{prefix}{b0}layout`: the sequence allocator and the bucket count.
 A lookup (`get_with_meta`) is one EVALSHA on the entry's slot: the entry and its bucket's meta.
 
-At open the store checks every primary's `maxmemory-policy` (redis_connect.py: `allkeys-*` is
-refused with `ConfigError`), records or checks the bucket count, and makes sure every bucket
-holds a copy of the meta. A cluster unreachable at open is connected to and checked on first
-contact, as in redis.py. Every `redis.RedisError` and `RedisClusterException` (redis-py's
-cluster errors do not all share one root) becomes `StoreError` here. Thread-safe.
+At open the store checks every primary that answers (its `maxmemory-policy`: `allkeys-*` is
+refused with `ConfigError`, redis_connect.py), records or checks the bucket count if home's node
+answers, and repairs the copies of meta the live nodes hold. It does not need every master:
+what did not answer is checked when it does (cluster_nodes.py: on first use, or when the
+watcher finds it back; the bucket count before the first call that finds home up), and the
+entries and meta on live slots are served meanwhile. A cluster with no seed reachable at open
+is connected to on a later call (the store guard's breaker paces the attempts).
+
+Failures cost hits, never seconds: every call goes straight to the node serving its slot
+(cluster_nodes.py), with the store budget as socket timeout and no retries; a node that fails
+is skipped at once (`NodeUnavailableError`, a counted `store_unavailable` miss) while keys on
+the other nodes are served as usual, until a background watcher sees it serve again or finds
+the replica that took its slots over. Calls that need every node (meta writes, scans, stats,
+purge) are refused at once while one is skipped. Thread-safe.
 """
 
 from __future__ import annotations
@@ -21,23 +30,22 @@ import logging
 import re
 import secrets
 import threading
-from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
+from functools import partial
+from typing import Any
 
+import redis
+from redis.client import Pipeline
 from redis.cluster import RedisCluster
-from redis.crc import key_slot
 
 from infercache.clock import Clock
 from infercache.errors import ConfigError, StoreError
 from infercache.stores.base import Entry, StoreStats
 from infercache.stores.bucket_meta import BucketMeta, bucket_of, bucket_tag
+from infercache.stores.cluster_breaker import NodeBreakers, NodeBreakerSettings
+from infercache.stores.cluster_nodes import ClusterNodes
 from infercache.stores.redis import glob_escape
-from infercache.stores.redis_connect import (
-    REDIS_ERRORS,
-    eviction_policies,
-    require_safe_eviction,
-    sync_client,
-)
+from infercache.stores.redis_connect import REDIS_ERRORS, check_cluster_node, sync_client
 from infercache.urls import mask_credentials
 
 log = logging.getLogger(__name__)
@@ -59,6 +67,7 @@ class RedisClusterStore:
         buckets: int = DEFAULT_BUCKETS,
         socket_timeout_s: float = 1.0,
         mint_token: Callable[[], str] = _mint_token,
+        nodes: NodeBreakerSettings | None = None,
     ) -> None:
         if "{" in prefix or "}" in prefix:
             raise ConfigError(f"a cluster store prefix may not contain braces: {prefix!r}")
@@ -70,48 +79,75 @@ class RedisClusterStore:
         self._buckets = buckets
         self._socket_timeout_s = socket_timeout_s
         self._mint_token = mint_token
+        self.breakers = NodeBreakers(clock, nodes, on_open=self._node_opened)
         self._entry_re = re.compile(re.escape(prefix) + r"\{b\d+\}e:")
         self._lock = threading.Lock()
-        self._connected: tuple[RedisCluster, BucketMeta] | None = None
-        self._checked = False
+        self._connected: tuple[ClusterNodes, BucketMeta] | None = None
+        self._layout_checked = False
         try:
             self._ready()
         except StoreError as exc:
             if isinstance(exc.__cause__, ConfigError):
+                self.close()
                 raise exc.__cause__ from None
             log.warning("redis cluster %s unreachable at start, checked later: %s", self, exc)
 
-    def _ready(self) -> tuple[RedisCluster, BucketMeta]:
-        """The client and meta, connecting and checking the cluster on first contact."""
-        if self._checked:
-            assert self._connected is not None
-            return self._connected
+    def _ready(self) -> tuple[ClusterNodes, BucketMeta]:
+        """The nodes and meta, connecting on first contact; the bucket count checked once
+        home's node is up (see the module docstring)."""
+        connected = self._connected or self._connect()
+        if not self._layout_checked:
+            nodes, meta = connected
+            if nodes.allows(meta.home_key()):
+                try:
+                    meta.ensure_layout()
+                except ConfigError as exc:
+                    raise StoreError(str(exc)) from exc
+                self._layout_checked = True
+        return connected
+
+    def _connect(self) -> tuple[ClusterNodes, BucketMeta]:
         with self._lock:
+            if self._connected is not None:
+                return self._connected
             try:
-                if self._connected is None:
-                    client = sync_client(self.url, socket_timeout_s=self._socket_timeout_s)
-                    assert isinstance(client, RedisCluster)
-                    meta = BucketMeta(
-                        client,
-                        prefix=self._prefix,
-                        buckets=self._buckets,
-                        mint_token=self._mint_token,
-                    )
-                    self._connected = client, meta
-                client, meta = self._connected
-                require_safe_eviction(eviction_policies(client), self.url)
-                meta.ensure_layout()
-                meta.repair()  # fill every bucket's copy (a new store, or nodes that lost data)
+                client = sync_client(self.url, socket_timeout_s=self._socket_timeout_s)
             except REDIS_ERRORS as exc:
                 raise StoreError(f"redis cluster store: {exc}") from exc
+            assert isinstance(client, RedisCluster)
+            nodes = ClusterNodes(
+                client, self.breakers, check_node=partial(_check_node, url=self.url)
+            )
+            try:
+                down = nodes.check_primaries()
             except ConfigError as exc:
+                nodes.close()
                 raise StoreError(str(exc)) from exc
-            self._checked = True
+            if down:
+                log.warning("redis cluster %s: nodes %s down at start, checked later", self, down)
+            meta = BucketMeta(
+                nodes, prefix=self._prefix, buckets=self._buckets, mint_token=self._mint_token
+            )
+            try:
+                meta.repair()  # every live bucket's copy (a new store, or nodes that lost data)
+            except StoreError as exc:
+                log.warning("redis cluster %s: meta repair deferred: %s", self, exc)
+            self._connected = nodes, meta
             return self._connected
 
     @property
-    def _client(self) -> RedisCluster:
+    def nodes(self) -> ClusterNodes:
         return self._ready()[0]
+
+    def connected_nodes(self) -> ClusterNodes | None:
+        """The nodes once connected, else None; never connects (for replica flights, on an
+        event loop)."""
+        return None if self._connected is None else self._connected[0]
+
+    def _node_opened(self) -> None:
+        """A node's breaker opened (here, or in replica flights sharing `breakers`)."""
+        if self._connected is not None:
+            self._connected[0].kick()
 
     @property
     def meta(self) -> BucketMeta:
@@ -120,122 +156,95 @@ class RedisClusterStore:
     def _entry_key(self, key: str) -> str:
         return f"{bucket_tag(self._prefix, bucket_of(key, self._buckets))}e:{key}"
 
+    def _on_entry(self, key: str, op: Callable[[redis.Redis, str], Any]) -> Any:
+        entry_key = self._entry_key(key)
+        return self._ready()[0].call(entry_key, lambda node: op(node, entry_key))
+
     # -- Store --
 
     def get(self, key: str) -> Entry | None:
-        try:
-            blob = self._client.get(self._entry_key(key))
-        except REDIS_ERRORS as exc:
-            raise StoreError(f"redis cluster store: {exc}") from exc
+        blob = self._on_entry(key, lambda node, k: node.get(k))
         return Entry.decode(blob) if isinstance(blob, bytes) else None
 
     def get_with_meta(self, key: str, names: Sequence[str]) -> tuple[Entry | None, dict[str, str]]:
         bucket = bucket_of(key, self._buckets)
-        try:
-            _, bucket_meta = self._ready()
-            entry_key = f"{bucket_tag(self._prefix, bucket)}e:{key}"
-            blob, meta = bucket_meta.lookup(entry_key, bucket, names)
-        except REDIS_ERRORS as exc:
-            raise StoreError(f"redis cluster store: {exc}") from exc
+        entry_key = f"{bucket_tag(self._prefix, bucket)}e:{key}"
+        blob, meta = self._ready()[1].lookup(entry_key, bucket, names)
         return (Entry.decode(blob) if isinstance(blob, bytes) else None), meta
 
     def put(self, key: str, entry: Entry) -> None:
         ttl_ms = int((entry.expires_at_s - self._clock.now_s()) * 1000)
-        try:
-            if ttl_ms <= 0:
-                self._client.delete(self._entry_key(key))
-            else:
-                self._client.set(self._entry_key(key), entry.encode(), px=ttl_ms)
-        except REDIS_ERRORS as exc:
-            raise StoreError(f"redis cluster store: {exc}") from exc
+        if ttl_ms <= 0:
+            self.delete(key)
+            return
+        blob = entry.encode()
+        self._on_entry(key, lambda node, k: node.set(k, blob, px=ttl_ms))
 
     def delete(self, key: str) -> None:
-        try:
-            self._client.delete(self._entry_key(key))
-        except REDIS_ERRORS as exc:
-            raise StoreError(f"redis cluster store: {exc}") from exc
+        self._on_entry(key, lambda node, k: node.delete(k))
 
-    def _entry_keys(self, key_prefix: str) -> Iterator[tuple[bytes, str]]:
-        """(Redis key, entry key) of every entry whose key starts with `key_prefix`, on every
-        primary."""
-        pattern = glob_escape(self._prefix) + "{b*}e:" + glob_escape(key_prefix) + "*"
-        for raw in self._client.scan_iter(match=pattern, count=1000):
-            head = self._entry_re.match(raw.decode())
-            if head is not None:  # the glob's `*` could match more than a bucket number
-                yield raw, raw.decode()[head.end() :]
+    def _pattern(self, key_prefix: str) -> str:
+        return glob_escape(self._prefix) + "{b*}e:" + glob_escape(key_prefix) + "*"
+
+    def _entry_keys(self, node: redis.Redis, key_prefix: str) -> list[bytes]:
+        """The Redis keys of the entries on `node` whose key starts with `key_prefix`."""
+        return [
+            raw
+            for raw in node.scan_iter(match=self._pattern(key_prefix), count=1000)
+            # the glob's `*` could match more than a bucket number
+            if self._entry_re.match(raw.decode())
+        ]
 
     def purge(self) -> int:
-        n = 0
-        try:
-            by_slot: dict[int, list[bytes]] = defaultdict(list)
-            for raw, _ in self._entry_keys(""):
-                by_slot[key_slot(raw)].append(raw)
-            for keys in by_slot.values():
-                for i in range(0, len(keys), 1000):
-                    n += int(self._client.unlink(*keys[i : i + 1000]))
-        except REDIS_ERRORS as exc:
-            raise StoreError(f"redis cluster store: {exc}") from exc
-        return n
+        def purge_node(node: redis.Redis) -> int:
+            keys = self._entry_keys(node, "")
+            # One UNLINK per key, pipelined: a multi-key UNLINK must stay in one slot.
+            return sum(int(str(n)) for n in _each_key(node, keys, _unlink))
+
+        return sum(self.nodes.each_primary(purge_node))
 
     def stats(self) -> StoreStats:
         """Entries under this prefix (a SCAN of every primary); bytes are the primaries'
         summed `used_memory`."""
-        try:
-            entries = sum(1 for _ in self._entry_keys(""))
-            infos = self._client.info("memory", target_nodes=RedisCluster.PRIMARIES)
-            used = sum(int(info["used_memory"]) for info in infos.values())
-        except REDIS_ERRORS as exc:
-            raise StoreError(f"redis cluster store: {exc}") from exc
-        return StoreStats(entries=entries, bytes=used, max_bytes=None)
+
+        def node_stats(node: redis.Redis) -> tuple[int, int]:
+            return len(self._entry_keys(node, "")), int(node.info("memory")["used_memory"])
+
+        counts = self.nodes.each_primary(node_stats)
+        return StoreStats(
+            entries=sum(n for n, _ in counts), bytes=sum(b for _, b in counts), max_bytes=None
+        )
 
     def scan(self, prefix: str) -> Iterator[tuple[str, Entry]]:
-        try:
-            batch: list[tuple[bytes, str]] = []
-            for pair in self._entry_keys(prefix):
-                batch.append(pair)
-                if len(batch) >= 1000:
-                    yield from self._read_batch(batch)
-                    batch = []
-            yield from self._read_batch(batch)
-        except REDIS_ERRORS as exc:
-            raise StoreError(f"redis cluster store: {exc}") from exc
+        def read_node(node: redis.Redis) -> list[tuple[bytes, object]]:
+            keys = self._entry_keys(node, prefix)
+            return list(zip(keys, _each_key(node, keys, _get), strict=True))
 
-    def _read_batch(self, batch: list[tuple[bytes, str]]) -> Iterator[tuple[str, Entry]]:
-        if not batch:
-            return
-        # One MGET per slot, pipelined per node.
-        blobs = self._client.mget_nonatomic([raw for raw, _ in batch])
-        for (_, key), blob in zip(batch, blobs, strict=True):
-            if isinstance(blob, bytes):  # None: expired or deleted since the SCAN
-                yield key, Entry.decode(blob)
+        for pairs in self.nodes.each_primary(read_node):
+            for raw, blob in pairs:
+                head = self._entry_re.match(raw.decode())
+                if head is not None and isinstance(blob, bytes):  # None: gone since the SCAN
+                    yield raw.decode()[head.end() :], Entry.decode(blob)
 
     # -- MetaStore --
 
     def read_meta(self, names: Sequence[str]) -> dict[str, str]:
         if not names:
             return {}
-        try:
-            return self._ready()[1].read(names)
-        except REDIS_ERRORS as exc:
-            raise StoreError(f"redis cluster store: {exc}") from exc
+        return self._ready()[1].read(names)
 
     def write_meta(self, name: str, value: str) -> None:
-        try:
-            self._ready()[1].write(name, value)
-        except REDIS_ERRORS as exc:
-            raise StoreError(f"redis cluster store: {exc}") from exc
+        self._ready()[1].write(name, value)
 
     def incr_meta(self, name: str) -> int:
-        try:
-            return self._ready()[1].incr(name)
-        except REDIS_ERRORS as exc:
-            raise StoreError(f"redis cluster store: {exc}") from exc
+        return self._ready()[1].incr(name)
 
     def epoch(self) -> str:
-        try:
-            return self._ready()[1].epoch()
-        except REDIS_ERRORS as exc:
-            raise StoreError(f"redis cluster store: {exc}") from exc
+        return self._ready()[1].epoch()
+
+    def health(self) -> dict[str, Any]:
+        """Per node: its breaker, how often it opened, calls skipped (for /stats)."""
+        return {} if self._connected is None else self._connected[0].health()
 
     def close(self) -> None:
         if self._connected is not None:
@@ -243,3 +252,28 @@ class RedisClusterStore:
 
     def __repr__(self) -> str:
         return f"RedisClusterStore({mask_credentials(self.url)!r}, prefix={self._prefix!r})"
+
+
+def _check_node(node: redis.Redis, name: str, *, url: str) -> None:
+    check_cluster_node(node, name, url)
+
+
+def _each_key(
+    node: redis.Redis, keys: Sequence[bytes], command: Callable[[Pipeline, bytes], object]
+) -> list[object]:
+    """`command(pipe, key)` for each key, pipelined in batches of 1000."""
+    replies: list[object] = []
+    for i in range(0, len(keys), 1000):
+        pipe = node.pipeline(transaction=False)
+        for key in keys[i : i + 1000]:
+            command(pipe, key)
+        replies.extend(pipe.execute())
+    return replies
+
+
+def _get(pipe: Pipeline, key: bytes) -> object:
+    return pipe.get(key)
+
+
+def _unlink(pipe: Pipeline, key: bytes) -> object:
+    return pipe.unlink(key)

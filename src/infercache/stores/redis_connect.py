@@ -13,6 +13,14 @@ which costs hits. Under `allkeys-*` it may evict a tag's generation counter: the
 as absent (0) again, and every entry stored under generation 0 before the invalidation becomes
 reachable again. `require_safe_eviction` refuses that configuration at start-up; it reads
 `INFO memory` (allowed where managed services rename CONFIG) on every primary.
+
+A `redis://` URL naming a node of a cluster is refused too (`refuse_cluster_node`): such a node
+answers MOVED for every key another node holds, so the store would start "ready" and cache
+almost nothing.
+
+Cluster clients make no retries of their own (redis-py's default is ten, each after a
+re-read of the slot map or a 0.25 s sleep): a failing node costs a call one round trip, and the
+store skips it from then on (cluster_nodes.py).
 """
 
 from __future__ import annotations
@@ -24,8 +32,11 @@ from dataclasses import dataclass
 import redis
 import redis.asyncio
 import redis.asyncio.cluster
+import redis.asyncio.retry
+from redis.backoff import NoBackoff
 from redis.cluster import ClusterNode, RedisCluster
 from redis.exceptions import RedisClusterException
+from redis.retry import Retry
 
 from infercache.errors import ConfigError
 from infercache.urls import mask_credentials
@@ -99,7 +110,9 @@ def is_redis_url(url: str) -> bool:
 
 
 def sync_client(url: str, *, socket_timeout_s: float | None) -> SyncClient:
-    """A client for the server or cluster `url` names (no connection is made yet)."""
+    """A client for the server or cluster `url` names. One server: no connection is made yet;
+    a cluster: the slot map is read from the first seed that answers (RedisClusterException
+    when none does)."""
     if is_cluster_url(url):
         address = parse_cluster_url(url)
         return RedisCluster(
@@ -112,6 +125,8 @@ def sync_client(url: str, *, socket_timeout_s: float | None) -> SyncClient:
             ssl=address.tls,
             socket_timeout=socket_timeout_s,
             socket_connect_timeout=socket_timeout_s,
+            retry=Retry(NoBackoff(), 0),
+            require_full_coverage=False,  # a slot nobody serves fails alone, not the client
         )
     return redis.Redis.from_url(
         url, socket_timeout=socket_timeout_s, socket_connect_timeout=socket_timeout_s
@@ -129,19 +144,43 @@ def async_client(url: str, *, socket_timeout_s: float | None) -> AsyncClient:
             ssl=address.tls,
             socket_timeout=socket_timeout_s,
             socket_connect_timeout=socket_timeout_s,
+            retry=redis.asyncio.retry.Retry(NoBackoff(), 0),
+            require_full_coverage=False,
         )
     return redis.asyncio.Redis.from_url(
         url, socket_timeout=socket_timeout_s, socket_connect_timeout=socket_timeout_s
     )
 
 
-def eviction_policies(client: SyncClient) -> dict[str, str]:
-    """`maxmemory-policy` of every primary, by node name. Raises `redis.RedisError`."""
-    if isinstance(client, RedisCluster):
-        infos = client.info("memory", target_nodes=RedisCluster.PRIMARIES)
-        return {str(node): str(info.get("maxmemory_policy", "")) for node, info in infos.items()}
-    info = client.info("memory")
-    return {"server": str(info.get("maxmemory_policy", ""))}
+def check_server(client: redis.Redis, url: str) -> None:
+    """What a one-server store checks at start: not a cluster node, and a safe eviction
+    policy. `ConfigError` names the fix; raises `redis.RedisError` when unreachable."""
+    refuse_cluster_node(client, url)
+    require_safe_eviction({"server": _policy(client)}, url)
+
+
+def check_cluster_node(client: redis.Redis, node: str, url: str) -> None:
+    """What a cluster store checks of each node before using it: a safe eviction policy."""
+    require_safe_eviction({node: _policy(client)}, url)
+
+
+def _policy(client: redis.Redis) -> str:
+    return str(client.info("memory").get("maxmemory_policy", ""))
+
+
+def refuse_cluster_node(client: redis.Redis, url: str) -> None:
+    """Refuse a `redis://` URL that names a node of a Redis Cluster (see the module
+    docstring), with the URL to use instead."""
+    if int(client.info("cluster").get("cluster_enabled", 0) or 0) != 1:
+        return
+    parsed = urllib.parse.urlsplit(url)
+    scheme = "rediss+cluster" if parsed.scheme == "rediss" else "redis+cluster"
+    hint = mask_credentials(f"{scheme}://{parsed.netloc or 'HOST:PORT'}")
+    raise ConfigError(
+        f"refusing the Redis store {mask_credentials(url)!r}: that server is a node of a Redis "
+        "Cluster, which answers MOVED for every key another node holds, so almost nothing "
+        f"would be cached. Name the cluster instead: --store {hint}[,HOST:PORT...]"
+    )
 
 
 def require_safe_eviction(policies: Mapping[str, str], url: str) -> None:

@@ -29,6 +29,12 @@ OpenAI-shaped body. Partial streams are never published: a leader whose stream w
 publishes an error or hands over.
 
 Failure: every redis-py error becomes `StoreError` (a caller falls back to fetching alone).
+Each Lua call is bounded by `FlightTimings.call_ms` (the gateway gives the store budget, at
+least 250 ms; the blocking wait is bounded by its own `block_ms`). On a Redis Cluster, flights
+given the cluster store's `route` (async_nodes.py) go straight to the node serving their slot,
+through its per-node breaker: a flight whose key lives on a skipped node is refused at once
+(`NodeUnavailableError`), and one that fails on a node counts against that node for the store
+too.
 A renewal that fails is retried at the next tick; one that finds another token sets
 `FlightLease.lost` (this leader stalled past its lease and was presumed dead; its answer is
 still published if none is there yet). All waits are awaits: nothing blocks the event loop.
@@ -38,6 +44,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import secrets
 from collections.abc import Callable, Mapping
@@ -45,14 +52,18 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
-from redis.commands.core import AsyncScript
+from redis.exceptions import NoScriptError
 
 from infercache.clock import Clock
 from infercache.errors import StoreError
+from infercache.stores.async_nodes import AsyncNodes
+from infercache.stores.cluster_nodes import ClusterNodes
 from infercache.stores.redis_connect import (
     REDIS_ERRORS,
     AsyncClient,
     async_client,
+    is_cluster_url,
+    parse_cluster_url,
     split_store_url,
 )
 
@@ -128,9 +139,11 @@ class FlightTimings:
     answer_ttl_ms: int = 30_000  # how long a late joiner can still pick the answer up
     error_ttl_ms: int = 1_000
     max_block_ms: int = 5_000  # longest single XREAD (the client's socket timeout must exceed)
+    call_ms: int | None = None  # one Lua call's deadline (the store budget); None: no deadline
 
     def __post_init__(self) -> None:
-        if min(self.lease_ms, self.answer_ttl_ms, self.error_ttl_ms, self.max_block_ms) < 1:
+        timings = (self.lease_ms, self.answer_ttl_ms, self.error_ttl_ms, self.max_block_ms)
+        if min(*timings, self.call_ms or 1) < 1:
             raise ValueError(f"every timing must be >= 1 ms: {self}")
 
 
@@ -138,44 +151,96 @@ def _mint_token() -> str:
     return secrets.token_hex(16)
 
 
+class _Lua:
+    """A script run by its SHA, loaded on the node that lacks it (after a restart, say)."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.sha = hashlib.sha1(text.encode()).hexdigest()
+
+    async def __call__(self, client: AsyncClient, keys: list[str], args: list[Any]) -> Any:
+        try:
+            return await client.evalsha(self.sha, len(keys), *keys, *args)
+        except NoScriptError:
+            await client.script_load(self.text)
+            return await client.evalsha(self.sha, len(keys), *keys, *args)
+
+
+_JOIN_LUA, _RENEW_LUA = _Lua(_JOIN), _Lua(_RENEW)
+_PUBLISH_LUA, _RELEASE_LUA = _Lua(_PUBLISH), _Lua(_RELEASE)
+
+
 class ReplicaFlights:
+    """On `client` (one server, or any cluster client), or through `route` (a cluster store's
+    nodes: async_nodes.py); exactly one of the two."""
+
     def __init__(
         self,
-        client: AsyncClient,
+        client: AsyncClient | None = None,
         *,
         clock: Clock,
         prefix: str = "infercache:",
         timings: FlightTimings | None = None,
         mint_token: Callable[[], str] = _mint_token,
+        route: AsyncNodes | None = None,
     ) -> None:
+        if (client is None) == (route is None):
+            raise ValueError("give ReplicaFlights a client or a route, not both or neither")
         self._client = client
+        self._route = route
         self._clock = clock
         self._prefix = prefix
         self.timings = timings or FlightTimings()
         self._mint_token = mint_token
-        self._join = AsyncScript(client, _JOIN)
-        self._renew = AsyncScript(client, _RENEW)
-        self._publish = AsyncScript(client, _PUBLISH)
-        self._release = AsyncScript(client, _RELEASE)
 
     async def aclose(self) -> None:
-        await self._client.aclose()
+        if self._client is not None:
+            await self._client.aclose()
+        if self._route is not None:
+            await self._route.aclose()
 
     def _keys(self, key: str) -> tuple[str, str, str]:
         tag = f"{self._prefix}{{fl:{key}}}"
         return f"{tag}lease", f"{tag}answer", f"{tag}wake"
 
+    def _node(self, key: str) -> tuple[str | None, AsyncClient]:
+        """(the node's name when routed, its client) for the flight `key`. Raises
+        `StoreError` when the node is skipped, or the route has no slot map yet."""
+        if self._route is None:
+            assert self._client is not None
+            return None, self._client
+        return self._route(self._keys(key)[0])
+
+    async def _run(self, node: str | None, script: _Lua, client: AsyncClient,
+                   keys: list[str], args: list[Any]) -> Any:  # fmt: skip
+        """One Lua call within `call_ms`; a failure on a routed node counts against it."""
+        limit_s = None if self.timings.call_ms is None else self.timings.call_ms / 1000
+        try:
+            async with asyncio.timeout(limit_s):
+                result = await script(client, keys, args)
+        except (TimeoutError, *REDIS_ERRORS) as exc:
+            if node is not None and self._route is not None:
+                self._route.failed(node, exc)
+            if isinstance(exc, TimeoutError):
+                raise StoreError(f"no answer within {limit_s} s from node {node}") from exc
+            raise
+        if node is not None and self._route is not None:
+            self._route.succeeded(node)
+        return result
+
     async def join(self, key: str, *, timeout_s: float) -> SharedAnswer | FlightLease:
         """The answer for `key`, or the lease to fetch it. `StoreError` at the deadline or
         when Redis fails."""
+        node, client = self._node(key)
         lease_key, answer_key, wake_key = self._keys(key)
         token = self._mint_token()
         deadline_s = self._clock.monotonic_s() + timeout_s
         try:
             while True:
-                reply = await self._join(
-                    keys=[lease_key, answer_key, wake_key], args=[token, self.timings.lease_ms]
-                )
+                reply = await self._run(
+                    node, _JOIN_LUA, client,
+                    [lease_key, answer_key, wake_key], [token, self.timings.lease_ms],
+                )  # fmt: skip
                 what = reply[0].decode()
                 if what == "answer":
                     return SharedAnswer(int(reply[1]), bytes(reply[2]))
@@ -186,7 +251,7 @@ class ReplicaFlights:
                     raise StoreError(f"no answer for flight {key} within {timeout_s} s")
                 lease_left_ms = max(int(reply[1]), 1)  # -2: expired just now; -1: impossible
                 block_ms = min(lease_left_ms + 1, left_ms, self.timings.max_block_ms)
-                await self._client.xread({wake_key: reply[2]}, count=1, block=block_ms)
+                await client.xread({wake_key: reply[2]}, count=1, block=block_ms)
         except REDIS_ERRORS as exc:
             raise StoreError(f"replica flight {key}: {exc}") from exc
 
@@ -213,10 +278,11 @@ class FlightLease:
                 await asyncio.wait_for(self._stop.wait(), every_s)
                 return
             try:
-                held = await flights._renew(
-                    keys=[lease_key], args=[self.token, flights.timings.lease_ms]
+                node, client = flights._node(self.key)
+                held = await flights._run(
+                    node, _RENEW_LUA, client, [lease_key], [self.token, flights.timings.lease_ms]
                 )
-            except REDIS_ERRORS as exc:
+            except (StoreError, *REDIS_ERRORS) as exc:
                 log.warning("could not renew the lease of flight %s: %s", self.key, exc)
                 continue
             if not held:
@@ -241,16 +307,18 @@ class FlightLease:
         lease_key, answer_key, wake_key = flights._keys(self.key)
         timings = flights.timings
         try:
+            node, client = flights._node(self.key)
             if answer is None:
-                await flights._release(
-                    keys=[lease_key, wake_key], args=[self.token, timings.answer_ttl_ms]
-                )
+                await flights._run(
+                    node, _RELEASE_LUA, client,
+                    [lease_key, wake_key], [self.token, timings.answer_ttl_ms],
+                )  # fmt: skip
             else:
                 ttl_ms = timings.answer_ttl_ms if answer.ok else timings.error_ttl_ms
-                await flights._publish(
-                    keys=[lease_key, answer_key, wake_key],
-                    args=[self.token, answer.status, answer.body, ttl_ms, timings.answer_ttl_ms],
-                )
+                await flights._run(
+                    node, _PUBLISH_LUA, client, [lease_key, answer_key, wake_key],
+                    [self.token, answer.status, answer.body, ttl_ms, timings.answer_ttl_ms],
+                )  # fmt: skip
         except REDIS_ERRORS as exc:
             raise StoreError(f"replica flight {self.key}: {exc}") from exc
         return True
@@ -274,12 +342,21 @@ class FlightLease:
 
 
 def open_flights(
-    store_url: str, *, clock: Clock, timings: FlightTimings | None = None
+    store_url: str,
+    *,
+    clock: Clock,
+    timings: FlightTimings | None = None,
+    nodes: Callable[[], ClusterNodes | None] | None = None,
 ) -> ReplicaFlights:
     """Flights beside the Redis store `store_url` names (as given to `open_store`, with its
-    `?prefix=`), on their own asyncio client (no connection is made until the first join).
-    Close with `aclose()`."""
+    `?prefix=`), on their own asyncio connections (none made until the first join). On a
+    cluster, `nodes` gives the cluster store's nodes (`RedisClusterStore.connected_nodes`) to
+    route through them; without it, an asyncio cluster client. Close with `aclose()`."""
     url, prefix = split_store_url(store_url)
     timings = timings or FlightTimings()
-    client = async_client(url, socket_timeout_s=timings.max_block_ms / 1000 + 2.0)
+    socket_timeout_s = timings.max_block_ms / 1000 + 2.0
+    if nodes is not None and is_cluster_url(url):
+        route = AsyncNodes(nodes, address=parse_cluster_url(url), socket_timeout_s=socket_timeout_s)
+        return ReplicaFlights(clock=clock, prefix=prefix, timings=timings, route=route)
+    client = async_client(url, socket_timeout_s=socket_timeout_s)
     return ReplicaFlights(client, clock=clock, prefix=prefix, timings=timings)

@@ -67,6 +67,15 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         metavar="PAIRS",
         help="pairs (a,b,same) or labelled-text (text,label) files: TSV, CSV or JSONL",
     )
+    _target_options(parser)
+    _fit_options(parser)
+    _output_options(parser)
+    _embedding_options(parser)
+    parser.set_defaults(handler=handle)
+
+
+def _target_options(parser: argparse.ArgumentParser) -> None:
+    """What to certify (tune) or measure (eval)."""
     parser.add_argument(
         "--target-false-hit",
         type=float,
@@ -94,6 +103,10 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         help="eval only: mark a 95%% upper bound on the false-hit rate above P, and exit 1 "
         "(default: no target, exit 0)",
     )
+
+
+def _fit_options(parser: argparse.ArgumentParser) -> None:
+    """A matcher fitted to labelled texts."""
     parser.add_argument("--fit", action="store_true", help="fit a matcher to labelled texts")
     parser.add_argument(
         "--out",
@@ -105,6 +118,10 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     parser.add_argument(
         "--epochs", type=int, default=30, help="adapter training passes, with --fit (default 30)"
     )
+
+
+def _output_options(parser: argparse.ArgumentParser) -> None:
+    """What tune prints, draws and writes."""
     parser.add_argument(
         "--format", choices=("text", "json"), default="text", help="output (default text)"
     )
@@ -123,6 +140,10 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         help="write the tuned [semantic] settings as TOML, for `serve --config` (tune only; "
         "default: not written)",
     )
+
+
+def _embedding_options(parser: argparse.ArgumentParser) -> None:
+    """How texts are embedded and judged, and what the calibration replays beside them."""
     parser.add_argument(
         "--embedder",
         choices=EMBEDDERS,
@@ -162,7 +183,6 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         help="'default', 'none' or a comma list of NAME[:differ|conflict] "
         "(numbers, dates, currencies, negation, entities) (default: 'default')",
     )
-    parser.set_defaults(handler=handle)
 
 
 def handle(args: argparse.Namespace) -> int:

@@ -63,7 +63,7 @@ from infercache.semantic.tuning.replay import (
 )
 from infercache.semantic.tuning.request_log import LoggedTexts
 
-Matrix32 = npt.NDArray[np.float32]
+Vectors = npt.NDArray[np.float32]
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,7 +98,7 @@ class Part:
 
 @dataclass(frozen=True, slots=True)
 class Fitted:
-    adapter: Matrix32
+    adapter: Vectors
     matcher: FittedMatcher
 
 
@@ -116,14 +116,14 @@ class _Vectors:
     def __init__(self, base: Embedder, progress: FitProgress | None) -> None:
         self._base = base
         self._progress = progress
-        self._known: dict[str, Matrix32] = {}
+        self._known: dict[str, Vectors] = {}
 
     def need(self, texts: Sequence[str]) -> None:
         new = [t for t in dict.fromkeys(texts) if t not in self._known]
         if new:
             self._known.update(zip(new, embed_all(self._base, new, self._progress), strict=True))
 
-    def of(self, texts: Sequence[str], adapter: Matrix32 | None = None) -> Matrix32:
+    def of(self, texts: Sequence[str], adapter: Vectors | None = None) -> Vectors:
         self.need(texts)
         if not texts:
             return np.zeros((0, self._base.dim), np.float32)
@@ -199,7 +199,7 @@ def fit_part(
 
 
 def _head_lookups(
-    part: Part, vectors: _Vectors, adapter: Matrix32, o: LogFitOptions
+    part: Part, vectors: _Vectors, adapter: Vectors, o: LogFitOptions
 ) -> list[LookupCase]:
     """The head's examples: the part replayed as served with out-of-domain questions of the
     head's own half of the set interleaved, the same with 30% of the labels held out, and

@@ -65,7 +65,7 @@ class ReplayPlan:
 
 
 @dataclass(frozen=True, slots=True)
-class ServingStream:
+class ReplayStream:
     texts: list[LabelledText]
     scopes: list[str]  # one per text
     held_out: frozenset[str]  # labels never cached
@@ -77,7 +77,7 @@ def serving_stream(
     ood: Sequence[str],
     plan: ReplayPlan,
     scopes: Sequence[str] | None = None,
-) -> ServingStream:
+) -> ReplayStream:
     """The stream a calibration replays (module docstring, steps 1–3). `scopes`: one per row
     (a log's); an out-of-domain text is asked in the scope of the text before it."""
     rng = random.Random(plan.seed)
@@ -94,7 +94,7 @@ def serving_stream(
         at = rng.randrange(len(items) + 1)
         scope = items[max(0, at - 1)][1] if items else ""
         items.insert(at, (LabelledText(text, f"{OOD_LABEL}{i}"), scope))
-    return ServingStream([r for r, _ in items], [c for _, c in items], held, pool[wanted:])
+    return ReplayStream([r for r, _ in items], [c for _, c in items], held, pool[wanted:])
 
 
 def replay_lookups(

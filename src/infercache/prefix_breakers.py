@@ -1,5 +1,7 @@
 """Prefix breakers: prompt layouts that defeat prefix reuse, such as a timestamp, a request id
-or a user name near the start of a system prompt that is otherwise shared.
+or a user name near the start of a system prompt that is otherwise shared. Core: the analyzer
+(analyze/census.py) finds them in a log, the gateway (gateway/live_breakers.py) in live traffic;
+both say what they found in the one sentence `advice_line` writes.
 
 Algorithm (streaming, bounded memory). Per KV namespace (where reuse could happen: tenant and
 model, or model alone when KV is shared across tenants) keep up to `max_exemplars` distinct
@@ -25,8 +27,9 @@ from __future__ import annotations
 
 import re
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 KINDS: tuple[tuple[str, re.Pattern[str]], ...] = (
     (
@@ -201,3 +204,30 @@ class BreakerFinder:
             if e.breaker is not None
         ]
         return sorted(found, key=lambda b: -b.tokens_lost)
+
+
+class BreakerFigures(Protocol):
+    """What a breaker's sentence says (a `Breaker`, or the analyzer report's row of one)."""
+
+    @property
+    def role(self) -> str: ...
+    @property
+    def break_char(self) -> int: ...
+    @property
+    def kind(self) -> str: ...
+    @property
+    def requests(self) -> int: ...
+    @property
+    def tail_tokens(self) -> int: ...
+    @property
+    def examples(self) -> Sequence[str]: ...
+
+
+def advice_line(breaker: BreakerFigures, who: str) -> str:
+    """The breaker in one sentence, as the analyzer's advice and the gateway's /stats say it."""
+    examples = ", ".join(repr(e) for e in breaker.examples[:2])
+    return (
+        f"prefix breaker ({who}): the {breaker.role} message varies at character "
+        f"{breaker.break_char} with a {breaker.kind} ({examples}); moving it to the end would "
+        f"let {breaker.requests:,} requests reuse {breaker.tail_tokens:,} more tokens each"
+    )

@@ -1,0 +1,63 @@
+"""The upstream HTTP client's one error boundary: aiohttp's failures (unreachable, broken
+mid-answer, an invalid body) and an upstream's error status become infercache's errors
+(`UpstreamUnavailableError`, `UpstreamError` with the upstream's own body, in whichever API's
+shape it came: OpenAI's `{"error": {...}}` or Anthropic's `{"type": "error", "error": {...}}`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from contextlib import AbstractContextManager
+
+import aiohttp
+import orjson
+
+from infercache.errors import UpstreamError, UpstreamUnavailableError
+
+log = logging.getLogger("infercache.gateway.upstream")
+
+
+def map_aiohttp_errors(name: str, *, answering: bool = False) -> AbstractContextManager[None]:
+    """Translate aiohttp's exceptions into ours. `answering`: the upstream had begun to answer
+    (a stream), so a failure is a broken answer rather than an unreachable upstream."""
+    return _AiohttpErrors(name, answering)
+
+
+class _AiohttpErrors:
+    """`map_aiohttp_errors`' context (a class: it runs twice on every upstream call)."""
+
+    __slots__ = ("_answering", "_name")
+
+    def __init__(self, name: str, answering: bool) -> None:
+        self._name = name
+        self._answering = answering
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: object
+    ) -> None:
+        if isinstance(exc, (aiohttp.ClientError, TimeoutError)):
+            log.warning("upstream %s failed: %r", self._name, exc)
+            if self._answering:
+                raise UpstreamError("the upstream connection broke mid-answer") from exc
+            raise UpstreamUnavailableError("the upstream is unreachable") from exc
+        if isinstance(exc, (orjson.JSONDecodeError, UnicodeDecodeError)):
+            log.warning("upstream %s sent an invalid answer: %s", self._name, exc)
+            raise UpstreamError("the upstream sent an invalid answer") from exc
+
+
+def raise_for_status(status: int, content: bytes, retry_after: str | None = None) -> None:
+    if status < 400:
+        return
+    try:
+        parsed = orjson.loads(content)
+        body = parsed if isinstance(parsed, dict) else None
+    except orjson.JSONDecodeError:
+        body = None
+    message = f"upstream answered {status}"
+    if body and isinstance(body.get("error"), Mapping):
+        message = str(body["error"].get("message", message))
+    raise UpstreamError(message, status_code=status, body=body, retry_after=retry_after)
