@@ -54,3 +54,19 @@ def test_unknown_file_settings_are_rejected(tmp_path: Path) -> None:
     config.write_text("[cache]\ndefault_tll_s = 5\n")
     with pytest.raises(ConfigError, match="default_tll_s"):
         Settings.load({"HOME": str(tmp_path)}, config)
+
+
+@pytest.mark.parametrize(
+    ("table", "message"),
+    [
+        ("min_seen = 0", "min_seen must be at least 1"),
+        ('min_seen = 2\nmatcher = "/m"', "a fitted matcher carries its own"),
+    ],
+)
+def test_semantic_min_seen_is_the_plain_cosines_and_at_least_one(
+    tmp_path: Path, table: str, message: str
+) -> None:
+    config = tmp_path / "infercache.toml"
+    config.write_text(f"[semantic]\nthreshold = 0.9\n{table}\n")
+    with pytest.raises(ConfigError, match=message):
+        Settings.load({"HOME": str(tmp_path)}, config)

@@ -45,6 +45,8 @@ naming it.
     shadow_min_pairs = 300               # judged pairs at the operating point before serving
     answer_stats = true                  # per-answer thresholds learned from judged outcomes
     k = 4                                # neighbours examined per lookup
+    min_seen = 2                         # plain cosine (`tune` writes 2): an answer cached
+                                         #   for fewer questions is never served
     store_hits_as_exact = false          # also store a hit under the new wording's exact key
 """
 
@@ -95,6 +97,7 @@ class SemanticSettings:
     k: int = 4
     store_hits_as_exact: bool = False
     floor: float | None = None  # what unrelated text reaches (`tune`): never served below
+    min_seen: int = 1  # plain cosine: an answer cached for fewer questions is never served
     calibrated_on: str | None = None  # `tune`'s line on its data, bound and floor
 
     def __post_init__(self) -> None:
@@ -121,6 +124,13 @@ class SemanticSettings:
             raise ConfigError(f"verify_sample_rate must be in [0, 1]: {rate}")
         if not 0 < self.target_false_hit < 1:
             raise ConfigError(f"target_false_hit must be in (0, 1): {self.target_false_hit}")
+        if self.min_seen < 1:
+            raise ConfigError(f"semantic min_seen must be at least 1: {self.min_seen}")
+        if self.min_seen > 1 and self.matcher is not None:
+            raise ConfigError(
+                "semantic min_seen is the plain cosine's; a fitted matcher carries its own "
+                "(its matcher.json): remove min_seen or the matcher"
+            )
         if not 1 <= self.shadow_min_pairs <= self.shadow_window:
             raise ConfigError(
                 f"need 1 <= shadow_min_pairs <= shadow_window, got {self.shadow_min_pairs}, "

@@ -98,6 +98,34 @@ def test_no_candidate_is_served_below_the_floor_whatever_the_threshold(
     assert open_cache.complete(ask(REPHRASED), upstream).layer is Layer.SEMANTIC
 
 
+class OneAnswerUpstream(CountingUpstream):
+    """Every question gets the same answer text (one FAQ answer behind many wordings)."""
+
+    def response(self, body: dict[str, Any]) -> dict[str, Any]:
+        out = super().response(body)
+        out["choices"][0]["message"]["content"] = "Open Settings, then Security, then Reset."
+        return out
+
+
+def test_with_min_seen_an_answer_cached_for_one_question_only_is_never_served(
+    tmp_path: Path, clock: ManualClock
+) -> None:
+    """`tune` writes min_seen = 2 for the plain cosine (matcher.CosineMatcher): the lone
+    neighbour is not served; once two questions share the answer, a paraphrase is."""
+    from infercache.semantic.matcher import CosineMatcher
+
+    upstream = OneAnswerUpstream(clock)
+    config = SemanticConfig(threshold=THRESHOLD, matcher=CosineMatcher(min_seen=2))
+    cache = make_cache(tmp_path, clock, config=config)
+    cache.complete(ask(ORIGINAL), upstream)
+    assert cache.complete(ask(REPHRASED), upstream).layer is Layer.MISS  # answer seen once
+    assert upstream.calls == 2  # the paraphrase was asked and stored: its answer is seen twice
+    third = cache.complete(ask("How could I reset my password?"), upstream)
+    assert third.layer is Layer.SEMANTIC
+    assert cache.semantic is not None
+    assert cache.semantic.state()["matcher"] == "cosine;min_seen=2"
+
+
 def test_a_poisoned_answer_is_never_served_to_the_plain_question(
     tmp_path: Path, clock: ManualClock, upstream: CountingUpstream
 ) -> None:

@@ -71,7 +71,7 @@ def build_matcher(s: SemanticSettings, base: Embedder) -> tuple[Embedder, Matche
     """The embedder and matcher the layer runs: `base` and the plain cosine, or the fitted
     ones stored in `s.matcher`."""
     if s.matcher is None:
-        return base, CosineMatcher()
+        return base, CosineMatcher(min_seen=s.min_seen)
     fitted = load_fitted(Path(s.matcher).expanduser(), base)
     check_embedder_name(s, fitted.embedder)
     return fitted.embedder, fitted.matcher

@@ -6,7 +6,7 @@ decision score per candidate; `decision.accept(score, ..., threshold, guards)` d
 (`FittedMatcher.scores` is called by fit.py and by the layer).
 
 - `CosineMatcher`: the score is the cosine similarity in [-1, 1] (the plain threshold, as
-  GPTCache or RedisVL apply it).
+  GPTCache or RedisVL apply it), -1 for an answer cached for fewer than `min_seen` questions.
 - `FittedMatcher` (built by `infercache tune --fit`, tuning/fit.py): queries and cached texts
   are embedded by an `AdaptedEmbedder` — the packaged model followed by a linear map trained
   contrastively on the user's labelled texts — and each candidate j among the k nearest gets
@@ -88,11 +88,21 @@ class Matcher(Protocol):
 
 
 class CosineMatcher:
-    name = "cosine"
+    """The cosine itself; with `min_seen` > 1 a candidate whose answer fewer cached questions
+    of the scope share scores -1 (never served), as `Head.min_seen` (`tune` writes 2: the
+    lone neighbour, one trivia question answered for another wording of another one, is the
+    wrong hit a plain threshold cannot tell from a paraphrase)."""
+
     k: int | None = None
 
+    def __init__(self, min_seen: int = 1) -> None:
+        if min_seen < 1:
+            raise ValueError(f"min_seen must be >= 1, got {min_seen}")
+        self.min_seen = min_seen
+        self.name = "cosine" if min_seen == 1 else f"cosine;min_seen={min_seen}"
+
     def scores(self, neighbours: Sequence[NearbyAnswer]) -> list[float]:
-        return [n.similarity for n in neighbours]
+        return [n.similarity if n.seen >= self.min_seen else -1.0 for n in neighbours]
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,6 +16,7 @@ from infercache.cache import Cache
 from infercache.cli import main
 from infercache.clock import ManualClock
 from infercache.completion import Layer
+from infercache.errors import InvalidRequestError
 from infercache.gateway.semantic_setup import enable_from_settings
 from infercache.semantic.embedder import HashingEmbedder, StaticEmbedder
 from infercache.semantic.matcher import (
@@ -26,7 +27,12 @@ from infercache.semantic.matcher import (
     features,
     load_fitted,
 )
-from infercache.semantic.tuning.cache_sim import evaluate_lookups, simulate_lookups, tune_lookups
+from infercache.semantic.tuning.cache_sim import (
+    certify,
+    evaluate_lookups,
+    simulate_lookups,
+    tune_lookups,
+)
 from infercache.semantic.tuning.fit import FitOptions, fit_matcher, train_adapter
 from infercache.semantic.tuning.intents import LabelledText
 from infercache.settings import Settings
@@ -117,6 +123,17 @@ def test_lookups_are_served_at_the_threshold_tuned_for_them() -> None:
     looser = evaluate_lookups(cases, CosineMatcher(), tuned.threshold - 0.05)
     assert looser.served >= tuned.served
     assert looser.to_dict().keys() >= {"pairs", "positives", "negatives", "hit_rate"}
+
+
+@pytest.mark.parametrize("fitted", [False, True])
+def test_a_refusal_suggests_fitting_only_to_a_plain_matcher(fitted: bool) -> None:
+    """400 served answers, one wrong among the 300 most certain: 1% cannot be certified."""
+    outcomes = [(1.0 - i / 1000, i != 10) for i in range(400)]
+    with pytest.raises(InvalidRequestError) as refused:
+        certify(outcomes, target_false_hit=0.01, fitted=fitted)
+    message = str(refused.value)
+    assert "1 were wrong" in message
+    assert ("--fit" in message) is not fitted
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:

@@ -150,11 +150,13 @@ def test_tune_log_writes_a_config_that_says_what_it_was_calibrated_on(
     settings = tomllib.loads(config.read_text())["semantic"]
     assert settings["threshold"] == report["threshold"]
     assert settings["floor"] == report["floor"]
+    assert settings["min_seen"] == report["min_seen"] == 2  # a one-off answer is never served
     assert report["threshold"] >= report["floor"]
     assert str(day_log) in settings["calibrated_on"]
     assert "replayed in order from an empty cache" in settings["calibrated_on"]
     served = load_served(config)
     assert served.threshold == report["threshold"]
+    assert served.matcher.name == "cosine;min_seen=2"
     code, out, err = run(
         capsys, "tune", "eval", str(day_log), "--config", str(config), "--judge", "exact",
         "--ood", str(ood_file), "--format", "json",

@@ -34,7 +34,7 @@ import numpy.typing as npt
 from infercache.errors import InvalidRequestError
 from infercache.semantic.decision import accept, ranked
 from infercache.semantic.guards import Guard
-from infercache.semantic.matcher import Matcher, NearbyAnswer
+from infercache.semantic.matcher import CosineMatcher, Matcher, NearbyAnswer
 from infercache.semantic.tuning.calibrate import wilson_upper
 from infercache.semantic.tuning.intents import LabelledText
 
@@ -198,6 +198,7 @@ def tune_lookups(
         confidence=confidence,
         floor=floor,
         lookups=len(cases),
+        fitted=not isinstance(matcher, CosineMatcher),
     )
     return evaluate_lookups(cases, matcher, best, guards=guards, confidence=confidence)
 
@@ -209,9 +210,11 @@ def certify(
     confidence: float = 0.95,
     floor: float | None = None,
     lookups: int | None = None,
+    fitted: bool = False,
 ) -> float:
     """The lowest score threshold fixed-sequence testing certifies on `outcomes` (each lookup's
-    serving ceiling and whether its answer is right; `tune_lookups`' rule)."""
+    serving ceiling and whether its answer is right; `tune_lookups`' rule). `fitted`: the
+    scores are a fitted matcher's (a refusal then does not suggest fitting one)."""
     walk = sorted(outcomes, key=lambda c: -c[0])
     need = _clean_minimum(target_false_hit, confidence)
     best: float | None = None
@@ -232,7 +235,7 @@ def certify(
     if best is None:
         counted = len(walk) if lookups is None else lookups
         raise InvalidRequestError(
-            _refusal(counted, len(walk), need, stopped, target_false_hit, confidence, floor)
+            _refusal(counted, len(walk), need, stopped, target_false_hit, confidence, floor, fitted)
         )
     return best
 
@@ -255,6 +258,7 @@ def _refusal(
     target: float,
     confidence: float,
     floor: float | None,
+    fitted: bool,
 ) -> str:
     head = f"no threshold keeps the false-hit rate's {confidence:.0%} upper bound <= {target}"
     if servable < need:
@@ -271,11 +275,12 @@ def _refusal(
             f"bound can meet it), {wrong} were wrong (bound "
             f"{wilson_upper(wrong, served, confidence):.4f}), and every lower threshold is "
             f"untested (the walk stops at the first failure). Certifying this target needs "
-            f"more served answers per wrong one: a longer log or more labelled texts, a "
-            f"fitted matcher (--fit) if this one is not, or a higher target."
+            f"more served answers per wrong one: a longer log or more labelled texts, "
+            f"{'' if fitted else 'a fitted matcher (--fit), '}or a higher target."
         )
     return (
         f"{head}: every threshold that serves {need} answers lies below what unrelated "
-        f"questions reach (floor {floor:.4f}). Add labelled texts, fit a matcher (--fit) if "
-        f"this one is not fitted, or raise the target."
+        f"questions reach (floor {floor:.4f}). "
+        f"{'Add' if fitted else 'Fit a matcher (--fit) or add'} labelled texts or a longer log, "
+        f"or raise the target."
     )

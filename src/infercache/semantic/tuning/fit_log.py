@@ -163,6 +163,7 @@ def fit_log(
         target_false_hit=o.target_false_hit,
         floor=floor,
         lookups=sum(part.lookups for part in parts),
+        fitted=True,
     )
     report = _report(logged, early, late, parts, threshold, floor, o, started)
     save_fitted(

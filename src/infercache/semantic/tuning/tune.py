@@ -32,6 +32,10 @@ if TYPE_CHECKING:
     from infercache.semantic.tuning.calibrate import ScoredPair
 
 SCALES = {"cosine": "cosine similarity", "fitted": "fitted match probability"}
+PLAIN_MIN_SEEN = 2
+"""A plain config `tune` writes from labelled texts or a log never serves an answer cached for
+one question only (matcher.CosineMatcher): served 300 questions from other domains, a 5%
+cosine threshold answered 8, mostly one of them with another's answer (bench/README.md)."""
 
 
 def tune_files(args: argparse.Namespace, files: list[str]) -> dict[str, Any]:
@@ -53,7 +57,9 @@ def tune_files(args: argparse.Namespace, files: list[str]) -> dict[str, Any]:
             report = _fit(args, _labelled(files), base, guards, target, bar)
         else:
             rows = _labelled(files)
-            report = _replayed(rows, base, CosineMatcher(), guards, _ood(args), bar.update, target)
+            matcher = CosineMatcher(min_seen=PLAIN_MIN_SEEN)
+            report = _replayed(rows, base, matcher, guards, _ood(args), bar.update, target)
+            report["min_seen"] = PLAIN_MIN_SEEN
     report.update(
         embedder=args.embedder,
         embedder_name=report.get("embedder_name", base.name),
@@ -173,6 +179,8 @@ def write_config(path: Path, report: dict[str, Any]) -> None:
         lines.append(f"floor = {report['floor']!r}")
     if report.get("matcher") is not None:
         lines.append(f"matcher = {json.dumps(report['matcher'])}")
+    elif report.get("min_seen", 1) > 1:
+        lines.append(f"min_seen = {int(report['min_seen'])}")
     try:
         path.write_text("\n".join([*lines, ""]), encoding="utf-8")
     except OSError as exc:

@@ -31,6 +31,7 @@ from infercache.semantic.judges import (
 )
 from infercache.semantic.matcher import CosineMatcher, Matcher
 from infercache.semantic.tuning.request_log import LoggedTexts, read_log
+from infercache.semantic.tuning.tune import PLAIN_MIN_SEEN
 
 LogProgress = Callable[[str, int, int], None]
 
@@ -58,7 +59,9 @@ def tune_log(
     if args.fit:
         report = _fit(args, logged, base, guards, target, ood, progress)
     else:
-        report = replay_log(logged, base, CosineMatcher(), guards, ood, progress, target=target)
+        matcher = CosineMatcher(min_seen=PLAIN_MIN_SEEN)
+        report = replay_log(logged, base, matcher, guards, ood, progress, target=target)
+        report["min_seen"] = PLAIN_MIN_SEEN
     return {**report, **_provenance(args, logged)}
 
 
