@@ -80,32 +80,11 @@ def build(
     if settings.semantic.enabled:
         require("semantic", "the semantic layer (--semantic)")
     clock = clock or SystemClock()
-    backend = open_store(
-        settings.resolved_store_url,
-        clock=clock,
-        max_bytes=settings.max_store_bytes,
-        timeout_s=config.store_budget_s,
-    )
-    store = check_at_start(backend, optional=config.store_optional)  # before the engine loads
-    if not isinstance(backend, MemoryStore):  # in-process memory never stalls
-        backend = GuardedBackend(backend, clock=clock, budget_s=config.store_budget_s)
-    # Store I/O off the event loop on as many threads as cores: more only add GIL hand-offs
-    # (measured: 2 workers served ~20% more hits/s than 8 on 2 cores); a stalled store holds
-    # each for at most its budget.
-    workers = min(8, os.cpu_count() or 2)
-    cache = Cache(settings, clock=clock, backend=backend, store_workers=workers)
+    cache, backend, store = _cache(settings, config, clock)
     engine_here = upstreams is None and not config.upstreams  # the built-in engine, in-process
     if upstreams is None:
         upstreams = _upstreams(settings, config, cache, engine_config)
-    tracker = ModelVersionTracker(
-        cache,
-        [u.name for u in upstreams],
-        use_fingerprints=config.use_fingerprints,
-        window=SwapWindow(config.fingerprint_swap_s, config.fingerprint_swap_answers),
-    )
-    for i, upstream in enumerate(upstreams):
-        if isinstance(upstream, HTTPUpstream):  # its KV salt follows its version
-            upstream.salt_version = functools.partial(tracker.replicas.reported, i)
+    tracker = _tracker(config, cache, upstreams)
     request_log = (
         RequestLog(
             config.request_log,
@@ -147,6 +126,42 @@ def build(
         conversations=conversations,
     )
     return Built(app, gateway, cache, store)
+
+
+def _cache(
+    settings: Settings, config: GatewayConfig, clock: Clock
+) -> tuple[Cache, Backend, StoreAtStart]:
+    """The cache on its store, asked once at start (start_check.py) before the engine loads,
+    each call within the store budget (store_guard.py) unless the store is in-process memory."""
+    backend: Backend = open_store(
+        settings.resolved_store_url,
+        clock=clock,
+        max_bytes=settings.max_store_bytes,
+        timeout_s=config.store_budget_s,
+    )
+    store = check_at_start(backend, optional=config.store_optional)
+    if not isinstance(backend, MemoryStore):  # in-process memory never stalls
+        backend = GuardedBackend(backend, clock=clock, budget_s=config.store_budget_s)
+    # Store I/O off the event loop on as many threads as cores: more only add GIL hand-offs
+    # (measured: 2 workers served ~20% more hits/s than 8 on 2 cores); a stalled store holds
+    # each for at most its budget.
+    workers = min(8, os.cpu_count() or 2)
+    cache = Cache(settings, clock=clock, backend=backend, store_workers=workers)
+    return cache, backend, store
+
+
+def _tracker(config: GatewayConfig, cache: Cache, upstreams: list[Upstream]) -> ModelVersionTracker:
+    """The model versions the replicas serve; an HTTP replica's KV salt follows its own."""
+    tracker = ModelVersionTracker(
+        cache,
+        [u.name for u in upstreams],
+        use_fingerprints=config.use_fingerprints,
+        window=SwapWindow(config.fingerprint_swap_s, config.fingerprint_swap_answers),
+    )
+    for i, upstream in enumerate(upstreams):
+        if isinstance(upstream, HTTPUpstream):
+            upstream.salt_version = functools.partial(tracker.replicas.reported, i)
+    return tracker
 
 
 def _endpoints(

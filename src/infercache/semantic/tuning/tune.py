@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -24,6 +23,7 @@ from infercache.errors import ConfigError
 from infercache.semantic.embedder import Embedder
 from infercache.semantic.guards import Guard, build_guards, default_guards
 from infercache.semantic.matcher import CosineMatcher, Matcher, NearbyAnswer
+from infercache.semantic.tuning.config_file import write_config
 from infercache.semantic.tuning.intents import FileKind, LabelledText, file_kind, read_labelled
 from infercache.semantic.tuning.pairs import Pair
 from infercache.semantic.tuning.progress import ProgressBar, Reporting, progress_bar
@@ -161,54 +161,6 @@ def check_modes(args: argparse.Namespace, *, evaluating: bool) -> None:
         raise ConfigError(f"--target-false-hit must lie in (0, 1), got {args.target_false_hit}")
     if args.epochs < 1:
         raise ConfigError(f"--epochs must be at least 1, got {args.epochs}")
-
-
-def write_config(path: Path, report: dict[str, Any]) -> None:
-    """A `[semantic]` TOML table. JSON string and number literals are valid TOML."""
-    lines = [
-        f"# written by `infercache tune` from {report['pairs']} {report['counted']}",
-        "[semantic]",
-        f"threshold = {report['threshold']!r}",
-        f"embedder = {json.dumps(report['embedder'])}",
-        f"embedder_name = {json.dumps(report['embedder_name'])}",
-        f"target_false_hit = {report['target_false_hit']!r}",
-        f"guards = {json.dumps(report['guards'])}",
-        f"calibrated_on = {json.dumps(calibrated_on(report))}",
-    ]
-    if report.get("floor") is not None:
-        lines.append(f"floor = {report['floor']!r}")
-    if report.get("matcher") is not None:
-        lines.append(f"matcher = {json.dumps(report['matcher'])}")
-    elif report.get("min_seen", 1) > 1:
-        lines.append(f"min_seen = {int(report['min_seen'])}")
-    try:
-        path.write_text("\n".join([*lines, ""]), encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"cannot write config {path}: {exc.strerror or exc}") from exc
-
-
-def calibrated_on(report: dict[str, Any]) -> str:
-    """One line saying what the threshold was calibrated on (`serve --semantic` prints it)."""
-    upper = report.get("false_hit_upper")
-    bound = "n/a" if upper is None else f"{upper:.4f}"
-    parts = [
-        f"{', '.join(report['files'])}",
-        f"{report['pairs']} {report['counted']}",
-    ]
-    if report.get("kind") == "lookups":
-        parts.append(
-            f"replayed in order from an empty cache with {report.get('held_out_labels', 0)} "
-            f"labels held out and {report.get('ood_in_stream', 0)} out-of-domain questions"
-        )
-    parts += [
-        f"{report['false_hits']} wrong of {report['served']} served"
-        if report.get("kind") == "lookups"
-        else f"{report['false_hits']} of {report['negatives']} negatives accepted",
-        f"target {report['target_false_hit']}, 95% upper bound {bound}",
-    ]
-    if report.get("floor") is not None:
-        parts.append(f"floor {report['floor']:.4f} from {report.get('ood_for_floor')} unrelated")
-    return "; ".join(parts)
 
 
 def parse_guards(spec: str) -> list[Guard]:
