@@ -24,7 +24,7 @@ and shape checks raise `ValueError`/`TypeError`, never a client-facing class.
     │   │                              other nodes serve (stores/cluster_breaker.py)
     │   └── KVTierError                a KV tier below RAM (disk, Redis) failed: a counted
     │       │                          recompute (engine/kv_tiers.py), never a failed request
-    │       └── BlockRejected          a stored KV block failed verification (kv_blocks.py)
+    │       └── BlockRejectedError          a stored KV block failed verification (kv_blocks.py)
     ├── StoreWouldBlockError           a non-blocking store read would wait: retried off the
     │                                  event loop (internal, never reaches a client)
     ├── EmbedderError                  the semantic layer's embedder failed; a counted miss
@@ -195,7 +195,7 @@ class KVTierError(StoreError):
     the prompt is recomputed and the failure counted."""
 
 
-class BlockRejected(KVTierError):
+class BlockRejectedError(KVTierError):
     """A stored KV block that must not be used; `reason`: truncated, header, tokens, checksum."""
 
     def __init__(self, reason: str, detail: str = "") -> None:

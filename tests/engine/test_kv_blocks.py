@@ -13,7 +13,7 @@ from infercache.engine.kv_blocks import (
     split,
     verify,
 )
-from infercache.errors import BlockRejected
+from infercache.errors import BlockRejectedError
 
 GEOMETRY = BlockGeometry(block_tokens=4, layers=2, kv_heads=1, head_dim=2, itemsize=4)
 TOKENS = tuple(range(10, 30))
@@ -76,7 +76,7 @@ def test_an_encoded_block_verifies_and_carries_the_whole_prefix() -> None:
 def test_a_damaged_block_is_rejected_with_its_reason(damage: object, reason: str) -> None:
     blocks = names().blocks("ns", TOKENS, 5)
     value = damage(block(2))  # type: ignore[operator]
-    with pytest.raises(BlockRejected) as caught:
+    with pytest.raises(BlockRejectedError) as caught:
         verify(GEOMETRY, blocks, 2, *split(GEOMETRY, 2, value))
     assert caught.value.reason == reason
 
@@ -88,5 +88,5 @@ def test_a_block_is_rejected_for_another_index_namespace_or_prompt() -> None:
         (names().blocks("ns2", TOKENS, 5), 2),
         (names().blocks("ns", (0, *TOKENS[1:]), 5), 2),
     ):
-        with pytest.raises(BlockRejected):
+        with pytest.raises(BlockRejectedError):
             verify(GEOMETRY, blocks, index, *split(GEOMETRY, index, value))

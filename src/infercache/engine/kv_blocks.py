@@ -27,7 +27,7 @@ packaged model, 47 MB, is checked in a few ms).
 `verify`, before any byte is used: the length is exact; the header is this geometry, this
 block's index, namespace and name; the stored tokens equal the prompt's, token by token, for the
 whole prefix (so neither a hash collision nor a block planted under another name can pass); the
-checksum matches (a flipped bit, a torn write). A failure raises `BlockRejected` naming the
+checksum matches (a flipped bit, a torn write). A failure raises `BlockRejectedError` naming the
 reason; the caller counts it and recomputes. No torch here: buffers are anything with the
 buffer protocol.
 """
@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 import xxhash
 
-from infercache.errors import BlockRejected
+from infercache.errors import BlockRejectedError
 
 FORMAT_VERSION = 1
 MAGIC = b"ICKV"
@@ -169,7 +169,7 @@ def verify(
     tokens: Buffer,
     kv: Buffer | list[Buffer],
 ) -> None:
-    """Raise `BlockRejected` unless (header, tokens, kv), as read, are block `index` of this
+    """Raise `BlockRejectedError` unless (header, tokens, kv), as read, are block `index` of this
     prompt, intact. `kv` is the block's KV bytes, in one buffer or as its runs (a list)."""
     runs: list[Buffer] = kv if isinstance(kv, list) else [kv]
     if (
@@ -177,15 +177,15 @@ def verify(
         or memoryview(tokens).nbytes != g.tokens_bytes(index)
         or sum(memoryview(run).nbytes for run in runs) != g.kv_bytes
     ):
-        raise BlockRejected("truncated")
+        raise BlockRejectedError("truncated")
     fields = _HEADER.unpack(header)
     expected = _header(g, index, blocks, fields[-1])
     if bytes(header) != expected:
-        raise BlockRejected("header", f"block {index} is not this prompt's")
+        raise BlockRejectedError("header", f"block {index} is not this prompt's")
     if memoryview(tokens) != memoryview(blocks.token_bytes)[: g.tokens_bytes(index)]:
-        raise BlockRejected("tokens", f"block {index} holds another prefix")
+        raise BlockRejectedError("tokens", f"block {index} holds another prefix")
     if _checksum(header, tokens, runs) != fields[-1]:
-        raise BlockRejected("checksum", f"block {index}")
+        raise BlockRejectedError("checksum", f"block {index}")
 
 
 def split(g: BlockGeometry, index: int, value: Buffer) -> tuple[Buffer, Buffer, Buffer]:

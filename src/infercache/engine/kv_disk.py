@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from infercache.clock import Clock
-from infercache.errors import BlockRejected, KVTierError
+from infercache.errors import BlockRejectedError, KVTierError
 
 log = logging.getLogger(__name__)
 
@@ -150,7 +150,7 @@ class DiskTier:
 
     def read(self, name: str, buffers: Sequence[Any]) -> bool:
         """Fill `buffers` (in order) from block `name`; False when the file is gone. Raises
-        BlockRejected when its length is not exactly theirs, KVTierError when it cannot be
+        BlockRejectedError when its length is not exactly theirs, KVTierError when it cannot be
         read."""
         expected = sum(memoryview(b).nbytes for b in buffers)
         try:
@@ -168,7 +168,7 @@ class DiskTier:
         finally:
             os.close(fd)
         if got != expected or size != expected:
-            raise BlockRejected("truncated", f"{name} has {size} bytes, {expected} expected")
+            raise BlockRejectedError("truncated", f"{name} has {size} bytes, {expected} expected")
         self.touch(name)
         return True
 

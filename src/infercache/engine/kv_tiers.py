@@ -55,7 +55,7 @@ from infercache.engine.kv import KVShape, KVWorkspace
 from infercache.engine.kv_blocks import BlockGeometry, BlockNames, PromptBlocks
 from infercache.engine.kv_disk import DiskRoot, DiskTier
 from infercache.engine.kv_shared import SharedTier
-from infercache.errors import BlockRejected, KVTierError
+from infercache.errors import BlockRejectedError, KVTierError
 
 log = logging.getLogger(__name__)
 
@@ -143,7 +143,7 @@ class KVTiers:
                 )
                 if kv is None:
                     continue
-            except BlockRejected as e:
+            except BlockRejectedError as e:
                 log.warning("KV block %s from %s rejected: %s", blocks.name(index), tier, e)
                 self._events.count(f"kv_blocks_corrupt:{tier}")
                 self._discard(tier, blocks.name(index))

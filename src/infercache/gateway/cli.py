@@ -132,7 +132,7 @@ def _serve(args: argparse.Namespace) -> int:
     ready_line = (
         f"infercache gateway ready on http://{config.host}:{config.port}/v1 "
         f"(upstream: {upstream}; store: {store}; semantic: {mode}"
-        f"{_engine_weights(built.gateway.upstreams)})"
+        f"{_engine_weights(built.gateway.upstreams) if not config.upstreams else ''})"
     )
 
     class Server(uvicorn.Server):
@@ -148,7 +148,8 @@ def _serve(args: argparse.Namespace) -> int:
 
 def _engine_weights(upstreams: Any) -> str:
     """`; weights: fp16 (fp_…-fp16)` for a built-in engine upstream: its weight format and the
-    model version its answers are cached under."""
+    model version its answers are cached under. Asked only when the engine runs here (its
+    module imports torch, which an install without the engine extra does not have)."""
     from infercache.gateway.engine_upstream import EngineUpstream
 
     engines = [u.engine for u in upstreams if isinstance(u, EngineUpstream)]
