@@ -30,6 +30,7 @@ from typing import Any, Literal
 
 from infercache.errors import InvalidRequestError
 from infercache.semantic.tuning.pairs import COLUMNS as PAIR_COLUMNS
+from infercache.semantic.tuning.rows import jsonl_objects, open_table
 
 TEXT = "text"
 LABEL_NAMES = ("label", "intent", "category")
@@ -133,36 +134,19 @@ def _label_key(keys: Sequence[str], where: str) -> str:
 
 
 def _table(handle: Any, path: Path) -> Iterator[LabelledText]:
-    reader = csv.reader(handle, delimiter="\t" if path.suffix.lower() == ".tsv" else ",")
-    try:
-        header = next(reader, None)
-        if header is None:
-            return
-        names = [h.strip().lower() for h in header]
-        if TEXT not in names:
-            raise InvalidRequestError(f"{path}:1: header {header!r} lacks a 'text' column")
-        text_at, label_at = names.index(TEXT), names.index(_label_key(names, f"{path}:1"))
-        for row in reader:
-            if not row or (len(row) == 1 and not row[0].strip()):
-                continue
-            if len(row) < len(names):
-                raise InvalidRequestError(
-                    f"{path}:{reader.line_num}: {len(row)} fields, the header has {len(names)}"
-                )
-            yield LabelledText(row[text_at], row[label_at].strip())
-    except csv.Error as exc:
-        raise InvalidRequestError(f"{path}:{reader.line_num}: {exc}") from exc
+    table = open_table(handle, path, tsv=path.suffix.lower() == ".tsv")
+    if table is None:
+        return
+    if TEXT not in table.names:
+        raise InvalidRequestError(f"{path}:1: header {table.header!r} lacks a 'text' column")
+    text_at = table.names.index(TEXT)
+    label_at = table.names.index(_label_key(table.names, f"{path}:1"))
+    for _, row in table.rows():
+        yield LabelledText(row[text_at], row[label_at].strip())
 
 
 def _jsonl(handle: Any, path: Path) -> Iterator[LabelledText]:
-    for line_number, line in enumerate(handle, start=1):
-        if not line.strip():
-            continue
-        where = f"{path}:{line_number}"
-        try:
-            item = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise InvalidRequestError(f"{where}: invalid JSON: {exc.msg}") from exc
+    for where, item in jsonl_objects(handle, path):
         if not isinstance(item, dict) or not isinstance(item.get(TEXT), str):
             raise InvalidRequestError(f"{where}: expected an object with a string 'text'")
         label = item.get(_label_key(list(item), where))

@@ -17,14 +17,13 @@ The public data sets' native forms are read by the bench's own adapters
 
 from __future__ import annotations
 
-import csv
-import json
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from infercache.errors import InvalidRequestError
+from infercache.semantic.tuning.rows import jsonl_objects, open_table
 
 _TRUE = {"1", "true", "yes"}
 _FALSE = {"0", "false", "no"}
@@ -87,41 +86,22 @@ def read_many(paths: Sequence[str | Path]) -> list[Pair]:
 
 
 def _table_rows(handle: Any, path: Path, suffix: str) -> Iterator[Pair]:
-    reader = csv.reader(handle, delimiter="\t" if suffix == ".tsv" else ",", strict=True)
-    try:
-        header = next(reader, None)
-        if header is None:
-            return
-        names = [h.strip().lower() for h in header]
-        missing = [c for c in COLUMNS if c not in names]
-        if missing:
-            raise InvalidRequestError(
-                f"{path}:1: header {header!r} lacks column(s) {', '.join(missing)}; "
-                f"expected {', '.join(COLUMNS)}"
-            )
-        at = [names.index(c) for c in COLUMNS]
-        for row in reader:
-            line = reader.line_num
-            if not row or (len(row) == 1 and not row[0].strip()):
-                continue
-            if len(row) < len(names):
-                raise InvalidRequestError(
-                    f"{path}:{line}: {len(row)} fields, the header has {len(names)}"
-                )
-            yield Pair(row[at[0]], row[at[1]], parse_same(row[at[2]], f"{path}:{line}"))
-    except csv.Error as exc:
-        raise InvalidRequestError(f"{path}:{reader.line_num}: {exc}") from exc
+    table = open_table(handle, path, tsv=suffix == ".tsv", strict=True)
+    if table is None:
+        return
+    missing = [c for c in COLUMNS if c not in table.names]
+    if missing:
+        raise InvalidRequestError(
+            f"{path}:1: header {table.header!r} lacks column(s) {', '.join(missing)}; "
+            f"expected {', '.join(COLUMNS)}"
+        )
+    at = [table.names.index(c) for c in COLUMNS]
+    for where, row in table.rows():
+        yield Pair(row[at[0]], row[at[1]], parse_same(row[at[2]], where))
 
 
 def _jsonl_rows(handle: Any, path: Path) -> Iterator[Pair]:
-    for line_number, line in enumerate(handle, start=1):
-        if not line.strip():
-            continue
-        where = f"{path}:{line_number}"
-        try:
-            item = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise InvalidRequestError(f"{where}: invalid JSON: {exc.msg}") from exc
+    for where, item in jsonl_objects(handle, path):
         if not isinstance(item, dict) or any(k not in item for k in COLUMNS):
             raise InvalidRequestError(f"{where}: expected an object with keys a, b, same")
         a, b = item["a"], item["b"]
