@@ -39,7 +39,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import io
 import json
 import os
 import platform
@@ -50,7 +49,9 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Any
+
+from tee import Tee
 
 if TYPE_CHECKING:  # imported where used: `--as-engine` may run over another source tree
     from infercache.engine.engine import Engine
@@ -323,17 +324,6 @@ def run(args: argparse.Namespace) -> None:
     print(f"\nload average at the end {os.getloadavg()[0]:.1f}")
 
 
-class _Tee(io.StringIO):
-    def __init__(self, out: TextIO) -> None:
-        super().__init__()
-        self._out = out
-
-    def write(self, text: str) -> int:
-        self._out.write(text)
-        self._out.flush()
-        return super().write(text)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--weights", default="fp32,fp16", help="this tree's formats to run")
@@ -350,7 +340,7 @@ def main() -> None:
     if args.as_engine:
         as_engine(args)
         return
-    tee = _Tee(sys.stdout)
+    tee = Tee(sys.stdout)
     with contextlib.redirect_stdout(tee):
         run(args)
     args.out.mkdir(parents=True, exist_ok=True)

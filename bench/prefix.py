@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import io
 import os
 import platform
 import random
@@ -49,7 +48,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 import torch
 from prefix_tiers import (
@@ -59,6 +58,7 @@ from prefix_tiers import (
     shared_section,
     tiers_memory_section,
 )
+from tee import Tee
 
 from infercache.clock import SystemClock
 from infercache.engine.config import BatchLimits, default_data_dir
@@ -390,19 +390,6 @@ def load_section(b: Bench, streams: int) -> dict[str, float]:
     return r
 
 
-class _Tee(io.StringIO):
-    """Prints and keeps what is printed."""
-
-    def __init__(self, out: TextIO) -> None:
-        super().__init__()
-        self._out = out
-
-    def write(self, text: str) -> int:
-        self._out.write(text)
-        self._out.flush()
-        return super().write(text)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--trials", type=int, default=5)
@@ -429,7 +416,7 @@ def main() -> None:
         else:
             memory_child(b, b.version, args, rss_mib)
         return
-    tee = _Tee(sys.stdout)
+    tee = Tee(sys.stdout)
     with contextlib.redirect_stdout(tee):
         run(args)
     args.out.mkdir(parents=True, exist_ok=True)

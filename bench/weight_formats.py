@@ -38,16 +38,16 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import io
 import os
 import platform
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 import torch
+from tee import Tee
 
 from infercache.engine.linear import Fp16Linear, Projection
 from infercache.engine.model import LlamaModel, Segment
@@ -334,17 +334,6 @@ def run(args: argparse.Namespace) -> None:
     print(f"load average at the end {os.getloadavg()[0]:.1f}")
 
 
-class _Tee(io.StringIO):
-    def __init__(self, out: TextIO) -> None:
-        super().__init__()
-        self._out = out
-
-    def write(self, text: str) -> int:
-        self._out.write(text)
-        self._out.flush()
-        return super().write(text)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--formats", default=",".join(CANDIDATES))
@@ -356,7 +345,7 @@ def main() -> None:
         "--out", type=Path, default=Path(__file__).parent / "out" / "weight_formats"
     )
     args = parser.parse_args()
-    tee = _Tee(sys.stdout)
+    tee = Tee(sys.stdout)
     with contextlib.redirect_stdout(tee):
         run(args)
     args.out.mkdir(parents=True, exist_ok=True)
