@@ -52,7 +52,7 @@ from infercache.function_source import AsyncFunctionSource, FunctionSource
 from infercache.layer_hits import LayerHits
 from infercache.metrics import Metrics, MissReason
 from infercache.miss import Miss, MissLedger
-from infercache.miss_flight import close_fetched, coalesce, coalesce_sync
+from infercache.miss_flight import coalesce, coalesce_sync
 from infercache.request import ChatRequest, Endpoint, parse_request
 from infercache.semantic.embedder import Embedder
 from infercache.semantic.guards import Guard
@@ -262,10 +262,6 @@ class Cache:
             return req, lookup
         scoped = req._replace(version=label)
         return scoped, self.exact.lookup(scoped)
-
-    def finish(self, miss: Miss, response: Response, *, upstream_s: float) -> Completion:
-        """Close `miss` with `response`, for callers that replay a log (the analyzer)."""
-        return close_fetched(miss, response, upstream_s)
 
     # -- complaints --
 

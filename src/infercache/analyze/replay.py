@@ -49,6 +49,7 @@ from infercache.completion import Completion, Layer
 from infercache.engine.kv_namespace import logged_namespace
 from infercache.errors import InvalidRequestError, NotCachedError
 from infercache.metrics import Metrics, MissReason, PriceTable
+from infercache.miss_flight import close_fetched
 from infercache.semantic.embedder import Embedder
 from infercache.semantic.guards import Guard
 from infercache.semantic.index import IndexFactory
@@ -213,9 +214,8 @@ class Replay:
             self._serve(event, outcome, prompt, completion, window)
             return
         self._upstream(event, prompt, census_reused, window)
-        self._cache.finish(
-            outcome, self._response(event, prompt, completion), upstream_s=event.upstream_s or 0.0
-        )
+        response = self._response(event, prompt, completion)
+        close_fetched(outcome, response, event.upstream_s or 0.0)  # the miss protocol's close
 
     def _window(self, event: PreparedRequest) -> Counter[str] | None:
         if self._window_s is None or event.timestamp_s is None:
