@@ -53,7 +53,7 @@ from infercache.gateway.prefix_usage import PromptCacheCollector
 from infercache.gateway.routes import AppState
 from infercache.gateway.service import Gateway
 from infercache.gateway.store_size import StoreSize
-from infercache.gateway.version_probe import VersionProber
+from infercache.gateway.version_probe import ProbedParts, VersionProber
 from infercache.http_errors import exception_handlers, middleware
 from infercache.request import Endpoint
 from infercache.responses.conversations import ResponseConversations
@@ -101,7 +101,14 @@ def create_app(
         Route("/v1/{rest:path}", bound(routes.pass_through), methods=PASS_THROUGH_METHODS),
     ]
     app = Starlette(exception_handlers=exception_handlers(), middleware=middleware())
-    gateway.prober = VersionProber(gateway, version_poll_s, version_probe_s)
+    parts = ProbedParts(
+        gateway.upstreams,
+        gateway.tracker,
+        gateway.rollout.sync,
+        gateway.store_io,
+        gateway.cache.backend,
+    )
+    gateway.prober = VersionProber(parts, version_poll_s, version_probe_s)
     lifespan = functools.partial(_lifespan, gateway)
     app.router = StaticFirstRouter(table, lifespan=lifespan)
     return app

@@ -1,7 +1,7 @@
 """Noticing a version change without a miss (issue 29 item 5): every replica's version re-read
 in the background, so a change is seen within one poll even when every request is a hit.
 
-    VersionProber(gateway, every_s, probe_every_s)
+    VersionProber(parts, every_s, probe_every_s)   parts: what it reads of one gateway
       round(probe)                      one round, on the serving loop:
       each upstream's /v1/models        a listed `version` is its version (versions.py);
                                         unreachable → every version it served is in doubt
@@ -31,7 +31,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from infercache.errors import InfercacheError, UpstreamUnavailableError
@@ -39,10 +40,24 @@ from infercache.store_guard import GuardedBackend
 from infercache.stores.base import ThreadResources
 
 if TYPE_CHECKING:
-    from infercache.gateway.service import Gateway
     from infercache.gateway.upstream_protocols import Upstream
+    from infercache.gateway.versions import ModelVersionTracker
+    from infercache.store_guard import StoreIO
+    from infercache.stores.base import Backend
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class ProbedParts:
+    """What the prober reads and calls of one gateway (not the gateway itself, which holds
+    the prober: the two modules stay one above the other)."""
+
+    upstreams: Sequence[Upstream]
+    tracker: ModelVersionTracker
+    rollout_sync: Callable[[], None]  # the store's rollout, read again (rollout_control.py)
+    store_io: StoreIO
+    backend: Backend
 
 
 def probe_body(model: str) -> dict[str, Any]:
@@ -59,9 +74,12 @@ class VersionProber:
     """The background reads of one gateway's upstreams (module docstring)."""
 
     def __init__(
-        self, gateway: Gateway, every_s: float | None, probe_every_s: float | None
+        self,
+        parts: ProbedParts,
+        every_s: float | None,
+        probe_every_s: float | None,
     ) -> None:
-        self._gateway = gateway
+        self._parts = parts
         self.every_s = every_s
         self._probe_rounds = (
             max(1, round(probe_every_s / every_s))
@@ -74,10 +92,10 @@ class VersionProber:
     async def round(self, *, probe: bool = False, first: bool = False) -> None:
         """One round over every upstream (module docstring). `first`: the one before the
         gateway serves, whose store reads leave no connection open behind them."""
-        gateway = self._gateway
-        tracker = gateway.tracker
-        off_loop = gateway.store_io.off_loop
-        for replica, upstream in enumerate(gateway.upstreams):
+        parts = self._parts
+        tracker = parts.tracker
+        off_loop = parts.store_io.off_loop
+        for replica, upstream in enumerate(parts.upstreams):
             try:
                 models = await upstream.models()
             except UpstreamUnavailableError as exc:
@@ -90,17 +108,17 @@ class VersionProber:
             await off_loop(tracker.observe_models, replica, models)
             await self._probe(replica, upstream, due=probe)
         if first:
-            await asyncio.to_thread(self._released, tracker.sync, gateway.rollout.sync)
+            await asyncio.to_thread(self._released, tracker.sync, parts.rollout_sync)
         else:
             await off_loop(tracker.sync)
-            await off_loop(gateway.rollout.sync)
+            await off_loop(parts.rollout_sync)
         with self._ended:
             self.rounds += 1
             self._ended.notify_all()
 
     def _released(self, *reads: Callable[[], None]) -> None:
         """`reads`, in this thread, which then closes what it opened on the store."""
-        backend = self._gateway.cache.backend
+        backend = self._parts.backend
         inner = backend.inner if isinstance(backend, GuardedBackend) else backend
         try:
             for read in reads:
@@ -110,8 +128,8 @@ class VersionProber:
                 inner.release_thread()
 
     async def _probe(self, replica: int, upstream: Upstream, *, due: bool) -> None:
-        tracker = self._gateway.tracker
-        off_loop = self._gateway.store_io.off_loop
+        tracker = self._parts.tracker
+        off_loop = self._parts.store_io.off_loop
         for model in tracker.replicas.to_probe(replica, due=due):
             try:
                 answer = await upstream.complete(probe_body(model), tenant="", api_key=None)

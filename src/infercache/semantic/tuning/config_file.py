@@ -19,6 +19,11 @@ from typing import Any
 
 from infercache.errors import ConfigError
 
+PLAIN_MIN_SEEN = 2
+"""A plain config `tune` writes from labelled texts or a log never serves an answer cached for
+one question only (matcher.CosineMatcher): served 300 questions from other domains, a 5%
+cosine threshold answered 8, mostly one of them with another's answer (bench/README.md)."""
+
 
 def write_config(path: Path, report: dict[str, Any]) -> None:
     """A `[semantic]` TOML table. JSON string and number literals are valid TOML."""

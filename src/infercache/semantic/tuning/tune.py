@@ -23,7 +23,7 @@ from infercache.errors import ConfigError
 from infercache.semantic.embedder import Embedder
 from infercache.semantic.guards import Guard, build_guards, default_guards
 from infercache.semantic.matcher import CosineMatcher, Matcher, NearbyAnswer
-from infercache.semantic.tuning.config_file import write_config
+from infercache.semantic.tuning.config_file import PLAIN_MIN_SEEN, write_config
 from infercache.semantic.tuning.intents import FileKind, LabelledText, file_kind, read_labelled
 from infercache.semantic.tuning.pairs import Pair
 from infercache.semantic.tuning.progress import ProgressBar, Reporting, progress_bar
@@ -32,10 +32,6 @@ if TYPE_CHECKING:
     from infercache.semantic.tuning.calibrate import ScoredPair
 
 SCALES = {"cosine": "cosine similarity", "fitted": "fitted match probability"}
-PLAIN_MIN_SEEN = 2
-"""A plain config `tune` writes from labelled texts or a log never serves an answer cached for
-one question only (matcher.CosineMatcher): served 300 questions from other domains, a 5%
-cosine threshold answered 8, mostly one of them with another's answer (bench/README.md)."""
 
 
 def tune_files(args: argparse.Namespace, files: list[str]) -> dict[str, Any]:

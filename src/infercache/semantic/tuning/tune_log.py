@@ -30,8 +30,8 @@ from infercache.semantic.judges import (
     NormalisedEqualityJudge,
 )
 from infercache.semantic.matcher import CosineMatcher, Matcher
+from infercache.semantic.tuning.config_file import PLAIN_MIN_SEEN
 from infercache.semantic.tuning.request_log import LoggedTexts, read_log
-from infercache.semantic.tuning.tune import PLAIN_MIN_SEEN
 
 LogProgress = Callable[[str, int, int], None]
 
