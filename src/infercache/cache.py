@@ -68,7 +68,7 @@ log = logging.getLogger(__name__)
 
 # The endpoints the semantic layer answers: a last user turn compared by meaning. Not legacy
 # completions (no turns), nor Responses: a response's id names the one conversation a
-# follow-up continues (responses/conversations.py), so a paraphrase's answer would carry
+# follow-up continues (gateway/response_conversations.py), so a paraphrase's answer would carry
 # another conversation's id.
 _COMPARED = (Endpoint.CHAT, Endpoint.MESSAGES)
 

@@ -50,13 +50,13 @@ from infercache.gateway import admin_versions, messages_route, responses_route, 
 from infercache.gateway.auth import Auth
 from infercache.gateway.feedback import feedback
 from infercache.gateway.prefix_usage import PromptCacheCollector
+from infercache.gateway.response_conversations import ResponseConversations
 from infercache.gateway.routes import AppState
 from infercache.gateway.service import Gateway
 from infercache.gateway.store_size import StoreSize
 from infercache.gateway.version_probe import ProbedParts, VersionProber
 from infercache.http_errors import exception_handlers, middleware
 from infercache.request import Endpoint
-from infercache.responses.conversations import ResponseConversations
 
 log = logging.getLogger(__name__)
 

@@ -33,6 +33,7 @@ from infercache.gateway.local_embeddings import MODEL_ID as MINILM_ID
 from infercache.gateway.local_embeddings import LocalEmbeddings
 from infercache.gateway.messages_endpoint import Breakpoints, messages_endpoint
 from infercache.gateway.requestlog import RequestLog
+from infercache.gateway.response_conversations import ResponseConversations
 from infercache.gateway.responses_endpoint import responses_endpoint
 from infercache.gateway.rollout import Rollout
 from infercache.gateway.service import Gateway
@@ -43,7 +44,6 @@ from infercache.gateway.versions import ModelVersionTracker
 from infercache.prompt_cache.breakpoints import BreakpointPolicy
 from infercache.redaction import Redactor, load_or_create_secret
 from infercache.request import Endpoint
-from infercache.responses.conversations import ResponseConversations
 from infercache.settings import Settings
 from infercache.store_guard import GuardedBackend
 from infercache.stores import Backend, open_store

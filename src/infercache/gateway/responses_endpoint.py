@@ -17,7 +17,7 @@ so it is keyed, sent and kept on its content.
                                              response replayed as `response.created` ...
                                              `response.completed`; an error as an `error` event
     observe                                  the conversation an answer ends, kept per tenant
-                                             for follow-ups (responses/conversations.py)
+                                             for follow-ups (response_conversations.py)
 """
 
 from __future__ import annotations
@@ -30,10 +30,10 @@ from typing import Any
 from infercache.chat import CompletionAssembler, StreamChunk
 from infercache.errors import InfercacheError, StoreError, UpstreamError
 from infercache.gateway.endpoints import Body, CachedEndpoint, UpstreamCall
+from infercache.gateway.response_conversations import ResponseConversations
 from infercache.gateway.upstream_protocols import ProviderAPI, Upstream
 from infercache.hit_usage import HitUsage, served_hit
 from infercache.request import ChatRequest, Endpoint
-from infercache.responses.conversations import ResponseConversations
 from infercache.responses.events import (
     ChatToResponseEvents,
     ResponseAssembler,

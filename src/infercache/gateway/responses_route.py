@@ -3,7 +3,7 @@
 
     a request carrying its whole input        cached on it, as chat is
     `previous_response_id` of an answer this   resolved into the conversation it continues
-      gateway served this tenant               (responses/conversations.py, request.resolved):
+      gateway served this tenant               (response_conversations.py, request.resolved):
                                                keyed and sent on its content, so a follow-up
                                                asked twice is one upstream call
     `previous_response_id` of any other        passed through to the upstream as it came,

@@ -22,6 +22,7 @@ from infercache.gateway.auth import Auth, resolve_tenant
 from infercache.gateway.forwarding import presented_secrets
 from infercache.gateway.health import health
 from infercache.gateway.replies import JSONReply, StreamReply
+from infercache.gateway.response_conversations import ResponseConversations
 from infercache.gateway.service import Gateway
 from infercache.gateway.stats import gateway_stats
 from infercache.gateway.upstream_protocols import PassThrough
@@ -29,7 +30,6 @@ from infercache.header_controls import apply_header_controls
 from infercache.http_errors import json_object, read_json
 from infercache.metrics import MissReason
 from infercache.request import Endpoint
-from infercache.responses.conversations import ResponseConversations
 
 log = logging.getLogger(__name__)
 
