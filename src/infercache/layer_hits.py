@@ -17,6 +17,8 @@ by the caller (cache.py), which knows why the exact layer missed.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import orjson
 
 from infercache.completion import Completion, Layer, Response
@@ -28,38 +30,32 @@ from infercache.semantic.verify import Fetch
 from infercache.served_answers import SemanticServing, ServedAnswers, ServedBy
 
 
+@dataclass(eq=False, slots=True)
 class LayerHits:
     """The hit side of one cache's layers: its exact layer, metrics, prices and served answers."""
 
-    def __init__(
-        self,
-        exact: ExactCache,
-        exact_metrics: StrategyMetrics,
-        prices: PriceTable,
-        served: ServedAnswers,
-    ) -> None:
-        self._exact = exact
-        self._metrics = exact_metrics
-        self._prices = prices
-        self._served = served
+    exact_layer: ExactCache
+    exact_metrics: StrategyMetrics
+    prices: PriceTable
+    served: ServedAnswers
 
     def exact(self, req: ChatRequest, lookup: Lookup) -> Completion:
         entry = lookup.entry
         assert entry is not None
-        self._metrics.hit(
+        self.exact_metrics.hit(
             prompt_tokens=entry.prompt_tokens,
             completion_tokens=entry.completion_tokens,
             upstream_s=entry.upstream_s,
-            money_usd=self._prices.cost_usd(
+            money_usd=self.prices.cost_usd(
                 entry.model, entry.prompt_tokens, entry.completion_tokens
             ),
             seen_prompt_tokens=entry.prompt_tokens,
         )
         response: Response = orjson.loads(entry.response)
-        self._served.remember(
+        self.served.remember(
             req.directives.tenant, response.get("id"), ServedBy.EXACT, (lookup.key,)
         )
-        age_s = self._exact.age_s(entry)
+        age_s = self.exact_layer.age_s(entry)
         return Completion(response, Layer.EXACT, age_s=age_s, key=lookup.key, raw=entry.response)
 
     def semantic(
@@ -71,22 +67,22 @@ class LayerHits:
         verify: Fetch | None,
     ) -> Completion:
         response: Response = orjson.loads(hit.entry.response)
-        for metrics in (self._metrics, layer.metrics):  # both looked it up
+        for metrics in (self.exact_metrics, layer.metrics):  # both looked it up
             metrics.prompt_tokens(hit.entry.prompt_tokens)
         if verify is not None:
             layer.verify(hit, req.body, response, verify)
         keys: tuple[str, ...] = (hit.key,)
         if layer.config.store_hits_as_exact:
-            self._exact.store(lookup, req, response, upstream_s=hit.entry.upstream_s)
+            self.exact_layer.store(lookup, req, response, upstream_s=hit.entry.upstream_s)
             keys = (hit.key, lookup.key)
         serving = SemanticServing(hit.key, hit.score, hit.group)
-        self._served.remember(
+        self.served.remember(
             req.directives.tenant, response.get("id"), ServedBy.SEMANTIC, keys, serving
         )
         return Completion(
             response,
             Layer.SEMANTIC,
-            age_s=self._exact.age_s(hit.entry),
+            age_s=self.exact_layer.age_s(hit.entry),
             key=hit.key,
             similarity=hit.similarity,
         )

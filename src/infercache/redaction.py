@@ -54,6 +54,7 @@ import stat
 import threading
 from array import array
 from collections.abc import Callable, Container, Iterator, Mapping, Sequence
+from dataclasses import KW_ONLY, InitVar, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -233,26 +234,22 @@ def redact_request(
     }
 
 
+@dataclass(eq=False, slots=True)
 class Redactor:
     """One deployment's redaction (see the module docstring); thread-safe."""
 
-    def __init__(
-        self,
-        secret: bytes,
-        tokenizer: PromptTokenizer,
-        policy: CachePolicy,
-        *,
-        ignorable_fields: frozenset[str] = IGNORABLE_FIELDS,
-        block_tokens: int = DEFAULT_BLOCK_TOKENS,
-        memo_steps: int = 1 << 16,
-    ) -> None:
-        self._secret = secret
-        self._tokenizer = tokenizer
-        self._policy = policy
-        self._ignorable = ignorable_fields
-        self._block_tokens = block_tokens
+    secret: bytes
+    tokenizer: PromptTokenizer
+    policy: CachePolicy
+    _: KW_ONLY
+    ignorable_fields: frozenset[str] = IGNORABLE_FIELDS
+    block_tokens: int = DEFAULT_BLOCK_TOKENS
+    memo_steps: InitVar[int] = 1 << 16
+    _memo: ChainMemo = field(init=False)
+    _lock: threading.Lock = field(init=False, default_factory=threading.Lock)
+
+    def __post_init__(self, memo_steps: int) -> None:
         self._memo = ChainMemo(memo_steps)
-        self._lock = threading.Lock()
 
     @classmethod
     def of(cls, settings: Settings) -> Redactor:
@@ -276,11 +273,11 @@ class Redactor:
                     body,
                     tenant=tenant,
                     exact_key=None,
-                    secret=self._secret,
-                    tokenizer=self._tokenizer,
-                    policy=self._policy,
-                    block_tokens=self._block_tokens,
-                    ignorable_fields=self._ignorable,
+                    secret=self.secret,
+                    tokenizer=self.tokenizer,
+                    policy=self.policy,
+                    block_tokens=self.block_tokens,
+                    ignorable_fields=self.ignorable_fields,
                     memo=self._memo,
                 )
             except InvalidRequestError:

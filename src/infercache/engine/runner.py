@@ -32,7 +32,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, InitVar, dataclass, field
 from typing import TypeVar
 
 import torch
@@ -72,31 +72,26 @@ class StepReport:
     logits: torch.Tensor | None
 
 
+@dataclass(eq=False, slots=True)
 class Runner:
-    def __init__(
-        self,
-        model: LlamaModel,
-        tokenizer: ChatTokenizer,
-        *,
-        prefix_cache: PrefixCache | None,
-        clock: Clock,
-        max_context_tokens: int,
-        limits: BatchLimits | None = None,
-        waiting: WaitingQueue | None = None,
-        accounting: EngineAccounting | None = None,
-        model_id: str = "",
-    ) -> None:
-        self.model = model
-        self.tokenizer = tokenizer
-        self.prefix_cache = prefix_cache
-        self.clock = clock
-        self.max_context_tokens = max_context_tokens
+    model: LlamaModel
+    tokenizer: ChatTokenizer
+    _: KW_ONLY
+    prefix_cache: PrefixCache | None
+    clock: Clock
+    max_context_tokens: int
+    limits: InitVar[BatchLimits | None] = None
+    waiting: InitVar[WaitingQueue | None] = None
+    accounting: EngineAccounting | None = None
+    model_id: str = ""
+    scheduler: Scheduler = field(init=False)
+    # sink calls held until the step is recorded
+    _ended: list[Callable[[], None]] = field(init=False, default_factory=list)
+
+    def __post_init__(self, limits: BatchLimits | None, waiting: WaitingQueue | None) -> None:
         limits = limits if limits is not None else BatchLimits()
         queue = waiting if waiting is not None else WaitingQueue()
         self.scheduler = Scheduler(limits, queue)
-        self._accounting = accounting
-        self._model_id = model_id
-        self._ended: list[Callable[[], None]] = []  # sink calls held until the step is recorded
 
     # -- from any thread ------------------------------------------------------------------
 
@@ -165,8 +160,8 @@ class Runner:
             sampled=sampled,
             logits=logits,
         )
-        if self._accounting is not None:
-            self._accounting.record_step(report, len(self.scheduler.waiting), self.running)
+        if self.accounting is not None:
+            self.accounting.record_step(report, len(self.scheduler.waiting), self.running)
         self._settle()
         return report
 
@@ -174,8 +169,8 @@ class Runner:
         """Fail every running sequence with `error` (a swap that does not wait, a shutdown)."""
         for seq in list(self.scheduler.running):
             self._fail(seq, error)
-        if self._accounting is not None:
-            self._accounting.record_queue(len(self.scheduler.waiting), self.running)
+        if self.accounting is not None:
+            self.accounting.record_queue(len(self.scheduler.waiting), self.running)
         self._settle()
 
     def generate(
@@ -285,9 +280,9 @@ class Runner:
         self._leave(seq)
         stats = seq.stats(self.clock.monotonic_s())
         result = GenerationResult(seq.output.text, tuple(seq.generated), finish, stats)
-        if self._accounting is not None:
+        if self.accounting is not None:
             cache = self.prefix_cache.stats() if self.prefix_cache is not None else None
-            self._accounting.record(self._model_id, result.stats, cache)
+            self.accounting.record(self.model_id, result.stats, cache)
         self._end(seq.sink.finished, result)
 
     def _fail(self, seq: Sequence, error: InfercacheError) -> None:

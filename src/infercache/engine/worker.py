@@ -25,7 +25,7 @@ import logging
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, InitVar, dataclass, field
 
 import torch
 
@@ -90,39 +90,35 @@ class _Swap:
     done: Future[None] = field(default_factory=Future)
 
 
+@dataclass(eq=False, slots=True)
 class Worker:
     """`Worker(load, ...)` starts the thread, which loads the model (`load()`) before it
     steps; the constructor returns once it is loaded and raises what `load` raised."""
 
-    def __init__(
-        self,
-        load: Callable[[], LoadedModel],
-        *,
-        config: EngineConfig,
-        threads: int,
-        clock: Clock,
-        accounting: EngineAccounting,
-        reprepare: Reprepare,
-    ) -> None:
-        self._config = config
-        self._threads = threads
-        self._clock = clock
-        self._accounting = accounting
-        self._reprepare = reprepare
-        self._waiting = WaitingQueue()
-        self._cond = threading.Condition()
-        self._swaps: list[_Swap] = []
-        self._closing = False
-        self._idle = True  # nothing queued, running or swapping (guarded by _cond)
-        self.loaded: LoadedModel  # both set by the thread before it steps
-        self._runner: Runner
+    load: InitVar[Callable[[], LoadedModel]]
+    _: KW_ONLY
+    config: EngineConfig
+    threads: int
+    clock: Clock
+    accounting: EngineAccounting
+    reprepare: Reprepare
+    _waiting: WaitingQueue = field(init=False, default_factory=WaitingQueue)
+    _cond: threading.Condition = field(init=False, default_factory=threading.Condition)
+    _swaps: list[_Swap] = field(init=False, default_factory=list)
+    _closing: bool = field(init=False, default=False)
+    _idle: bool = field(init=False, default=True)  # nothing queued, running or swapping
+    loaded: LoadedModel = field(init=False)  # both set by the thread before it steps
+    _runner: Runner = field(init=False)
+    _thread: threading.Thread = field(init=False)
+
+    def __post_init__(self, load: Callable[[], LoadedModel]) -> None:
         started: Future[None] = Future()
         self._thread = threading.Thread(
             target=self._run, args=(load, started), name="infercache-engine", daemon=True
         )
         self._thread.start()
         started.result()  # raises what `load` raised
-        accounting.record_cache(self.loaded.cache_stats())
+        self.accounting.record_cache(self.loaded.cache_stats())
 
     # -- any thread -----------------------------------------------------------------------
 
@@ -142,7 +138,7 @@ class Worker:
             if self._closing:
                 raise InfercacheError(SHUT_DOWN)
             if prepared.version != self.loaded.version:  # prepared just before a swap
-                prepared = self._reprepare(prepared, self.loaded)
+                prepared = self.reprepare(prepared, self.loaded)
             sink = _Submission(prepared, emit)
             self._runner.submit(prepared.request, sink, cancel=cancel)
             self._idle = False
@@ -182,7 +178,7 @@ class Worker:
         spin-waiting between kernels and sleeps instead (throttled spin). A model loaded on
         the caller's thread left that thread's team behind and cost the decode loop a third
         of its speed (bench/README.md, "Batching (engine)")."""
-        torch.set_num_threads(self._threads)
+        torch.set_num_threads(self.threads)
         try:
             self.loaded = load()
             self._runner = self._runner_for(self.loaded)
@@ -240,13 +236,13 @@ class Worker:
             self.loaded = loaded
             self._runner = self._runner_for(loaded)
             self._waiting.rewrite(lambda seq: self._prepare_again(seq, loaded))
-        self._accounting.record_cache(loaded.cache_stats())
+        self.accounting.record_cache(loaded.cache_stats())
 
     def _prepare_again(self, seq: Sequence, loaded: LoadedModel) -> Sequence | None:
         sink = seq.sink
         assert isinstance(sink, _Submission)
         try:
-            sink.prepared = self._reprepare(sink.prepared, loaded)
+            sink.prepared = self.reprepare(sink.prepared, loaded)
         except InfercacheError as e:
             sink.failed(e)
             return None
@@ -265,4 +261,4 @@ class Worker:
             swap.done.set_exception(error)
 
     def _runner_for(self, loaded: LoadedModel) -> Runner:
-        return loaded.runner(self._config, self._waiting, self._accounting, self._clock)
+        return loaded.runner(self.config, self._waiting, self.accounting, self.clock)

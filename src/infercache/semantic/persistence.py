@@ -18,6 +18,7 @@ Thread-safe: it holds no state but the feed's last published position.
 from __future__ import annotations
 
 import logging
+from dataclasses import KW_ONLY, dataclass, field
 
 import numpy as np
 import numpy.typing as npt
@@ -43,23 +44,17 @@ log = logging.getLogger(__name__)
 Vector = npt.NDArray[np.float32]
 
 
+@dataclass(eq=False, slots=True)
 class Records:
-    def __init__(
-        self,
-        backend: Backend,
-        *,
-        embedder_name: str,
-        dim: int,
-        metrics: StrategyMetrics,
-        clock: Clock,
-    ) -> None:
-        self.backend = backend
-        self._embedder_name = embedder_name
-        self._dim = dim
-        self._metrics = metrics
-        self._clock = clock
-        self.feed: Feed | None = None  # where adds and removals are published (replica_sync)
-        self.published: str | None = None  # the position of the last event published
+    backend: Backend
+    _: KW_ONLY
+    embedder_name: str
+    dim: int
+    metrics: StrategyMetrics
+    clock: Clock
+    # where adds and removals are published (replica_sync), and the last event's position
+    feed: Feed | None = field(init=False, default=None)
+    published: str | None = field(init=False, default=None)
 
     def write(self, query: Query, key: str, vector: Vector) -> tuple[IndexedItem, Entry] | None:
         """Persist the record of the answer stored under exact `key`; the item to index and
@@ -68,13 +63,13 @@ class Records:
         if answer is None:
             return None
         digest = answer_digest(answer.response)
-        record = SemanticRecord(query.scope, query.text, key, self._embedder_name, vector, digest)
+        record = SemanticRecord(query.scope, query.text, key, self.embedder_name, vector, digest)
         self.backend.put(record_key(key), encode_record(record, answer))
         return IndexedItem(query.scope, key, query.text, digest), answer
 
     def scan(self) -> tuple[list[IndexedItem], list[Vector]]:
         """Every live record of this embedder in the store. Raises StoreError."""
-        now_s = self._clock.now_s()
+        now_s = self.clock.now_s()
         items: list[IndexedItem] = []
         vectors: list[Vector] = []
         for name, entry in self.backend.scan(RECORD_PREFIX):
@@ -88,7 +83,7 @@ class Records:
         """The record of exact `key` as the store holds it now (None: gone). Raises StoreError."""
         name = record_key(key)
         entry = self.backend.get(name)
-        return None if entry is None else self.indexable(name, entry, self._clock.now_s())
+        return None if entry is None else self.indexable(name, entry, self.clock.now_s())
 
     def indexable(self, name: str, entry: Entry, now_s: float) -> tuple[IndexedItem, Vector] | None:
         """The item and vector the record `entry` (stored under `name`) stands for; None if
@@ -100,7 +95,7 @@ class Records:
         except ValueError as exc:
             log.warning("skipping the unreadable semantic record %s: %s", name, exc)
             return None
-        if record.embedder != self._embedder_name or len(record.vector) != self._dim:
+        if record.embedder != self.embedder_name or len(record.vector) != self.dim:
             return None
         return IndexedItem(record.scope, record.key, record.text, record.answer), record.vector
 
@@ -111,7 +106,7 @@ class Records:
             self.backend.delete(record_key(key))
             self.backend.delete(key)
         except StoreError as exc:
-            self._metrics.count("store_errors")
+            self.metrics.count("store_errors")
             log.warning("could not delete the entry reported wrong: %s", exc)
         self.publish(FeedKind.REMOVE, key)
 
@@ -121,7 +116,7 @@ class Records:
             return
         try:
             self.published = self.feed.publish(FeedEvent(kind, key))
-            self._metrics.count("feed_published")
+            self.metrics.count("feed_published")
         except StoreError as exc:
-            self._metrics.count("feed_errors")
+            self.metrics.count("feed_errors")
             log.warning("semantic %s of %s not shared with other replicas: %s", kind, key, exc)

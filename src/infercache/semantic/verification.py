@@ -13,6 +13,7 @@ Judging runs on the verifier's executor; the request path only submits.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import KW_ONLY, dataclass
 from typing import Any
 
 import orjson
@@ -26,21 +27,14 @@ from infercache.semantic.shadow_fit import ShadowFit
 from infercache.semantic.verify import Fetch, Verifier
 
 
+@dataclass(eq=False, slots=True)
 class Verification:
-    def __init__(
-        self,
-        verifier: Verifier | None,
-        outcomes: Outcomes,
-        metrics: StrategyMetrics,
-        *,
-        matcher: Callable[[], Matcher],
-        learn: ShadowFit | None = None,
-    ) -> None:
-        self.verifier = verifier
-        self._outcomes = outcomes
-        self._metrics = metrics
-        self._matcher = matcher
-        self._learn = learn
+    verifier: Verifier | None
+    outcomes: Outcomes
+    metrics: StrategyMetrics
+    _: KW_ONLY
+    matcher: Callable[[], Matcher]
+    learn: ShadowFit | None = None
 
     def verify(
         self, hit: SemanticHit, body: Mapping[str, Any], cached: Mapping[str, Any], fetch: Fetch
@@ -48,13 +42,13 @@ class Verification:
         """Maybe check the served `hit` (its answer `cached`) against a fresh answer."""
         if self.verifier is None or not self.verifier.sampled():
             return
-        self._metrics.count("verifications_scheduled")
+        self.metrics.count("verifications_scheduled")
         score, group = hit.score, hit.group
         self.verifier.judge_later(
             body,
             cached,
             fetch,
-            lambda wrong: self._outcomes.judged(score, group, wrong, hit=True),
+            lambda wrong: self.outcomes.judged(score, group, wrong, hit=True),
         )
 
     def judge_noted(self, body: Mapping[str, Any], noted: Noted, fresh: bytes) -> None:
@@ -73,10 +67,10 @@ class Verification:
     def _noted_verdict(self, noted: Noted, wrong: bool) -> None:
         score = noted.score
         if noted.neighbours:
-            score = self._matcher().scores(noted.neighbours)[noted.position]
-        self._outcomes.judged(score, noted.group, wrong, hit=False)
-        if self._learn is not None and noted.neighbours:
-            self._learn.add(noted.neighbours, noted.position, wrong)
+            score = self.matcher().scores(noted.neighbours)[noted.position]
+        self.outcomes.judged(score, noted.group, wrong, hit=False)
+        if self.learn is not None and noted.neighbours:
+            self.learn.add(noted.neighbours, noted.position, wrong)
 
     def complaint(self, score: float, group: GroupKey | None) -> None:
-        self._outcomes.complaint(score, group)
+        self.outcomes.complaint(score, group)

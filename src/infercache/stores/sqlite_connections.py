@@ -33,6 +33,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
+from dataclasses import KW_ONLY, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -43,28 +44,24 @@ _WAL_RETRY_S = 0.005
 _BLOCKING, _NONBLOCKING = "conn", "nonblocking_conn"  # this thread's two connections
 
 
+@dataclass(eq=False, slots=True)
 class SQLiteConnections:
     """This thread's connection to one SQLite file, blocking or not: the one place sqlite3
     errors become `StoreError`. `schema` is idempotent DDL, run (with `user_version` set to
     `schema_version`) by the first connection that finds the file at another version."""
 
-    def __init__(
-        self,
-        path: Path,
-        *,
-        schema: str,
-        schema_version: int,
-        busy_timeout_s: float,
-        inline_commits_per_checkpoint: int,
-    ) -> None:
-        self.path = path
-        self._schema = schema
-        self._schema_version = schema_version
-        self._busy_timeout_s = busy_timeout_s
-        self._local = threading.local()
-        self._setup_lock = threading.Lock()
-        self._inline_commits_per_checkpoint = inline_commits_per_checkpoint
-        self._inline_commits = 0
+    path: Path
+    _: KW_ONLY
+    schema: str
+    schema_version: int
+    busy_timeout_s: float
+    inline_commits_per_checkpoint: int
+    _local: threading.local = field(init=False, default_factory=threading.local)
+    _setup_lock: threading.Lock = field(init=False, default_factory=threading.Lock)
+    _inline_commits: int = field(init=False, default=0)
+    _nonblocking_block: _ThreadFlag = field(init=False)
+
+    def __post_init__(self) -> None:
         self._nonblocking_block = _ThreadFlag(self._local, "nonblocking")
 
     def _connect(self, *, timeout_s: float) -> sqlite3.Connection:
@@ -88,11 +85,11 @@ class SQLiteConnections:
             conn.execute("PRAGMA synchronous=NORMAL")
             if timeout_s == 0:  # the non-blocking connection: checkpoints are left to others
                 conn.execute("PRAGMA wal_autocheckpoint=0")
-            if conn.execute("PRAGMA user_version").fetchone()[0] != self._schema_version:
+            if conn.execute("PRAGMA user_version").fetchone()[0] != self.schema_version:
                 # Idempotent DDL in one transaction: processes racing to create it are safe.
                 conn.executescript(
-                    f"BEGIN IMMEDIATE; {self._schema}"
-                    f" PRAGMA user_version = {self._schema_version}; COMMIT;"
+                    f"BEGIN IMMEDIATE; {self.schema}"
+                    f" PRAGMA user_version = {self.schema_version}; COMMIT;"
                 )
         except BaseException:
             conn.close()
@@ -113,7 +110,7 @@ class SQLiteConnections:
         if getattr(self._local, "txn", None) is not None:
             raise RuntimeError("nonblocking_writes() blocks do not nest")
         self._inline_commits += 1
-        if self._inline_commits > self._inline_commits_per_checkpoint:
+        if self._inline_commits > self.inline_commits_per_checkpoint:
             self._inline_commits = 0
             raise StoreWouldBlockError(f"sqlite store {self.path}: this write may checkpoint")
         with self.nonblocking():
@@ -166,7 +163,7 @@ class SQLiteConnections:
     def _connection(self, attr: str) -> sqlite3.Connection:
         conn: sqlite3.Connection | None = getattr(self._local, attr, None)
         if conn is None:
-            timeout_s = 0.0 if attr == _NONBLOCKING else self._busy_timeout_s
+            timeout_s = 0.0 if attr == _NONBLOCKING else self.busy_timeout_s
             conn = self._connect(timeout_s=timeout_s)
             setattr(self._local, attr, conn)
         return conn
