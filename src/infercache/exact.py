@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any, NamedTuple
 
 import orjson
@@ -68,29 +69,32 @@ class Lookup(NamedTuple):  # a NamedTuple, not a frozen dataclass: built on ever
         return self.entry is not None
 
 
-class ExactCache:
-    def __init__(
-        self,
-        backend: Backend,
-        *,
-        policy: CachePolicy,
-        clock: Clock,
-        metrics: StrategyMetrics,
-        ignorable_fields: frozenset[str] = IGNORABLE_FIELDS,
-    ) -> None:
-        self.backend = backend
-        self.versions = Versions(backend)
-        self._policy = policy
-        self._clock = clock
-        self._metrics = metrics
-        self.ignorable_fields = ignorable_fields
+@dataclass(eq=False, repr=False, slots=True)
+class StoreLayer:
+    """What a cache layer over a store holds (this exact layer, embeddings/embedding_cache.py):
+    the store, the version meta read through it, its TTL policy, clock and metrics, and the
+    body fields its keys ignore."""
 
+    backend: Backend
+    _: KW_ONLY
+    policy: CachePolicy
+    clock: Clock
+    metrics: StrategyMetrics
+    ignorable_fields: frozenset[str] = IGNORABLE_FIELDS
+    versions: Versions = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.versions = Versions(self.backend)
+
+
+@dataclass(eq=False, repr=False, slots=True)
+class ExactCache(StoreLayer):
     def key(self, request: ChatRequest) -> str:
         return exact_key(request, self.ignorable_fields)
 
     def lookup(self, request: ChatRequest, *, read_entry: bool = True) -> Lookup:
         """Find a fresh entry. With `read_entry=False` only the view is read (a refresh)."""
-        started = self._clock.monotonic_s()
+        started = self.clock.monotonic_s()
         key = self.key(request)
         tags, version = request.directives.tags, request.version
         try:
@@ -102,7 +106,7 @@ class ExactCache:
                 entry, view = None, self.versions.view(request.model, tags, version)
         except StoreError as exc:
             self.store_failed("lookup", exc)
-            self._metrics.overhead(self._clock.monotonic_s() - started)
+            self.metrics.overhead(self.clock.monotonic_s() - started)
             unavailable = isinstance(exc, StoreUnavailableError)
             why = MissReason.STORE_UNAVAILABLE if unavailable else MissReason.STORE_ERROR
             return Lookup(key, None, None, why)
@@ -110,13 +114,13 @@ class ExactCache:
         if view.retired:  # kept for a rollback: neither served nor deleted
             entry, reason = None, MissReason.RETIRED_VERSION
         if entry is not None:
-            now_s = self._clock.now_s()
+            now_s = self.clock.now_s()
             reason = stale_reason(entry, view, now_s)
             if reason is not None:
                 self._delete(key)
             elif too_old(entry, now_s, request.directives.max_age_s):
                 reason = MissReason.EXPIRED  # fresh for others (kept), too old for this caller
-        self._metrics.overhead(self._clock.monotonic_s() - started)
+        self.metrics.overhead(self.clock.monotonic_s() - started)
         return Lookup(key, view, entry if reason is None else None, reason)
 
     def fresh_entry(self, key: str, view: VersionView, max_age_s: float | None) -> Entry | None:
@@ -131,13 +135,13 @@ class ExactCache:
         model version and tag generations current); None when it is gone for all of them,
         whatever max-age one of them asks for. Raises StoreError."""
         entry = self.backend.get(key)
-        if entry is None or stale_reason(entry, view, self._clock.now_s()) is not None:
+        if entry is None or stale_reason(entry, view, self.clock.now_s()) is not None:
             return None
         return entry
 
     def too_old_for(self, entry: Entry, max_age_s: float | None) -> bool:
         """Older than one request's max-age: a miss for it, still fresh for the others."""
-        return too_old(entry, self._clock.now_s(), max_age_s)
+        return too_old(entry, self.clock.now_s(), max_age_s)
 
     def store(
         self,
@@ -163,22 +167,22 @@ class ExactCache:
             return None
         why_not = unstorable_reason(response, request.endpoint)
         if why_not is not None:
-            self._metrics.count("not_stored")
+            self.metrics.count("not_stored")
             log.debug("not storing %s: %s", lookup.key, why_not)
             return None
-        started = self._clock.monotonic_s()
+        started = self.clock.monotonic_s()
         try:
             where = self._where(lookup, lookup.view, request, produced_by, version)
             if where is None:
-                self._metrics.count("not_stored")
+                self.metrics.count("not_stored")
                 return None
             self.backend.put(where.key, self._entry(request, response, where.view, upstream_s))
         except StoreError as exc:
             self.store_failed("store", exc)
             return None
         finally:
-            self._metrics.overhead(self._clock.monotonic_s() - started)
-        self._metrics.count("stored")
+            self.metrics.overhead(self.clock.monotonic_s() - started)
+        self.metrics.count("stored")
         return where
 
     def _where(
@@ -223,7 +227,7 @@ class ExactCache:
         view: VersionView,
         upstream_s: float,
     ) -> Entry:
-        now_s = self._clock.now_s()
+        now_s = self.clock.now_s()
         prompt_tokens, completion_tokens = usage_tokens(response)
         return Entry(
             response=orjson.dumps(response),
@@ -231,14 +235,14 @@ class ExactCache:
             model_version=view.model_version,
             tags=view.tags,
             created_at_s=now_s,
-            expires_at_s=now_s + self._policy.ttl_s(request),
+            expires_at_s=now_s + self.policy.ttl_s(request),
             upstream_s=upstream_s,
             prompt_tokens=prompt_tokens,
             completion_tokens=completion_tokens,
         )
 
     def age_s(self, entry: Entry) -> float:
-        return max(0.0, self._clock.now_s() - entry.created_at_s)
+        return max(0.0, self.clock.now_s() - entry.created_at_s)
 
     def _delete(self, key: str) -> None:
         try:
@@ -248,8 +252,8 @@ class ExactCache:
 
     def store_failed(self, op: str, exc: StoreError) -> None:
         if isinstance(exc, StoreUnavailableError):  # the guard logs when it starts and stops
-            self._metrics.count("store_unavailable")
+            self.metrics.count("store_unavailable")
             log.debug("cache store skipped on %s: %s", op, exc)
             return
-        self._metrics.count("store_errors")
+        self.metrics.count("store_errors")
         log.warning("cache store failed on %s, serving without it: %s", op, exc)

@@ -30,7 +30,7 @@ from infercache.semantic.verify import Fetch
 from infercache.served_answers import SemanticServing, ServedAnswers, ServedBy
 
 
-@dataclass(eq=False, slots=True)
+@dataclass(eq=False, repr=False, slots=True)
 class LayerHits:
     """The hit side of one cache's layers: its exact layer, metrics, prices and served answers."""
 

@@ -234,7 +234,7 @@ def redact_request(
     }
 
 
-@dataclass(eq=False, slots=True)
+@dataclass(eq=False, repr=False, slots=True)
 class Redactor:
     """One deployment's redaction (see the module docstring); thread-safe."""
 

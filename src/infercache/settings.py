@@ -276,20 +276,16 @@ class Settings:
             raise ConfigError(str(exc)) from exc
 
 
-_CACHE_FIELDS: dict[str, tuple[str, type]] = {
-    "store": ("store_url", str),
-    "data_dir": ("data_dir", Path),
-    "max_store_bytes": ("max_store_bytes", int),
-    "default_ttl_s": ("default_ttl_s", float),
-    "max_ttl_s": ("max_ttl_s", float),
-    "cache_sampled": ("cache_sampled", bool),
-    "default_temperature": ("default_temperature", float),
-    "feedback_max_answers": ("feedback_max_answers", int),
-    "feedback_ttl_s": ("feedback_ttl_s", float),
-    "metrics_top_tenants": ("metrics_top_tenants", int),
-    "metrics_top_models": ("metrics_top_models", int),
-    "hit_usage": ("hit_usage", str),
+# The [cache] section's settings by kind; each sets the field of its name, but `store`.
+_CACHE_KINDS: dict[type, tuple[str, ...]] = {
+    str: ("store", "hit_usage"),
+    Path: ("data_dir",),
+    int: ("max_store_bytes", "feedback_max_answers", "metrics_top_tenants", "metrics_top_models"),
+    float: ("default_ttl_s", "max_ttl_s", "default_temperature", "feedback_ttl_s"),
+    bool: ("cache_sampled",),
 }
+_CACHE_FIELDS = {name: kind for kind, names in _CACHE_KINDS.items() for name in names}
+_CACHE_ATTRS = {"store": "store_url"}
 
 
 def _convert(value: object, kind: type, name: str, source: str, from_strings: bool) -> object:
@@ -317,8 +313,8 @@ def _cache_section(
         raise ConfigError(f"{source}: unknown [cache] setting(s) {sorted(unknown)}")
     out: dict[str, Any] = {}
     for name, value in section.items():
-        attr, kind = _CACHE_FIELDS[name]
-        out[attr] = _convert(value, kind, name, source, from_strings)
+        kind = _CACHE_FIELDS[name]
+        out[_CACHE_ATTRS.get(name, name)] = _convert(value, kind, name, source, from_strings)
     return out
 
 

@@ -159,7 +159,7 @@ def test_a_flight_on_a_skipped_node_is_refused_at_once_and_a_stalled_one_within_
     victim = fault_cluster.masters()[0]
     node = f"127.0.0.1:{victim}"
     flights = open_flights(
-        f"{fault_cluster.url()}?prefix={store._prefix}",
+        f"{fault_cluster.url()}?prefix={store.prefix}",
         clock=clock,
         timings=FlightTimings(call_ms=int(BUDGET_S * 1000)),
         nodes=store.connected_nodes,

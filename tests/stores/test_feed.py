@@ -114,7 +114,7 @@ def test_a_reader_left_behind_by_trimming_is_told_of_the_gap(make_feed: MakeFeed
 def test_a_stream_lost_with_its_server_is_a_gap_not_silence(make_feed: MakeFeed) -> None:
     feed = make_feed()
     position = feed.publish(add("sem:0"))
-    feed._client.delete(feed.stream_key, f"{feed.stream_key}:epoch")  # as a restart does
+    feed.client.delete(feed.stream_key, f"{feed.stream_key}:epoch")  # as a restart does
     assert feed.read_after(position).gap
     feed.publish(add("sem:after-restart"))
     batch = feed.read_after(position)

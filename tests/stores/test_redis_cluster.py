@@ -59,7 +59,7 @@ def lose_node_data(store: RedisClusterStore, key: str) -> int:
     """What a node restarted empty does to this store: every key under the prefix on the node
     holding `key` is gone. Returns how many were dropped."""
     client = node_of(store, key)
-    keys = list(client.scan_iter(match=f"{store._prefix}*", count=1000))
+    keys = list(client.scan_iter(match=f"{store.prefix}*", count=1000))
     for k in keys:
         client.delete(k)
     client.close()
@@ -78,10 +78,10 @@ def test_an_entry_and_its_meta_share_a_slot_and_a_lookup_is_one_command(
         bucket = store.meta.bucket_of(key)
         assert bucket == zlib.crc32(key.encode()) % 64
         assert key_slot(store._entry_key(key).encode()) == key_slot(
-            f"{store._prefix}{{b{bucket}}}m".encode()
+            f"{store.prefix}{{b{bucket}}}m".encode()
         )
-    used_slots = {key_slot(f"{store._prefix}{{b{b}}}".encode()) for b in range(64)}
-    nodes = {store.nodes.node_of(f"{store._prefix}{{b{b}}}").port for b in range(64)}
+    used_slots = {key_slot(f"{store.prefix}{{b{b}}}".encode()) for b in range(64)}
+    nodes = {store.nodes.node_of(f"{store.prefix}{{b{b}}}").port for b in range(64)}
     assert len(used_slots) == 64
     assert len(nodes) == 3  # the buckets spread over every master
     store.get_with_meta("k0", ["model:m"])  # loads the script on its node
@@ -174,7 +174,7 @@ def test_a_node_restarted_empty_gets_the_meta_back_from_the_others(
         a.incr_meta("tag:kb")
     a.write_meta("model:m", "2:v2")
     epoch = a.epoch()
-    home = f"{a._prefix}{{b0}}m"
+    home = f"{a.prefix}{{b0}}m"
     assert lose_node_data(a, home) > 0  # the node holding home (and ~1/3 of the buckets)
     b = make_store()
     names = meta_names("m", ["kb"])
@@ -192,7 +192,7 @@ def test_a_lookup_on_a_node_that_lost_its_data_repairs_before_it_answers(
     key = next(
         k
         for k in (f"k{i}" for i in range(1000))
-        if a.nodes.node_of(a._entry_key(k)).port != a.nodes.node_of(f"{a._prefix}{{b0}}m").port
+        if a.nodes.node_of(a._entry_key(k)).port != a.nodes.node_of(f"{a.prefix}{{b0}}m").port
     )
     lose_node_data(a, a._entry_key(key))
     assert a.get_with_meta(key, ["tag:kb", EPOCH_META]) == (
@@ -206,7 +206,7 @@ def test_when_every_node_lost_its_data_the_epoch_changes(make_store: MakeStore) 
     a.incr_meta("tag:kb")
     before = a.epoch()
     for b in range(64):
-        lose_node_data(a, f"{a._prefix}{{b{b}}}")
+        lose_node_data(a, f"{a.prefix}{{b{b}}}")
     assert a.read_meta(["tag:kb"]) == {}
     assert a.epoch() != before
     assert a.incr_meta("tag:kb") == 1

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any, NamedTuple
 
 from infercache.analyze.cost_model import Timing
@@ -119,36 +120,27 @@ def _timing(record: LogRecord, completion: int | None) -> Timing | None:
     return Timing(upstream_s, record.ttft_s, uncached, completion)
 
 
+@dataclass(eq=False, repr=False, slots=True)
 class RequestPreparer:
     """Record → PreparedRequest. The tokenizer is built on the first request that needs one (a
     block trace never loads it). Records it cannot use are added to `errors` and dropped.
     With `tokenize=False` a request carries its `turns` instead of `units`, for `tokenize` to
     finish elsewhere (reader_process.py tokenises in the process that classifies)."""
 
-    def __init__(
-        self,
-        tokenizer: Callable[[], PromptTokenizer],
-        policy: CachePolicy,
-        errors: LineErrors,
-        *,
-        block_tokens: int,
-        with_queries: bool,
-        ignorable_fields: frozenset[str] = IGNORABLE_FIELDS,
-        tokenize: bool = True,
-    ) -> None:
-        self._make_tokenizer = tokenizer
-        self._tokenizer: PromptTokenizer | None = None
-        self._policy = policy
-        self._errors = errors
-        self._block_tokens = block_tokens
-        self._with_queries = with_queries
-        self._ignorable = ignorable_fields
-        self._tokenize = tokenize
+    make_tokenizer: Callable[[], PromptTokenizer]
+    policy: CachePolicy
+    errors: LineErrors
+    _: KW_ONLY
+    block_tokens: int
+    with_queries: bool
+    ignorable_fields: frozenset[str] = IGNORABLE_FIELDS
+    tokenize: bool = True
+    _tokenizer: PromptTokenizer | None = field(init=False, default=None)
 
     @property
     def tokenizer(self) -> PromptTokenizer:
         if self._tokenizer is None:
-            self._tokenizer = self._make_tokenizer()
+            self._tokenizer = self.make_tokenizer()
         return self._tokenizer
 
     def prepare(self, record: LogRecord) -> PreparedRequest | None:
@@ -159,7 +151,7 @@ class RequestPreparer:
         try:
             return self._request(record)
         except InvalidRequestError as exc:
-            self._errors.add(record.source, record.line, f"invalid request: {exc.message}")
+            self.errors.add(record.source, record.line, f"invalid request: {exc.message}")
             return None
 
     def _blocks(self, record: LogRecord) -> PreparedRequest:
@@ -173,7 +165,7 @@ class RequestPreparer:
             model=record.model or "",
             exact_id=_digest16("blocks", record.prompt_tokens, record.hash_ids),
             units=record.hash_ids,
-            unit_tokens=self._block_tokens,
+            unit_tokens=self.block_tokens,
             prompt_tokens=record.prompt_tokens,
             completion_tokens=record.completion_tokens,
             not_cacheable=None,
@@ -208,9 +200,9 @@ class RequestPreparer:
     def _request(self, record: LogRecord) -> PreparedRequest:
         assert record.request is not None
         request = parse_request(record.request, tenant=record.tenant)
-        key = exact_key(request, self._ignorable)
+        key = exact_key(request, self.ignorable_fields)
         turns = tuple(turns_of(request.body["messages"]))
-        units = self.tokenizer.encode_turns(turns) if self._tokenize else None
+        units = self.tokenizer.encode_turns(turns) if self.tokenize else None
         completion = (
             usage_tokens(record.response)[1] if record.response else record.completion_tokens
         )
@@ -225,12 +217,12 @@ class RequestPreparer:
             unit_tokens=1,
             prompt_tokens=None if units is None else len(units),
             completion_tokens=completion,
-            not_cacheable=not_cacheable_reason(request, self._policy),
+            not_cacheable=not_cacheable_reason(request, self.policy),
             body=record.request,
             tenant_override=record.tenant,
             response=record.response,
             upstream_s=_measured_upstream_s(record),
-            query=self._query(request) if self._with_queries else None,
+            query=self._query(request) if self.with_queries else None,
             first_message=turns[0],
             layer=record.layer,
             turns=None if units is not None else turns,
@@ -238,10 +230,6 @@ class RequestPreparer:
             tenant_name=record.tenant_name,
         )
 
-    def tokenize(self, event: PreparedRequest) -> PreparedRequest:
-        """A request prepared with `tokenize=False`, with its prompt's token ids."""
-        return tokenized(event, lambda: self.tokenizer)
-
     def _query(self, request: ChatRequest) -> Query | None:
         view = VersionView(UNVERSIONED, tuple((t, 0) for t in request.directives.tags))
-        return query_of(request, view, self._ignorable)
+        return query_of(request, view, self.ignorable_fields)

@@ -7,7 +7,7 @@ prepared_request.py) and sends the prepared requests in batches through a bounde
 most `max_batches` in flight, so memory stays bounded and a slow consumer holds the child
 back). Token ids are not sent: unpickling them costs more than tokenising the prompt again from
 its cached runs (bench/README.md, Analyzer, design figures). The child sends the prompt's
-(role, text) turns instead and this process tokenises them (`RequestPreparer.tokenize`), which
+(role, text) turns instead and this process tokenises them (`tokenized`), which
 also balances the two processes' work. Unless the replay needs them, request and response
 bodies are not sent.
 The child's malformed lines, line count and record kinds arrive in the last message. An
@@ -24,7 +24,7 @@ import multiprocessing
 import traceback
 from collections import Counter
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from pathlib import Path
 from queue import Empty
 from typing import Any
@@ -120,28 +120,22 @@ def _child(spec: SourceSpec, queue: Any) -> None:
         queue.put(("done", summary, None))
 
 
+@dataclass(eq=False, repr=False, slots=True)
 class ChildEvents:
     """Batches of events produced by a child process, tokenised here with `tokenizer()`;
     `summary` once exhausted."""
 
-    def __init__(
-        self,
-        spec: SourceSpec,
-        tokenizer: Callable[[], PromptTokenizer],
-        *,
-        progress: Progress | None,
-        max_batches: int = 8,
-    ) -> None:
-        self._spec = spec
-        self._tokenizer = tokenizer
-        self._progress = progress
-        self._max_batches = max_batches
-        self.summary = Summary()
+    spec: SourceSpec
+    tokenizer: Callable[[], PromptTokenizer]
+    _: KW_ONLY
+    progress: Progress | None
+    max_batches: int = 8
+    summary: Summary = field(init=False, default_factory=Summary)
 
     def __iter__(self) -> Iterator[list[PreparedRequest]]:
         context = multiprocessing.get_context("spawn")
-        queue = context.Queue(maxsize=self._max_batches)
-        child = context.Process(target=_child, args=(self._spec, queue), daemon=True)
+        queue = context.Queue(maxsize=self.max_batches)
+        child = context.Process(target=_child, args=(self.spec, queue), daemon=True)
         child.start()
         try:
             while True:
@@ -154,9 +148,9 @@ class ChildEvents:
                         ) from None
                     continue
                 if kind == "events":
-                    if self._progress is not None and read_bytes:
-                        self._progress(read_bytes)
-                    yield [tokenized(e, self._tokenizer) for e in payload]
+                    if self.progress is not None and read_bytes:
+                        self.progress(read_bytes)
+                    yield [tokenized(e, self.tokenizer) for e in payload]
                 elif kind == "done":
                     self.summary = payload
                     return

@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from infercache.body_fields import check_model, check_number
 from infercache.errors import InvalidRequestError
 
 IGNORABLE_FIELDS = frozenset({"stream", "metadata", "service_tier"})
@@ -26,18 +27,8 @@ STORABLE_STOP_REASONS = frozenset({"end_turn", "stop_sequence", "tool_use"})
 _ROLES = ("user", "assistant")
 
 
-def _number(body: Mapping[str, Any], name: str, low: float, high: float) -> None:
-    value = body.get(name)
-    if value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, int | float) or not low <= value <= high:
-        raise InvalidRequestError(f"`{name}` must be a number from {low} to {high}", param=name)
-
-
 def validate(body: Mapping[str, Any]) -> None:
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise InvalidRequestError("`model` is required: the model's name", param="model")
+    check_model(body)
     max_tokens = body.get("max_tokens")
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
         raise InvalidRequestError(
@@ -51,8 +42,8 @@ def validate(body: Mapping[str, Any]) -> None:
     system = body.get("system")
     if system is not None and not isinstance(system, str):
         _blocks(system, "system")
-    _number(body, "temperature", 0, 1)
-    _number(body, "top_p", 0, 1)
+    check_number(body, "temperature", 0, 1)
+    check_number(body, "top_p", 0, 1)
     top_k = body.get("top_k")
     if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0):
         raise InvalidRequestError("`top_k` must be a whole number >= 0", param="top_k")

@@ -32,11 +32,11 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import KW_ONLY, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from infercache.clock import Clock
 from infercache.completion import Completion
 from infercache.embeddings.embedding_miss import (
     AsyncEmbeddingFunction,
@@ -54,15 +54,14 @@ from infercache.embeddings.embedding_request import (
     parse_embedding_request,
 )
 from infercache.errors import NotCachedError, StoreError, StoreUnavailableError
+from infercache.exact import StoreLayer
 from infercache.flight import FlightTable
 from infercache.freshness import stale_reason, too_old
-from infercache.keys import IGNORABLE_FIELDS
-from infercache.metrics import MissReason, PriceTable, StrategyMetrics
+from infercache.metrics import MissReason, PriceTable
 from infercache.miss_flight import Source, SyncSource, coalesce, coalesce_sync
-from infercache.policy import CachePolicy
 from infercache.store_guard import StoreIO
-from infercache.stores.base import Backend, Entry
-from infercache.versions import Versions, VersionView
+from infercache.stores.base import Entry
+from infercache.versions import VersionView
 
 if TYPE_CHECKING:
     from infercache.cache import Cache
@@ -70,32 +69,21 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-class EmbeddingCache:
+@dataclass(eq=False, repr=False, slots=True)
+class EmbeddingCache(StoreLayer):
     """Per-input embeddings on any backend, beside the chat entries (keys never collide:
     their prefixes differ). `EmbeddingCache.of(cache)` shares a `Cache`'s store, clock, TTL
     policy and metrics (strategy `embeddings`)."""
 
-    def __init__(
-        self,
-        backend: Backend,
-        *,
-        policy: CachePolicy,
-        clock: Clock,
-        metrics: StrategyMetrics,
-        prices: PriceTable,
-        ignorable_fields: frozenset[str] = IGNORABLE_FIELDS,
-        flights: FlightTable[Completion] | None = None,
-        store_io: StoreIO | None = None,
-    ) -> None:
-        self.backend = backend
-        self.flights: FlightTable[Completion] = flights if flights is not None else FlightTable()
-        self.store_io = store_io if store_io is not None else StoreIO(backend)
-        self.versions = Versions(backend)
-        self._policy = policy
-        self._clock = clock
-        self._metrics = metrics
-        self._prices = prices
-        self._ignorable = ignorable_fields
+    _: KW_ONLY
+    prices: PriceTable
+    flights: FlightTable[Completion] = field(default_factory=FlightTable)
+    store_io: StoreIO | None = None  # where store I/O runs; None: the backend's own
+    io: StoreIO = field(init=False)  # `store_io`, or the backend's own
+
+    def __post_init__(self) -> None:
+        StoreLayer.__post_init__(self)
+        self.io = self.store_io if self.store_io is not None else StoreIO(self.backend)
 
     @classmethod
     def of(cls, cache: Cache) -> EmbeddingCache:
@@ -115,11 +103,11 @@ class EmbeddingCache:
     def begin(self, body: object, *, tenant: str | None = None) -> EmbeddingLookup:
         """Parse, then find each distinct input's fresh entry. Raises InvalidRequestError, and
         NotCachedError for `only-if-cached` with an input missing."""
-        request = parse_embedding_request(body, tenant=tenant, ignorable=self._ignorable)
-        started = self._clock.monotonic_s()
+        request = parse_embedding_request(body, tenant=tenant, ignorable=self.ignorable_fields)
+        started = self.clock.monotonic_s()
         cc = request.directives.cache_control
         view, found, why = self._read(request, read_entries=not cc.no_cache)
-        self._metrics.overhead(self._clock.monotonic_s() - started)
+        self.metrics.overhead(self.clock.monotonic_s() - started)
         first: dict[str, int] = {}
         for pos, key in enumerate(request.keys):
             first.setdefault(key, pos)
@@ -148,14 +136,14 @@ class EmbeddingCache:
         if lookup.upstream_body is None:
             return self.finish(lookup, None, upstream_s=0.0)
         miss = EmbeddingMiss(self, lookup)
-        return coalesce_sync(miss, self.flights, source, self._clock).wait()
+        return coalesce_sync(miss, self.flights, source, self.clock).wait()
 
     async def afetch_missing(self, lookup: EmbeddingLookup, source: Source[Any]) -> EmbeddingResult:
         """`fetch_missing` on an event loop; the store writes where `store_io` says."""
         if lookup.upstream_body is None:
             return self.finish(lookup, None, upstream_s=0.0)
         miss = EmbeddingMiss(self, lookup)
-        return await coalesce(miss, self.flights, source, self.store_io, self._clock).answer()
+        return await coalesce(miss, self.flights, source, self.io, self.clock).answer()
 
     # -- conveniences for library callers --
 
@@ -176,7 +164,7 @@ class EmbeddingCache:
         tenant: str | None = None,
     ) -> EmbeddingResult:
         """`create` for asyncio; the store I/O where `store_io` says (store_guard.py)."""
-        lookup = await self.store_io.read(self.begin, body, tenant=tenant)
+        lookup = await self.io.read(self.begin, body, tenant=tenant)
         return await self.afetch_missing(lookup, AsyncEmbeddingFunction(upstream))
 
     # -- what closing an EmbeddingMiss does (embedding_miss.EmbeddingRecords) --
@@ -191,7 +179,7 @@ class EmbeddingCache:
     def shared(self, lookup: EmbeddingLookup, vectors: Mapping[str, CachedVector]) -> None:
         """Another request in flight fetched these inputs for this one."""
         self._prompt_tokens(lookup, vectors)
-        self._metrics.count("coalesced", len(vectors))
+        self.metrics.count("coalesced", len(vectors))
 
     def merged(
         self,
@@ -207,7 +195,7 @@ class EmbeddingCache:
     def _prompt_tokens(self, lookup: EmbeddingLookup, vectors: Mapping[str, CachedVector]) -> None:
         positions = Counter(lookup.request.keys)
         for key, vector in vectors.items():
-            self._metrics.prompt_tokens(vector.prompt_tokens * positions[key])
+            self.metrics.prompt_tokens(vector.prompt_tokens * positions[key])
 
     # -- store I/O --
 
@@ -219,7 +207,7 @@ class EmbeddingCache:
         why: dict[str, MissReason] = {}
         try:
             view = self.versions.view(request.model, request.directives.tags)
-            now_s, max_age_s = self._clock.now_s(), request.directives.max_age_s
+            now_s, max_age_s = self.clock.now_s(), request.directives.max_age_s
             for key in dict.fromkeys(request.keys):
                 entry = self.backend.get(key) if read_entries else None
                 if entry is None:
@@ -255,16 +243,16 @@ class EmbeddingCache:
             model=model,
             prompt_tokens=entry.prompt_tokens,
             upstream_s=entry.upstream_s,
-            age_s=max(0.0, self._clock.now_s() - entry.created_at_s),
+            age_s=max(0.0, self.clock.now_s() - entry.created_at_s),
         )
 
     def _store(self, lookup: EmbeddingLookup, fetched: Mapping[str, CachedVector]) -> int:
         assert lookup.view is not None
-        started = self._clock.monotonic_s()
+        started = self.clock.monotonic_s()
         d = lookup.request.directives
-        ttl_s = min(d.ttl_s if d.ttl_s is not None else self._policy.default_ttl_s,
-                    self._policy.max_ttl_s)  # fmt: skip
-        now_s = self._clock.now_s()
+        ttl_s = min(d.ttl_s if d.ttl_s is not None else self.policy.default_ttl_s,
+                    self.policy.max_ttl_s)  # fmt: skip
+        now_s = self.clock.now_s()
         stored = 0
         try:
             for key, vector in fetched.items():
@@ -285,8 +273,8 @@ class EmbeddingCache:
         except StoreError as exc:
             self.store_failed("store", exc)
         finally:
-            self._metrics.overhead(self._clock.monotonic_s() - started)
-        self._metrics.count("stored", stored)
+            self.metrics.overhead(self.clock.monotonic_s() - started)
+        self.metrics.count("stored", stored)
         return stored
 
     def _count(self, lookup: EmbeddingLookup, why: Mapping[str, MissReason]) -> None:
@@ -294,20 +282,20 @@ class EmbeddingCache:
         for key in lookup.request.keys:
             hit = lookup.found.get(key)
             if hit is None:
-                self._metrics.miss(why[key])
+                self.metrics.miss(why[key])
                 continue
-            self._metrics.prompt_tokens(hit.prompt_tokens)
-            self._metrics.hit(
+            self.metrics.prompt_tokens(hit.prompt_tokens)
+            self.metrics.hit(
                 prompt_tokens=hit.prompt_tokens,
                 completion_tokens=0,
                 upstream_s=hit.upstream_s,
-                money_usd=self._prices.cost_usd(model, hit.prompt_tokens, 0),
+                money_usd=self.prices.cost_usd(model, hit.prompt_tokens, 0),
             )
 
     def store_failed(self, op: str, exc: StoreError) -> None:
         if isinstance(exc, StoreUnavailableError):
-            self._metrics.count("store_unavailable")
+            self.metrics.count("store_unavailable")
             log.debug("embedding store skipped on %s: %s", op, exc)
             return
-        self._metrics.count("store_errors")
+        self.metrics.count("store_errors")
         log.warning("embedding store failed on %s, serving without it: %s", op, exc)

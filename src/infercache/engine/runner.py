@@ -72,7 +72,7 @@ class StepReport:
     logits: torch.Tensor | None
 
 
-@dataclass(eq=False, slots=True)
+@dataclass(eq=False, repr=False, slots=True)
 class Runner:
     model: LlamaModel
     tokenizer: ChatTokenizer

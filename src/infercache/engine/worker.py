@@ -90,7 +90,7 @@ class _Swap:
     done: Future[None] = field(default_factory=Future)
 
 
-@dataclass(eq=False, slots=True)
+@dataclass(eq=False, repr=False, slots=True)
 class Worker:
     """`Worker(load, ...)` starts the thread, which loads the model (`load()`) before it
     steps; the constructor returns once it is loaded and raises what `load` raised."""

@@ -32,7 +32,7 @@ The copy shares the wrapped client's connection pool: closing either closes both
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import httpx
 import httpx2
@@ -74,15 +74,26 @@ class _NoTransport(
 # -- the caching http clients: where the SDK builds and sends its requests --
 
 
-class _SyncCaching:
-    """Builds requests with the wrapped client (its headers, cookies, params) and sends them
-    through `http_path.sync_send`, which calls the wrapped client's own `send`."""
+class _Wrapping:
+    """A caching http client around the SDK's own (`inner`): it builds requests with the
+    wrapped client (its headers, cookies, params) and reports its state; its own pool goes
+    unused (`_NoTransport`). Mixed in before an httpx/httpx2 client class."""
 
-    _inner: Any
-    _router: CachingRouter
+    def __init__(self, inner: Any, router: CachingRouter) -> None:
+        cast(Any, super()).__init__(transport=_NoTransport(), trust_env=False)  # the http client
+        self._inner, self._router = inner, router
 
     def build_request(self, *args: Any, **kwargs: Any) -> Any:
         return self._inner.build_request(*args, **kwargs)
+
+    @property
+    def is_closed(self) -> bool:
+        closed: bool = self._inner.is_closed
+        return closed
+
+
+class _SyncCaching(_Wrapping):
+    """Sends through `http_path.sync_send`, which calls the wrapped client's own `send`."""
 
     def send(self, request: Any, *, stream: bool = False, **kwargs: Any) -> Any:
         def forward(sent: Any, streamed: bool) -> Any:
@@ -93,19 +104,8 @@ class _SyncCaching:
     def close(self) -> None:
         self._inner.close()
 
-    @property
-    def is_closed(self) -> bool:
-        closed: bool = self._inner.is_closed
-        return closed
 
-
-class _AsyncCaching:
-    _inner: Any
-    _router: CachingRouter
-
-    def build_request(self, *args: Any, **kwargs: Any) -> Any:
-        return self._inner.build_request(*args, **kwargs)
-
+class _AsyncCaching(_Wrapping):
     async def send(self, request: Any, *, stream: bool = False, **kwargs: Any) -> Any:
         async def forward(sent: Any, streamed: bool) -> Any:
             return await self._inner.send(sent, stream=streamed, **kwargs)
@@ -115,34 +115,21 @@ class _AsyncCaching:
     async def aclose(self) -> None:
         await self._inner.aclose()
 
-    @property
-    def is_closed(self) -> bool:
-        closed: bool = self._inner.is_closed
-        return closed
-
 
 class _Httpx2Caching(_SyncCaching, httpx2.Client):
-    def __init__(self, inner: httpx2.Client, router: CachingRouter) -> None:
-        httpx2.Client.__init__(self, transport=_NoTransport(), trust_env=False)
-        self._inner, self._router = inner, router
+    pass
 
 
 class _HttpxCaching(_SyncCaching, httpx.Client):
-    def __init__(self, inner: httpx.Client, router: CachingRouter) -> None:
-        httpx.Client.__init__(self, transport=_NoTransport(), trust_env=False)
-        self._inner, self._router = inner, router
+    pass
 
 
 class _AsyncHttpx2Caching(_AsyncCaching, httpx2.AsyncClient):
-    def __init__(self, inner: httpx2.AsyncClient, router: CachingRouter) -> None:
-        httpx2.AsyncClient.__init__(self, transport=_NoTransport(), trust_env=False)
-        self._inner, self._router = inner, router
+    pass
 
 
 class _AsyncHttpxCaching(_AsyncCaching, httpx.AsyncClient):
-    def __init__(self, inner: httpx.AsyncClient, router: CachingRouter) -> None:
-        httpx.AsyncClient.__init__(self, transport=_NoTransport(), trust_env=False)
-        self._inner, self._router = inner, router
+    pass
 
 
 def _sync_caching_client(inner: object, cache: Cache) -> httpx2.Client | httpx.Client:

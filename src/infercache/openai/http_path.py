@@ -214,7 +214,7 @@ async def async_send(router: CachingRouter, request: Any, stream: bool, send: AS
     try:
         if route == "embeddings":
             embeddings = router.embeddings
-            lookup = await embeddings.store_io.read(embeddings.begin, body)
+            lookup = await embeddings.io.read(embeddings.begin, body)
             result = await embeddings.afetch_missing(lookup, AsyncEmbeddingFunction(source.call))
             response = router.embedded(request, result, source.response)
         else:

@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from infercache.body_fields import check_model, check_number
 from infercache.errors import InvalidRequestError
 from infercache.responses.translate import input_items
 
@@ -28,18 +29,8 @@ IGNORABLE_FIELDS = frozenset(
 )  # fmt: skip
 
 
-def _number(body: Mapping[str, Any], name: str, low: float, high: float) -> None:
-    value = body.get(name)
-    if value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, int | float) or not low <= value <= high:
-        raise InvalidRequestError(f"`{name}` must be a number from {low} to {high}", param=name)
-
-
 def validate(body: Mapping[str, Any]) -> None:
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise InvalidRequestError("`model` is required: the model's name", param="model")
+    check_model(body)
     value = body.get("input")
     if not (isinstance(value, str) and value) and not (
         isinstance(value, list) and value and all(isinstance(i, Mapping) for i in value)
@@ -58,8 +49,8 @@ def validate(body: Mapping[str, Any]) -> None:
             raise InvalidRequestError(
                 f"`input.{i}.role` must be user, assistant, system or developer", param=f"input.{i}"
             )
-    _number(body, "temperature", 0, 2)
-    _number(body, "top_p", 0, 1)
+    check_number(body, "temperature", 0, 2)
+    check_number(body, "top_p", 0, 1)
     limit = body.get("max_output_tokens")
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
         raise InvalidRequestError(

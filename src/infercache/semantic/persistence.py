@@ -44,7 +44,7 @@ log = logging.getLogger(__name__)
 Vector = npt.NDArray[np.float32]
 
 
-@dataclass(eq=False, slots=True)
+@dataclass(eq=False, repr=False, slots=True)
 class Records:
     backend: Backend
     _: KW_ONLY

@@ -27,7 +27,7 @@ from infercache.semantic.shadow_fit import ShadowFit
 from infercache.semantic.verify import Fetch, Verifier
 
 
-@dataclass(eq=False, slots=True)
+@dataclass(eq=False, repr=False, slots=True)
 class Verification:
     verifier: Verifier | None
     outcomes: Outcomes

@@ -55,6 +55,7 @@ import logging
 import threading
 import zlib
 from collections.abc import Callable, Sequence
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
 import redis
@@ -103,6 +104,12 @@ return redis.call('HGET', KEYS[1], ARGV[1])
 """
 
 
+def check_buckets(buckets: int) -> None:
+    """A cluster store's bucket count: at least one (ConfigError otherwise)."""
+    if buckets < 1:
+        raise ConfigError(f"buckets must be >= 1, got {buckets}")
+
+
 def bucket_of(key: str, buckets: int) -> int:
     """The bucket an entry key lives in. Pure."""
     return zlib.crc32(key.encode()) % buckets
@@ -117,28 +124,26 @@ def _text(value: object) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+@dataclass(eq=False, repr=False, slots=True)
 class BucketMeta:
     """Meta copied into every bucket of a cluster (see the module docstring). Raises
     `StoreError` (`NodeUnavailableError` when a node it needs is down, cluster_nodes.py)."""
 
-    def __init__(
-        self,
-        nodes: ClusterNodes,
-        *,
-        prefix: str,
-        buckets: int,
-        mint_token: Callable[[], str],
-        verify_rounds: int = 3,
-    ) -> None:
-        if buckets < 1:
-            raise ConfigError(f"buckets must be >= 1, got {buckets}")
-        self._nodes = nodes
-        self.prefix = prefix
-        self.buckets = buckets
-        self._mint_token = mint_token
-        self._verify_rounds = verify_rounds
-        self._repair_lock = threading.Lock()
-        client = nodes.client  # the scripts' encoder; each call names the node it runs on
+    nodes: ClusterNodes
+    _: KW_ONLY
+    prefix: str
+    buckets: int
+    mint_token: Callable[[], str]
+    verify_rounds: int = 3
+    _repair_lock: threading.Lock = field(init=False, default_factory=threading.Lock)
+    _lookup: Script = field(init=False)
+    _allocate: Script = field(init=False)
+    _set_if_newer: Script = field(init=False)
+    _restore: Script = field(init=False)
+
+    def __post_init__(self) -> None:
+        check_buckets(self.buckets)
+        client = self.nodes.client  # the scripts' encoder; each call names the node it runs on
         self._lookup = Script(client, _LOOKUP)  # EVALSHA, loading the script on NOSCRIPT
         self._allocate = Script(client, _ALLOCATE)
         self._set_if_newer = Script(client, _SET_IF_NEWER)
@@ -177,10 +182,10 @@ class BucketMeta:
         def op(node: redis.Redis) -> Any:
             return self._lookup(keys=keys, args=fields, client=node)
 
-        blob, values = self._nodes.call(entry_key, op)
+        blob, values = self.nodes.call(entry_key, op)
         if values[-1] is None:
             self.repair(bucket)
-            blob, values = self._nodes.call(entry_key, op)
+            blob, values = self.nodes.call(entry_key, op)
         return blob, self._named(names, values)
 
     def read(self, names: Sequence[str], bucket: int | None = None) -> dict[str, str]:
@@ -199,22 +204,22 @@ class BucketMeta:
     def _bucket_elsewhere(self) -> int | None:
         """The first bucket on a node in use other than home's; None if there is none."""
         try:
-            home: str | None = self._nodes.node_of(self._values(0)).name
+            home: str | None = self.nodes.node_of(self._values(0)).name
         except NodeUnavailableError:  # nobody serves home's slot
             home = None
         for b in range(1, self.buckets):
             key = self._values(b)
-            if self._nodes.allows(key) and self._nodes.node_of(key).name != home:
+            if self.nodes.allows(key) and self.nodes.node_of(key).name != home:
                 return b
         return None
 
     def _read(self, names: Sequence[str], bucket: int) -> dict[str, str]:
         fields = [*names, EPOCH_META]
         key = self._values(bucket)
-        values = self._nodes.call(key, lambda node: node.hmget(key, fields))
+        values = self.nodes.call(key, lambda node: node.hmget(key, fields))
         if values[-1] is None:
             self.repair(bucket)
-            values = self._nodes.call(key, lambda node: node.hmget(key, fields))
+            values = self.nodes.call(key, lambda node: node.hmget(key, fields))
         return self._named(names, values)
 
     @staticmethod
@@ -239,27 +244,27 @@ class BucketMeta:
         if name == EPOCH_META:
             raise ValueError(f"{EPOCH_META} is minted by the store, not written")
         # Every node, or nothing: refused before the allocation while one is skipped.
-        self._nodes.each_node([self._values(b) for b in range(self.buckets)], _nothing)
+        self.nodes.each_node([self._values(b) for b in range(self.buckets)], _nothing)
         home = self._values(0)
         keys, args = [self._allocator(), home], [name, EPOCH_META]
 
         def allocate(node: redis.Redis) -> int:
             return int(self._allocate(keys=keys, args=args, client=node))
 
-        seq = self._nodes.call(home, allocate)
+        seq = self.nodes.call(home, allocate)
         if seq < 0:  # home lost its copy (and so maybe its allocator): rebuild both first
             self.repair(0)
-            seq = self._nodes.call(home, allocate)
+            seq = self.nodes.call(home, allocate)
         text = str(seq) if value is None else value
         pending = list(range(1, self.buckets))
-        for _ in range(self._verify_rounds):
+        for _ in range(self.verify_rounds):
             if not pending:
                 break
             self._fan_out(pending, seq, name, text)
             pending = self._behind(pending, seq, name)
         if pending:
             raise StoreError(f"meta {name!r} did not reach buckets {pending}: retry the write")
-        self._nodes.call(
+        self.nodes.call(
             home,
             lambda node: self._set_if_newer(
                 keys=[home, self._seqs(0)], args=[seq, name, text], client=node
@@ -278,7 +283,7 @@ class BucketMeta:
                 pipe.eval(_SET_IF_NEWER, 2, key, self._seqs(by_key[key]), seq, name, value)
             return pipe.execute()
 
-        self._nodes.each_node(list(by_key), op)
+        self.nodes.each_node(list(by_key), op)
 
     def _behind(self, buckets: Sequence[int], seq: int, name: str) -> list[int]:
         by_key = {self._seqs(b): b for b in buckets}
@@ -289,7 +294,7 @@ class BucketMeta:
                 pipe.hget(key, name)
             return pipe.execute()
 
-        got, _ = self._nodes.each_node(list(by_key), op)
+        got, _ = self.nodes.each_node(list(by_key), op)
         return [b for key, b in by_key.items() if int(got[key] or 0) < seq]
 
     # -- repair --
@@ -313,7 +318,7 @@ class BucketMeta:
                 )
             token = markers.get(0)
             if home_lost:  # restored first, with its allocator
-                candidate = next(iter(markers.values()), None) or self._mint_token()
+                candidate = next(iter(markers.values()), None) or self.mint_token()
                 token = self._restore_bucket(0, best, candidate)
                 if not markers:
                     log.info(
@@ -344,7 +349,7 @@ class BucketMeta:
             replies = pipe.execute()
             return list(zip(replies[::2], replies[1::2], strict=True))
 
-        copies, _ = self._nodes.each_node(list(by_key), op, skip_down=True)
+        copies, _ = self.nodes.each_node(list(by_key), op, skip_down=True)
         best: dict[str, tuple[int, str]] = {}
         markers: dict[int, str] = {}
         for key, (values, seqs) in copies.items():
@@ -365,7 +370,7 @@ class BucketMeta:
             args += [name, seq, value]
         keys = [self._values(bucket), self._seqs(bucket), third]
         return _text(
-            self._nodes.call(keys[0], lambda node: self._restore(keys=keys, args=args, client=node))
+            self.nodes.call(keys[0], lambda node: self._restore(keys=keys, args=args, client=node))
         )
 
     def ensure_layout(self) -> None:
@@ -377,7 +382,7 @@ class BucketMeta:
             node.set(key, mine, nx=True)
             return node.get(key)
 
-        recorded = _text(self._nodes.call(key, op))
+        recorded = _text(self.nodes.call(key, op))
         if recorded != mine:
             raise ConfigError(
                 f"this cluster's infercache keys under {self.prefix!r} use {recorded}, this "

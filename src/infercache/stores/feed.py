@@ -38,7 +38,7 @@ blocking read holds one connection for up to `block_ms`.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass, field
 from enum import StrEnum
 from typing import Protocol
 
@@ -141,24 +141,23 @@ def lost_events(position: str, last: str | None, first: str | None) -> bool:
     return _split(first)[1] > p_seq + 1
 
 
+@dataclass(eq=False, repr=False, slots=True)
 class RedisFeed:
-    def __init__(
-        self,
-        client: SyncClient,
-        *,
-        stream_key: str,
-        max_len: int = 100_000,
-        max_block_ms: int = 5_000,
-    ) -> None:
-        if max_len < 1:
-            raise ValueError(f"max_len must be >= 1, got {max_len}")
-        self._client = client
-        self.stream_key = stream_key
-        self._epoch_key = f"{stream_key}:epoch"
-        self.max_len = max_len
-        self.max_block_ms = max_block_ms
-        self._publish = Script(client, _PUBLISH)
-        self._snapshot = Script(client, _SNAPSHOT)
+    client: SyncClient
+    _: KW_ONLY
+    stream_key: str
+    max_len: int = 100_000
+    max_block_ms: int = 5_000
+    _epoch_key: str = field(init=False)
+    _publish: Script = field(init=False)
+    _snapshot: Script = field(init=False)
+
+    def __post_init__(self) -> None:
+        if self.max_len < 1:
+            raise ValueError(f"max_len must be >= 1, got {self.max_len}")
+        self._epoch_key = f"{self.stream_key}:epoch"
+        self._publish = Script(self.client, _PUBLISH)
+        self._snapshot = Script(self.client, _SNAPSHOT)
 
     def publish(self, event: FeedEvent) -> str:
         """Append `event`; return its position."""
@@ -185,7 +184,7 @@ class RedisFeed:
             batch = self._read(position, count)
             if batch.events or batch.gap or block_ms == 0:
                 return batch
-            woke = self._client.xread({self.stream_key: position}, count=1, block=block_ms)
+            woke = self.client.xread({self.stream_key: position}, count=1, block=block_ms)
             return self._read(position, count) if woke else batch
         except REDIS_ERRORS as exc:
             raise StoreError(f"feed read: {exc}") from exc
@@ -201,7 +200,7 @@ class RedisFeed:
         return FeedBatch(events, events[-1][0] if events else position, False)
 
     def close(self) -> None:
-        self._client.close()
+        self.client.close()
 
 
 class FeedFollower:

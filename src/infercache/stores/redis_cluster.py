@@ -31,6 +31,7 @@ import re
 import secrets
 import threading
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import KW_ONLY, InitVar, dataclass, field
 from functools import partial
 from typing import Any
 
@@ -41,7 +42,7 @@ from redis.cluster import RedisCluster
 from infercache.clock import Clock
 from infercache.errors import ConfigError, StoreError
 from infercache.stores.base import Entry, StoreStats
-from infercache.stores.bucket_meta import BucketMeta, bucket_of, bucket_tag
+from infercache.stores.bucket_meta import BucketMeta, bucket_of, bucket_tag, check_buckets
 from infercache.stores.cluster_breaker import NodeBreakers, NodeBreakerSettings
 from infercache.stores.cluster_nodes import ClusterNodes
 from infercache.stores.redis import glob_escape
@@ -57,33 +58,28 @@ def _mint_token() -> str:
     return secrets.token_hex(8)
 
 
+@dataclass(eq=False, repr=False, slots=True)
 class RedisClusterStore:
-    def __init__(
-        self,
-        url: str,
-        *,
-        clock: Clock,
-        prefix: str = "infercache:",
-        buckets: int = DEFAULT_BUCKETS,
-        socket_timeout_s: float = 1.0,
-        mint_token: Callable[[], str] = _mint_token,
-        nodes: NodeBreakerSettings | None = None,
-    ) -> None:
-        if "{" in prefix or "}" in prefix:
-            raise ConfigError(f"a cluster store prefix may not contain braces: {prefix!r}")
-        if buckets < 1:
-            raise ConfigError(f"buckets must be >= 1, got {buckets}")
-        self.url = url
-        self._clock = clock
-        self._prefix = prefix
-        self._buckets = buckets
-        self._socket_timeout_s = socket_timeout_s
-        self._mint_token = mint_token
-        self.breakers = NodeBreakers(clock, nodes, on_open=self._node_opened)
-        self._entry_re = re.compile(re.escape(prefix) + r"\{b\d+\}e:")
-        self._lock = threading.Lock()
-        self._connected: tuple[ClusterNodes, BucketMeta] | None = None
-        self._layout_checked = False
+    url: str
+    _: KW_ONLY
+    clock: Clock
+    prefix: str = "infercache:"
+    buckets: int = DEFAULT_BUCKETS
+    socket_timeout_s: float = 1.0
+    mint_token: Callable[[], str] = _mint_token
+    breaker_settings: InitVar[NodeBreakerSettings | None] = None
+    breakers: NodeBreakers = field(init=False)
+    _entry_re: re.Pattern[str] = field(init=False)
+    _lock: threading.Lock = field(init=False, default_factory=threading.Lock)
+    _connected: tuple[ClusterNodes, BucketMeta] | None = field(init=False, default=None)
+    _layout_checked: bool = field(init=False, default=False)
+
+    def __post_init__(self, breaker_settings: NodeBreakerSettings | None) -> None:
+        if "{" in self.prefix or "}" in self.prefix:
+            raise ConfigError(f"a cluster store prefix may not contain braces: {self.prefix!r}")
+        check_buckets(self.buckets)
+        self.breakers = NodeBreakers(self.clock, breaker_settings, on_open=self._node_opened)
+        self._entry_re = re.compile(re.escape(self.prefix) + r"\{b\d+\}e:")
         try:
             self._ready()
         except StoreError as exc:
@@ -111,7 +107,7 @@ class RedisClusterStore:
             if self._connected is not None:
                 return self._connected
             try:
-                client = sync_client(self.url, socket_timeout_s=self._socket_timeout_s)
+                client = sync_client(self.url, socket_timeout_s=self.socket_timeout_s)
             except REDIS_ERRORS as exc:
                 raise StoreError(f"redis cluster store: {exc}") from exc
             assert isinstance(client, RedisCluster)
@@ -126,7 +122,7 @@ class RedisClusterStore:
             if down:
                 log.warning("redis cluster %s: nodes %s down at start, checked later", self, down)
             meta = BucketMeta(
-                nodes, prefix=self._prefix, buckets=self._buckets, mint_token=self._mint_token
+                nodes, prefix=self.prefix, buckets=self.buckets, mint_token=self.mint_token
             )
             try:
                 meta.repair()  # every live bucket's copy (a new store, or nodes that lost data)
@@ -154,7 +150,7 @@ class RedisClusterStore:
         return self._ready()[1]
 
     def _entry_key(self, key: str) -> str:
-        return f"{bucket_tag(self._prefix, bucket_of(key, self._buckets))}e:{key}"
+        return f"{bucket_tag(self.prefix, bucket_of(key, self.buckets))}e:{key}"
 
     def _on_entry(self, key: str, op: Callable[[redis.Redis, str], Any]) -> Any:
         entry_key = self._entry_key(key)
@@ -167,13 +163,13 @@ class RedisClusterStore:
         return Entry.decode(blob) if isinstance(blob, bytes) else None
 
     def get_with_meta(self, key: str, names: Sequence[str]) -> tuple[Entry | None, dict[str, str]]:
-        bucket = bucket_of(key, self._buckets)
-        entry_key = f"{bucket_tag(self._prefix, bucket)}e:{key}"
+        bucket = bucket_of(key, self.buckets)
+        entry_key = f"{bucket_tag(self.prefix, bucket)}e:{key}"
         blob, meta = self._ready()[1].lookup(entry_key, bucket, names)
         return (Entry.decode(blob) if isinstance(blob, bytes) else None), meta
 
     def put(self, key: str, entry: Entry) -> None:
-        ttl_ms = int((entry.expires_at_s - self._clock.now_s()) * 1000)
+        ttl_ms = int((entry.expires_at_s - self.clock.now_s()) * 1000)
         if ttl_ms <= 0:
             self.delete(key)
             return
@@ -184,7 +180,7 @@ class RedisClusterStore:
         self._on_entry(key, lambda node, k: node.delete(k))
 
     def _pattern(self, key_prefix: str) -> str:
-        return glob_escape(self._prefix) + "{b*}e:" + glob_escape(key_prefix) + "*"
+        return glob_escape(self.prefix) + "{b*}e:" + glob_escape(key_prefix) + "*"
 
     def _entry_keys(self, node: redis.Redis, key_prefix: str) -> list[bytes]:
         """The Redis keys of the entries on `node` whose key starts with `key_prefix`."""
@@ -251,7 +247,7 @@ class RedisClusterStore:
             self._connected[0].close()
 
     def __repr__(self) -> str:
-        return f"RedisClusterStore({mask_credentials(self.url)!r}, prefix={self._prefix!r})"
+        return f"RedisClusterStore({mask_credentials(self.url)!r}, prefix={self.prefix!r})"
 
 
 def _check_node(node: redis.Redis, name: str, *, url: str) -> None:

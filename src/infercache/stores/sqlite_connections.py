@@ -44,7 +44,7 @@ _WAL_RETRY_S = 0.005
 _BLOCKING, _NONBLOCKING = "conn", "nonblocking_conn"  # this thread's two connections
 
 
-@dataclass(eq=False, slots=True)
+@dataclass(eq=False, repr=False, slots=True)
 class SQLiteConnections:
     """This thread's connection to one SQLite file, blocking or not: the one place sqlite3
     errors become `StoreError`. `schema` is idempotent DDL, run (with `user_version` set to
