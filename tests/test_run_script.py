@@ -142,32 +142,23 @@ def test_the_readmes_commands_from_another_directory_use_the_callers_files(
     assert (caller / "cache.db").is_file()
 
     # ./run analyze requests.jsonl --format html --out report.html --price gpt-4o-mini=...
-    done = subprocess.run(
-        [run, *ANALYZE],
-        cwd=caller,
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr
+    done = _ran([run, *ANALYZE], caller, env)
     assert "<html" in (caller / "report.html").read_text(encoding="utf-8").lower()
     assert "\r" not in done.stderr  # no progress bar off a terminal (progress_bars.py)
 
     # ./run tune pairs.tsv --target-false-hit 0.01 --write-config semantic.toml --plot curves.png
     _pairs(caller / "pairs.tsv")
-    done = subprocess.run(
-        [run, *TUNE_ARGS, "--format", "json"],
-        cwd=caller,
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr
+    done = _ran([run, *TUNE_ARGS, "--format", "json"], caller, env)
     assert json.loads(done.stdout)["pairs"] == 460
     assert "\r" not in done.stderr
     assert "threshold" in (caller / "semantic.toml").read_text(encoding="utf-8")
     assert (caller / "curves.png").read_bytes()[:4] == b"\x89PNG"
     leftovers = {"requests.jsonl", "report.html", "semantic.toml", "curves.png", "cache.db"}
     assert not leftovers & {p.name for p in checkout.iterdir()}  # nothing written there
+
+
+def _ran(args: list[str], cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """`args` run to the end in `cwd`; their output, once they exited 0."""
+    done = subprocess.run(args, cwd=cwd, capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr
+    return done

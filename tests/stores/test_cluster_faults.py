@@ -75,14 +75,21 @@ def timed(call: Callable[[], Any]) -> tuple[float, Any]:
     return time.monotonic() - started, result
 
 
-def test_a_dead_master_costs_its_keys_their_hits_and_nothing_else(
-    fault_cluster: RedisClusterServers, make_store: MakeStore, clock: ManualClock
-) -> None:
-    store = make_store(fault_cluster)
+def seeded(
+    store: RedisClusterStore, clock: ManualClock
+) -> tuple[RedisClusterStore, GuardedBackend]:
+    """`store` with meta and every key of KEYS written, and its guard."""
     guard = GuardedBackend(store, clock=clock, budget_s=BUDGET_S)
     store.write_meta("model:m", "1:v1")
     for key in KEYS:
         guard.put(key, entry(clock, key))
+    return store, guard
+
+
+def test_a_dead_master_costs_its_keys_their_hits_and_nothing_else(
+    fault_cluster: RedisClusterServers, make_store: MakeStore, clock: ManualClock
+) -> None:
+    store, guard = seeded(make_store(fault_cluster), clock)
     victim = port_of(store, KEYS[0])
     node = f"127.0.0.1:{victim}"
     dead = [k for k in KEYS if port_of(store, k) == victim]
@@ -239,11 +246,7 @@ def test_a_restarted_master_serving_reads_is_used_before_it_rejoins(
     `cluster-allow-reads-when-down yes` it serves reads meanwhile, and its keys hit again as
     soon as it answers: within 2 s of the restart (issue 30 item 1). A write to it then fails
     alone and does not take the node out of use."""
-    store = make_store(rejoin_cluster)
-    guard = GuardedBackend(store, clock=clock, budget_s=BUDGET_S)
-    store.write_meta("model:m", "1:v1")
-    for key in KEYS:
-        guard.put(key, entry(clock, key))
+    store, guard = seeded(make_store(rejoin_cluster), clock)
     victim = port_of(store, KEYS[0])
     node = f"127.0.0.1:{victim}"
     dead = [k for k in KEYS if port_of(store, k) == victim]

@@ -105,17 +105,11 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         default=None,
         help="TOML settings: [cache], [prices], [semantic] (`tune --write-config`) (default: none)",
     )
-    p.add_argument(
-        "--progress",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="progress bar on stderr (default: on a terminal, for logs over 8 MB)",
-    )
-    p.add_argument(
+    _switch(p, "--progress", "progress bar on stderr (default: on a terminal, for logs over 8 MB)")
+    _switch(
+        p,
         "--parallel",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="read and parse in a second process (default: with 2+ cores, logs over 32 MB)",
+        "read and parse in a second process (default: with 2+ cores, logs over 32 MB)",
     )
     _replay_arguments(p)
     _semantic_arguments(p)
@@ -149,12 +143,7 @@ def _replay_arguments(p: argparse.ArgumentParser) -> None:
         "MODEL * prices every model not named (default: none, money figures are 0)",
     )
     p.add_argument("--upstream-profile", default="auto", help=f"{PROFILE_HELP} (default auto)")
-    p.add_argument(
-        "--sweep",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="replay at several TTLs and exact-store sizes (default: on for html)",
-    )
+    _switch(p, "--sweep", "replay at several TTLs and exact-store sizes (default: on for html)")
     p.add_argument(
         "--by",
         choices=("day", "hour"),
@@ -371,3 +360,8 @@ def _render(report: Report, fmt: str, out: IO[str], *, color: bool | None) -> No
         from infercache.analyze.reports.text import render_text
 
         render_text(report, out, color=color)
+
+
+def _switch(p: argparse.ArgumentParser, name: str, text: str) -> None:
+    """`--name` / `--no-name`; None when neither is given (the default decides)."""
+    p.add_argument(name, action=argparse.BooleanOptionalAction, default=None, help=text)
