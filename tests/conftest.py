@@ -11,6 +11,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -131,6 +132,18 @@ def _cluster_is_ok(cli: str, ports: list[int]) -> bool:
     return True
 
 
+@dataclass(frozen=True, slots=True)
+class ClusterOptions:
+    """How a test cluster runs (see RedisClusterServers)."""
+
+    replicas: int = 0
+    full_coverage: bool = True
+    node_timeout_ms: int = 5000
+    persist: bool = False
+    reads_when_down: bool = False
+    fsync: str = "everysec"
+
+
 class RedisClusterServers:
     """A real Redis Cluster on loopback: masters, and `replicas` replicas per master, each node
     in its own directory so it can be killed and restarted with its cluster config and no
@@ -144,29 +157,23 @@ class RedisClusterServers:
         ports: list[int],
         flavour: str,
         timeout_s: float,
-        *,
-        replicas: int = 0,
-        full_coverage: bool = True,
-        node_timeout_ms: int = 5000,
-        persist: bool = False,
-        reads_when_down: bool = False,
-        fsync: str = "everysec",
+        options: ClusterOptions,
     ) -> None:
         self.ports = ports
         self._workdir = workdir
         self._binary = _server_binary(f"{flavour}-server")
         self._cli = _server_binary(f"{flavour}-cli")
         self._timeout_s = timeout_s
-        self._replicas = replicas
+        self._replicas = options.replicas
         self._options = [
-            "--cluster-node-timeout", str(node_timeout_ms),
-            "--cluster-require-full-coverage", "yes" if full_coverage else "no",
+            "--cluster-node-timeout", str(options.node_timeout_ms),
+            "--cluster-require-full-coverage", "yes" if options.full_coverage else "no",
             "--repl-diskless-sync-delay", "0",  # a replica syncs at once (default: waits 5 s)
             # a killed node restarts with data (`fsync`: everysec, Redis' default, may lose the
             # last second or two of writes to a kill; always loses none)
-            *(["--appendonly", "yes", "--appendfsync", fsync] if persist else []),
+            *(["--appendonly", "yes", "--appendfsync", options.fsync] if options.persist else []),
             # a node whose cluster state is not ok still serves reads on its slots
-            *(["--cluster-allow-reads-when-down", "yes"] if reads_when_down else []),
+            *(["--cluster-allow-reads-when-down", "yes"] if options.reads_when_down else []),
         ]  # fmt: skip
         self._running: dict[int, tuple[subprocess.Popen[str], threading.Thread]] = {}
 
@@ -283,29 +290,14 @@ def start_redis_cluster(
     masters: int = 3,
     flavour: str = "redis",
     timeout_s: float = 30.0,
-    replicas: int = 0,
-    full_coverage: bool = True,
-    node_timeout_ms: int = 5000,
-    persist: bool = False,
-    reads_when_down: bool = False,
-    fsync: str = "everysec",
+    **options: Any,
 ) -> Iterator[RedisClusterServers]:
     """`masters` servers (and `replicas` per master) with `--cluster-enabled yes` on free
     ports, joined by `redis-cli --cluster create ... --cluster-replicas N`, once every node
-    says `cluster_state:ok` and every replica is in sync."""
-    ports = [free_cluster_port() for _ in range(masters * (1 + replicas))]
-    cluster = RedisClusterServers(
-        workdir,
-        ports,
-        flavour,
-        timeout_s,
-        replicas=replicas,
-        full_coverage=full_coverage,
-        node_timeout_ms=node_timeout_ms,
-        persist=persist,
-        reads_when_down=reads_when_down,
-        fsync=fsync,
-    )
+    says `cluster_state:ok` and every replica is in sync. `options`: ClusterOptions' fields."""
+    chosen = ClusterOptions(**options)
+    ports = [free_cluster_port() for _ in range(masters * (1 + chosen.replicas))]
+    cluster = RedisClusterServers(workdir, ports, flavour, timeout_s, chosen)
     try:
         cluster._create()
         yield cluster

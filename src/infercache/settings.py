@@ -194,12 +194,8 @@ class Settings:
         return self.store_url or f"sqlite:///{self.data_dir / 'cache.sqlite3'}"
 
     def policy(self) -> CachePolicy:
-        return CachePolicy(
-            default_ttl_s=self.default_ttl_s,
-            max_ttl_s=self.max_ttl_s,
-            cache_sampled=self.cache_sampled,
-            default_temperature=self.default_temperature,
-        )
+        """The cache policy these settings give: each of its fields, the setting of its name."""
+        return CachePolicy(**{f.name: getattr(self, f.name) for f in fields(CachePolicy)})
 
     @classmethod
     def load(

@@ -97,8 +97,30 @@ class Truth:
 
 @dataclass
 class Generated:
-    records: list[dict[str, Any]]
-    truth: Truth
+    records: list[dict[str, Any]] = field(default_factory=list)
+    truth: Truth = field(default_factory=Truth)
+
+    def add(
+        self,
+        rng: random.Random,
+        ts: float,
+        tenant: str,
+        body: dict[str, Any],
+        prompt_tokens: int,
+        *,
+        repeat: bool = False,
+        paraphrase: bool = False,
+        previous_turn: int | None = None,
+    ) -> None:
+        """One logged request (answered by `body`'s model, `prompt_tokens` long) and its truth."""
+        self.truth.exact_repeat.append(repeat)
+        self.truth.paraphrase.append(paraphrase)
+        self.truth.previous_turn.append(previous_turn)
+        self.truth.tenant.append(tenant)
+        self.records.append(
+            {"timestamp": round(ts, 3), "tenant": tenant, "request": body,
+             "response": response(rng, body["model"], prompt_tokens)}
+        )  # fmt: skip
 
     def write(self, path: Path, *, gz: bool = False) -> Path:
         write_lines(path, (json.dumps(r) for r in self.records), gz=gz)
@@ -153,8 +175,7 @@ def support_bot(
     """45% canonical FAQ questions, 15% FAQ paraphrases, 40% unique questions; ~20 s apart.
     `system(timestamp_s)`, when given, writes each request's system prompt."""
     rng = random.Random(seed)
-    records: list[dict[str, Any]] = []
-    truth = Truth()
+    out = Generated()
     seen: set[str] = set()
     ts = start_s
     weights = [1 / (i + 1) for i in range(len(FAQS))]  # Zipf-like popularity
@@ -178,22 +199,10 @@ def support_bot(
             "temperature": 0,
         }
         identity = json.dumps(body, sort_keys=True)
-        truth.exact_repeat.append(identity in seen)
-        truth.paraphrase.append(
-            question in {p for _, ps in FAQS for p in ps} and identity not in seen
-        )
-        truth.previous_turn.append(None)
-        truth.tenant.append(tenant)
+        paraphrase = question in {p for _, ps in FAQS for p in ps} and identity not in seen
+        out.add(rng, ts, tenant, body, 400, repeat=identity in seen, paraphrase=paraphrase)
         seen.add(identity)
-        records.append(
-            {
-                "timestamp": round(ts, 3),
-                "tenant": tenant,
-                "request": body,
-                "response": response(rng, model, 400),
-            }
-        )
-    return Generated(records, truth)
+    return out
 
 
 def timestamped_system(ts: float) -> str:
@@ -231,8 +240,7 @@ def drafting_tool(seed: int = 0, n: int = 800, *, start_s: float = 1_700_000_000
     """All prompts unique (150-250 random words first); `docs` shares a long system prompt,
     `notes` has none."""
     rng = random.Random(seed)
-    records: list[dict[str, Any]] = []
-    truth = Truth()
+    out = Generated()
     ts = start_s
     for i in range(n):
         ts += rng.expovariate(1 / 60)
@@ -247,15 +255,8 @@ def drafting_tool(seed: int = 0, n: int = 800, *, start_s: float = 1_700_000_000
             body["temperature"] = 0.7  # sampled without a seed: not cacheable
         else:
             body["temperature"] = 0
-        truth.exact_repeat.append(False)
-        truth.paraphrase.append(False)
-        truth.previous_turn.append(None)
-        truth.tenant.append(tenant)
-        records.append(
-            {"timestamp": round(ts, 3), "tenant": tenant, "request": body,
-             "response": response(rng, "gpt-4o", 500)}
-        )  # fmt: skip
-    return Generated(records, truth)
+        out.add(rng, ts, tenant, body, 500)
+    return out
 
 
 def multi_turn_chat(
@@ -286,17 +287,11 @@ def multi_turn_chat(
             ts += rng.uniform(30, 120)
     pending.sort(key=lambda p: (p[0], p[1]))
     position = {p[1]: i for i, p in enumerate(pending)}
-    records, truth = [], Truth()
+    out = Generated()
     for ts, _, body, previous, retry in pending:
-        truth.exact_repeat.append(retry)
-        truth.paraphrase.append(False)
-        truth.previous_turn.append(None if previous is None else position[previous])
-        truth.tenant.append("chat")
-        records.append(
-            {"timestamp": round(ts, 3), "tenant": "chat", "request": body,
-             "response": response(rng, "gpt-4o-mini", 300)}
-        )  # fmt: skip
-    return Generated(records, truth)
+        turn = None if previous is None else position[previous]
+        out.add(rng, ts, "chat", body, 300, repeat=retry, previous_turn=turn)
+    return out
 
 
 SHORT_SUPPORT_SYSTEM = (
@@ -327,8 +322,7 @@ def unique_drafts(seed: int = 0, n: int = 400, *, start_s: float = 1_700_000_000
     """A drafting tool: every prompt long (300-600 random words) and unique, nothing in front
     of it, nothing repeated."""
     rng = random.Random(seed)
-    records: list[dict[str, Any]] = []
-    truth = Truth()
+    out = Generated()
     ts = start_s
     for i in range(n):
         ts += rng.expovariate(1 / 60)
@@ -340,15 +334,8 @@ def unique_drafts(seed: int = 0, n: int = 400, *, start_s: float = 1_700_000_000
             ],
             "temperature": 0,
         }
-        truth.exact_repeat.append(False)
-        truth.paraphrase.append(False)
-        truth.previous_turn.append(None)
-        truth.tenant.append("drafts")
-        records.append(
-            {"timestamp": round(ts, 3), "tenant": "drafts", "request": body,
-             "response": response(rng, "gpt-4o", 700)}
-        )  # fmt: skip
-    return Generated(records, truth)
+        out.add(rng, ts, "drafts", body, 700)
+    return out
 
 
 def document_qa(seed: int = 0, n: int = 400, *, start_s: float = 1_700_000_000.0) -> Generated:
@@ -356,8 +343,7 @@ def document_qa(seed: int = 0, n: int = 400, *, start_s: float = 1_700_000_000.0
     rng = random.Random(seed)
     document = "\n".join(_sentence(rng, rng.randint(10, 25)) for _ in range(150))
     system = f"Answer questions about this document only.\n\n{document}"
-    records: list[dict[str, Any]] = []
-    truth = Truth()
+    out = Generated()
     ts = start_s
     for i in range(n):
         ts += rng.expovariate(1 / 45)
@@ -371,15 +357,8 @@ def document_qa(seed: int = 0, n: int = 400, *, start_s: float = 1_700_000_000.0
             ],
             "temperature": 0,
         }
-        truth.exact_repeat.append(False)
-        truth.paraphrase.append(False)
-        truth.previous_turn.append(None)
-        truth.tenant.append("docqa")
-        records.append(
-            {"timestamp": round(ts, 3), "tenant": "docqa", "request": body,
-             "response": response(rng, "gpt-4o-mini", 3000)}
-        )  # fmt: skip
-    return Generated(records, truth)
+        out.add(rng, ts, "docqa", body, 3000)
+    return out
 
 
 @dataclass(frozen=True)

@@ -14,13 +14,10 @@ import pytest
 
 from infercache.engine.config import EngineConfig, WeightsName
 from infercache.engine.weights import served_version
-from infercache.gateway.build import build
-from infercache.gateway.config import GatewayConfig
-from infercache.gateway.engine_upstream import EngineUpstream
-from infercache.gateway.http_server import server_config
 from infercache.settings import Settings
+from tests.harness.engine_gateway import serve_engine_gateway
 from tests.harness.processes import start, stop
-from tests.harness.servers import free_port, serve
+from tests.harness.servers import free_port
 
 
 def test_the_served_version_names_the_format_and_the_activation_dtype() -> None:
@@ -44,14 +41,8 @@ def gateway(store: Path, model: Path, weights: WeightsName) -> Iterator[tuple[st
         data_dir=store, store_url=f"sqlite:///{store / 'cache.db'}", default_ttl_s=600
     )
     engine_config = EngineConfig(data_dir=store / "engine", model_path=model, weights=weights)
-    built = build(settings, GatewayConfig(store_budget_s=0.5), engine_config=engine_config)
-    upstream = built.gateway.upstreams[0]
-    assert isinstance(upstream, EngineUpstream)
-    server = server_config(built.app)
-    server.pop("app")
-    with serve(built.app, **server) as url:
-        yield url, upstream.engine.model_version
-    upstream.engine.close()
+    with serve_engine_gateway(settings, engine_config) as (url, engine):
+        yield url, engine.model_version
 
 
 def ask(url: str, model: str) -> tuple[str, str, str]:

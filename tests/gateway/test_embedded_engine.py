@@ -28,12 +28,8 @@ import pytest
 from infercache.cli import main
 from infercache.engine.config import EngineConfig, default_data_dir
 from infercache.engine.engine import Engine
-from infercache.gateway.build import build
-from infercache.gateway.config import GatewayConfig
-from infercache.gateway.engine_upstream import EngineUpstream
-from infercache.gateway.http_server import server_config
 from infercache.settings import Settings
-from tests.harness.servers import serve
+from tests.harness.engine_gateway import serve_engine_gateway
 
 PROMPT = "The capital of France is"
 
@@ -46,13 +42,8 @@ def embedded(tmp_path: Path, **engine: Any) -> Iterator[tuple[str, Engine]]:
         data_dir=tmp_path, store_url=f"sqlite:///{tmp_path / 'cache.db'}", default_ttl_s=600
     )
     engine_config = EngineConfig(data_dir=default_data_dir(os.environ), **engine)
-    built = build(settings, GatewayConfig(store_budget_s=0.5), engine_config=engine_config)
-    upstream = built.gateway.upstreams[0]
-    assert isinstance(upstream, EngineUpstream)
-    server = server_config(built.app)
-    server.pop("app")
-    with serve(built.app, **server) as url:
-        yield url, upstream.engine
+    with serve_engine_gateway(settings, engine_config) as running:
+        yield running
 
 
 @pytest.fixture(scope="module")

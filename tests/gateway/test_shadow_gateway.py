@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import numpy as np
 import pytest
 
 from bench.semantic_support_day import answer_of as bank_answer_of
@@ -36,9 +35,10 @@ from bench.semantic_support_day import build_day
 from infercache.gateway.build import build
 from infercache.gateway.config import GatewayConfig
 from infercache.gateway.semantic_setup import enable_from_settings
-from infercache.semantic.embedder import Embedder, Matrix, MiniLMEmbedder, StaticEmbedder
+from infercache.semantic.embedder import Embedder, MiniLMEmbedder, StaticEmbedder
 from infercache.semantic.layer import SemanticLayer
 from infercache.settings import SemanticSettings, Settings
+from tests.harness.embedders import Remembered
 from tests.harness.servers import serve
 from tests.harness.upstreams import FakeUpstream
 from tests.semantic.support_bot import InlineExecutor, answer_of, ask, day, texts_by_intent
@@ -141,19 +141,6 @@ def test_a_support_bot_day_in_shadow_through_the_gateway(tmp_path: Path) -> None
         requests = [(ask(text), answer_of(intent)) for text, intent in day(600, seed=1)]
         semantic, _ = replay_day(client, layer, requests, target=0.05, min_pairs=40)
     assert semantic > 100  # measured: 306 answers, 2 wrong, serving from request 104
-
-
-class Remembered:
-    """MiniLM's vectors of the day's texts, embedded in one batch (the layer asks one text at
-    a time, which would cost this test minutes on 2 cores)."""
-
-    def __init__(self, base: MiniLMEmbedder, texts: list[str]) -> None:
-        self.dim, self.name = base.dim, base.name
-        vectors = base.embed(texts)
-        self._row = {t: vectors[i] for i, t in enumerate(texts)}
-
-    def embed(self, texts: Sequence[str]) -> Matrix:
-        return np.stack([self._row[t] for t in texts])
 
 
 @pytest.mark.slow

@@ -47,6 +47,13 @@ MakeHosted = Callable[..., Hosted]
 
 
 @pytest.fixture
+def closing() -> Iterator[ExitStack]:
+    """What a test enters here (an SDK client, say) is closed after it."""
+    with ExitStack() as stack:
+        yield stack
+
+
+@pytest.fixture
 def clock() -> ManualClock:
     return ManualClock()
 

@@ -5,7 +5,8 @@ in the SDK to the same message, and every error is in Anthropic's shape."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
+from contextlib import ExitStack
 from typing import Any
 
 import anthropic
@@ -14,7 +15,7 @@ import pytest
 
 from infercache.gateway.config import UpstreamSpec
 from tests.gateway.conftest import MakeGateway
-from tests.hosted.conftest import PROVIDER_KEY, MakeHosted
+from tests.hosted.conftest import PROVIDER_KEY, Hosted, MakeHosted
 from tests.hosted.providers import AnthropicStandIn
 
 MODEL = "claude-sonnet-4-5"
@@ -30,17 +31,22 @@ ASK: dict[str, Any] = {
 
 
 @pytest.fixture
-def sdk() -> Iterator[Callable[..., anthropic.Anthropic]]:
+def sdk(closing: ExitStack) -> Callable[..., anthropic.Anthropic]:
     """Anthropic clients for a gateway URL, each closed after the test."""
-    clients: list[anthropic.Anthropic] = []
 
     def make(url: str, key: str = "sk-app") -> anthropic.Anthropic:
-        clients.append(anthropic.Anthropic(base_url=url, api_key=key, max_retries=0))
-        return clients[-1]
+        return closing.enter_context(anthropic.Anthropic(base_url=url, api_key=key, max_retries=0))
 
-    yield make
-    for client in clients:
-        client.close()
+    return make
+
+
+@pytest.fixture
+def native(
+    make_hosted: MakeHosted, anthropic_standin: tuple[AnthropicStandIn, str]
+) -> tuple[AnthropicStandIn, Hosted]:
+    """The Anthropic stand-in, and a gateway in front of it (kind `anthropic`), the app's key."""
+    standin, url = anthropic_standin
+    return standin, make_hosted(url, "anthropic", api_keys={"sk-app": "app"})
 
 
 def without_usage(message: Any) -> dict[str, Any]:
@@ -55,12 +61,9 @@ def layer(raw: Any) -> str:
 
 
 def test_messages_twice_is_a_miss_then_an_exact_hit_and_streams_replay(
-    sdk: Callable[..., anthropic.Anthropic],
-    make_hosted: MakeHosted,
-    anthropic_standin: tuple[AnthropicStandIn, str],
+    sdk: Callable[..., anthropic.Anthropic], native: tuple[AnthropicStandIn, Hosted]
 ) -> None:
-    standin, url = anthropic_standin
-    gateway = make_hosted(url, "anthropic", api_keys={"sk-app": "app"})
+    standin, gateway = native
     client = sdk(gateway.url)
     first = client.messages.with_raw_response.create(**ASK)
     second = client.messages.with_raw_response.create(**ASK)
@@ -95,12 +98,10 @@ def test_messages_twice_is_a_miss_then_an_exact_hit_and_streams_replay(
 
 
 def test_the_client_beta_header_is_forwarded_and_keyed(
-    sdk: Callable[..., anthropic.Anthropic],
-    make_hosted: MakeHosted,
-    anthropic_standin: tuple[AnthropicStandIn, str],
+    sdk: Callable[..., anthropic.Anthropic], native: tuple[AnthropicStandIn, Hosted]
 ) -> None:
-    standin, url = anthropic_standin
-    client = sdk(make_hosted(url, "anthropic", api_keys={"sk-app": "app"}).url)
+    standin, gateway = native
+    client = sdk(gateway.url)
     beta = {"anthropic-beta": "prompt-caching-2024-07-31"}
     plain = client.messages.with_raw_response.create(**ASK)
     flagged = client.messages.with_raw_response.create(**ASK, extra_headers=beta)
@@ -110,12 +111,9 @@ def test_the_client_beta_header_is_forwarded_and_keyed(
 
 
 def test_errors_are_in_anthropic_shape(
-    sdk: Callable[..., anthropic.Anthropic],
-    make_hosted: MakeHosted,
-    anthropic_standin: tuple[AnthropicStandIn, str],
+    sdk: Callable[..., anthropic.Anthropic], native: tuple[AnthropicStandIn, Hosted]
 ) -> None:
-    standin, url = anthropic_standin
-    gateway = make_hosted(url, "anthropic", api_keys={"sk-app": "app"})
+    standin, gateway = native
     with pytest.raises(anthropic.BadRequestError) as bad:
         sdk(gateway.url).messages.create(model=MODEL, max_tokens=10, messages=[])
     assert bad.value.body["type"] == "error"  # type: ignore[index]
@@ -132,13 +130,11 @@ def test_errors_are_in_anthropic_shape(
 
 
 def test_a_cut_off_answer_is_not_stored(
-    sdk: Callable[..., anthropic.Anthropic],
-    make_hosted: MakeHosted,
-    anthropic_standin: tuple[AnthropicStandIn, str],
+    sdk: Callable[..., anthropic.Anthropic], native: tuple[AnthropicStandIn, Hosted]
 ) -> None:
     """`max_tokens` reached (stop_reason max_tokens) is a cut-off: served, never stored."""
-    standin, url = anthropic_standin
-    client = sdk(make_hosted(url, "anthropic", api_keys={"sk-app": "app"}).url)
+    standin, gateway = native
+    client = sdk(gateway.url)
     standin.stop_reason = "max_tokens"
     layers = [layer(client.messages.with_raw_response.create(**ASK)) for _ in range(2)]
     assert layers == ["miss", "miss"]

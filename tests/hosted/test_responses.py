@@ -6,7 +6,8 @@ reads to the same response; tenants never reach each other's conversations."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
+from contextlib import ExitStack
 from typing import Any
 
 import openai
@@ -14,7 +15,7 @@ import pytest
 
 from infercache.gateway.config import UpstreamSpec
 from tests.gateway.conftest import MakeGateway
-from tests.hosted.conftest import MakeHosted
+from tests.hosted.conftest import Hosted, MakeHosted
 from tests.hosted.providers import OpenAIStandIn
 
 MODEL = "gpt-4.1-mini"
@@ -22,16 +23,24 @@ KEYS = {"sk-a": "tenant-a", "sk-b": "tenant-b"}
 
 
 @pytest.fixture
-def sdk() -> Iterator[Callable[..., openai.OpenAI]]:
-    clients: list[openai.OpenAI] = []
+def sdk(closing: ExitStack) -> Callable[..., openai.OpenAI]:
+    """OpenAI clients for a gateway URL, each closed after the test."""
 
     def make(url: str, key: str = "sk-a") -> openai.OpenAI:
-        clients.append(openai.OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0))
-        return clients[-1]
+        return closing.enter_context(
+            openai.OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0)
+        )
 
-    yield make
-    for client in clients:
-        client.close()
+    return make
+
+
+@pytest.fixture
+def native(
+    make_hosted: MakeHosted, openai_standin: tuple[OpenAIStandIn, str]
+) -> tuple[OpenAIStandIn, Hosted]:
+    """The OpenAI stand-in, and a gateway in front of it (kind `openai`) with both tenants' keys."""
+    standin, url = openai_standin
+    return standin, make_hosted(url, "openai", api_keys=KEYS)
 
 
 def ask(client: openai.OpenAI, **fields: Any) -> tuple[str, Any]:
@@ -41,12 +50,10 @@ def ask(client: openai.OpenAI, **fields: Any) -> tuple[str, Any]:
 
 
 def test_responses_twice_then_a_follow_up_twice(
-    sdk: Callable[..., openai.OpenAI],
-    make_hosted: MakeHosted,
-    openai_standin: tuple[OpenAIStandIn, str],
+    sdk: Callable[..., openai.OpenAI], native: tuple[OpenAIStandIn, Hosted]
 ) -> None:
-    standin, url = openai_standin
-    client = sdk(make_hosted(url, "openai", api_keys=KEYS).url)
+    standin, gateway = native
+    client = sdk(gateway.url)
     first = ask(client, input="What is the capital of France?", instructions="Be brief.")
     second = ask(client, input="What is the capital of France?", instructions="Be brief.")
     assert (first[0], second[0]) == ("miss", "exact-hit")
@@ -75,12 +82,9 @@ def _parts(item: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def test_a_follow_up_the_gateway_did_not_serve_is_passed_through(
-    sdk: Callable[..., openai.OpenAI],
-    make_hosted: MakeHosted,
-    openai_standin: tuple[OpenAIStandIn, str],
+    sdk: Callable[..., openai.OpenAI], native: tuple[OpenAIStandIn, Hosted]
 ) -> None:
-    standin, url = openai_standin
-    gateway = make_hosted(url, "openai", api_keys=KEYS)
+    standin, gateway = native
     a, b = sdk(gateway.url, "sk-a"), sdk(gateway.url, "sk-b")
     _, served = ask(a, input="Tell me a secret of tenant a.")
     # another tenant naming tenant a's response: not resolved for it, passed through as it came
@@ -99,12 +103,10 @@ def test_a_follow_up_the_gateway_did_not_serve_is_passed_through(
 
 
 def test_a_streamed_response_replays_as_events_the_sdk_reads(
-    sdk: Callable[..., openai.OpenAI],
-    make_hosted: MakeHosted,
-    openai_standin: tuple[OpenAIStandIn, str],
+    sdk: Callable[..., openai.OpenAI], native: tuple[OpenAIStandIn, Hosted]
 ) -> None:
-    standin, url = openai_standin
-    client = sdk(make_hosted(url, "openai", api_keys=KEYS).url)
+    standin, gateway = native
+    client = sdk(gateway.url)
     finals = []
     for _ in range(2):
         with client.responses.stream(model=MODEL, input="Name a colour.", temperature=0) as s:

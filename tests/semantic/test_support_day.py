@@ -14,35 +14,21 @@ the issue measured (0.93) must answer fewer.
 from __future__ import annotations
 
 import csv
-from collections.abc import Sequence
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from bench.semantic_support_day import Day, build_day
 from infercache.errors import InvalidRequestError
-from infercache.semantic.embedder import Matrix, MiniLMEmbedder
+from infercache.semantic.embedder import MiniLMEmbedder
 from infercache.semantic.guards import default_guards
 from infercache.semantic.ood_set import ood_texts
 from infercache.semantic.tuning.fit import FitOptions, fit_matcher
+from tests.harness.embedders import Remembered
 
 pytestmark = pytest.mark.slow
 
 DATA = Path(__file__).parent / "data"
-
-
-class Remembered:
-    """MiniLM's own vectors, embedded in batches once for every text of the slice (the layer
-    asks for one text at a time, which would cost the suite minutes)."""
-
-    def __init__(self, base: MiniLMEmbedder, texts: list[str]) -> None:
-        self.dim, self.name = base.dim, base.name
-        vectors = base.embed(texts)
-        self._row = {t: vectors[i] for i, t in enumerate(texts)}
-
-    def embed(self, texts: Sequence[str]) -> Matrix:
-        return np.stack([self._row[t] for t in texts])
 
 
 def read_slice(name: str) -> list[tuple[str, str]]:
