@@ -33,6 +33,13 @@ def key(cache: Cache) -> str:
     return cache.exact.key(parse_request(chat()))
 
 
+def missed(cache: Cache) -> Miss:
+    """`chat()` begun on `cache`: a miss, the caller's to close."""
+    miss = cache.begin(chat())
+    assert isinstance(miss, Miss)
+    return miss
+
+
 def test_an_expired_entry_found_on_read_is_deleted_from_the_store(
     cache: Cache, clock: ManualClock, upstream: CountingUpstream
 ) -> None:
@@ -53,8 +60,7 @@ def test_a_stale_entry_is_deleted_on_read_even_when_nothing_replaces_it(
     cache.set_model_version("test-model", "v1")
     cache.complete(chat(), upstream)
     cache.set_model_version("test-model", "v2")
-    miss = cache.begin(chat())
-    assert isinstance(miss, Miss)
+    miss = missed(cache)
     assert cache.backend.get(key(cache)) is None  # reclaimed by the read itself
     miss.close(None)
     assert cache.stats()["strategies"]["exact"]["misses"]["stale_model_version"] == 1
@@ -64,8 +70,7 @@ def test_an_answer_generated_across_a_swap_is_never_served(
     cache: Cache, upstream: CountingUpstream
 ) -> None:
     cache.set_model_version("test-model", "v1")
-    miss = cache.begin(chat())
-    assert isinstance(miss, Miss)
+    miss = missed(cache)
     cache.set_model_version("test-model", "v2")  # lands while the answer is being generated
     miss.close(upstream(chat()), upstream_s=1.0)
     assert cache.complete(chat(), upstream).layer is Layer.MISS
@@ -75,8 +80,7 @@ def test_an_answer_from_an_older_version_is_not_stored_under_the_current_one(
     cache: Cache, upstream: CountingUpstream
 ) -> None:
     cache.set_model_version("test-model", "fp-2")
-    miss = cache.begin(chat())
-    assert isinstance(miss, Miss)
+    miss = missed(cache)
     assert miss.lookup is not None
     # A replica still on fp-1 answered: the upstream says which version produced it.
     store = cache.exact.store

@@ -9,6 +9,7 @@ from pathlib import Path
 import openai
 import pytest
 
+from tests.harness.openai_streams import streamed
 from tests.harness.processes import engine_server
 
 MODEL = "SmolLM2-135M-Instruct"
@@ -44,16 +45,9 @@ def test_openai_client_gets_answers_and_cached_tokens_from_the_cli_server(served
     assert first.choices[0].message.content
     assert first.system_fingerprint is not None
     assert first.system_fingerprint.startswith("fp_")
-    stream = client.chat.completions.create(
-        model=MODEL,
-        messages=messages("Why does it help?"),  # type: ignore[arg-type]
-        max_tokens=8,
-        temperature=0,
-        stream=True,
-        stream_options={"include_usage": True},
+    text, chunks = streamed(
+        client, model=MODEL, messages=messages("Why does it help?"), max_tokens=8, temperature=0
     )
-    chunks = list(stream)
-    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text
     usage = chunks[-1].usage
     assert usage is not None

@@ -16,6 +16,7 @@ from infercache.engine.config import EngineConfig
 from infercache.engine.engine import Engine
 from infercache.engine.server import create_app
 from tests.harness.engine_requests import engine_chat
+from tests.harness.openai_streams import streamed
 from tests.harness.servers import serve
 
 
@@ -196,16 +197,9 @@ def test_openai_client_over_a_real_loopback_server(loopback_url: str, engine: En
     first = client.chat.completions.create(
         model=engine.model_id, messages=messages, max_tokens=5, temperature=0
     )
-    stream = client.chat.completions.create(
-        model=engine.model_id,
-        messages=messages,
-        max_tokens=5,
-        temperature=0,
-        stream=True,
-        stream_options={"include_usage": True},
+    text, chunks = streamed(
+        client, model=engine.model_id, messages=messages, max_tokens=5, temperature=0
     )
-    chunks = list(stream)
-    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == first.choices[0].message.content
     usage = chunks[-1].usage
     assert usage is not None

@@ -14,6 +14,7 @@ import httpx
 import openai
 import pytest
 
+from tests.harness.openai_streams import streamed
 from tests.harness.processes import infercache_exe, start, stop, wait_for_line
 from tests.harness.servers import free_port
 
@@ -105,16 +106,8 @@ def test_streaming_client_gets_a_stream_and_a_replayed_hit(gateway_url: str) -> 
     messages = [{"role": "user", "content": "Count to three."}]
     texts = []
     for _ in range(2):
-        stream = client.chat.completions.create(
-            model=model,
-            messages=messages,
-            temperature=0,
-            max_tokens=8,
-            stream=True,
-            stream_options={"include_usage": True},
-        )
-        chunks = list(stream)
-        texts.append("".join(c.choices[0].delta.content or "" for c in chunks if c.choices))
+        text, chunks = streamed(client, model=model, messages=messages, temperature=0, max_tokens=8)
+        texts.append(text)
         assert chunks[-1].usage is not None
     assert texts[0]
     assert texts[0] == texts[1]

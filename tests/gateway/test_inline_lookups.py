@@ -6,23 +6,29 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from infercache.gateway.service import Gateway
 from tests.gateway.conftest import MakeGateway, Running, body
 from tests.harness.processes import sqlite_lock_held
 from tests.stores.test_inline_reads import exclusively_locked
 
+SQLiteGateway = tuple[Path, Running, Gateway]
 
-def sqlite_gateway(make_gateway: MakeGateway, db: Path) -> tuple[Running, Gateway]:
-    """A gateway on the SQLite file `db`, whose busy timeout is its 0.2 s store budget."""
+
+@pytest.fixture
+def on_sqlite(make_gateway: MakeGateway, tmp_path: Path) -> SQLiteGateway:
+    """A gateway on a SQLite file of its own (the file, the gateway running, and its service),
+    whose busy timeout is its 0.2 s store budget."""
+    db = tmp_path / "gateway.db"
     running = make_gateway(store_url=f"sqlite:///{db}", store_budget_s=0.2)
-    return running, running.built.gateway
+    return db, running, running.built.gateway
 
 
 def test_the_gateway_serves_through_a_lock_by_retrying_off_the_loop(
-    make_gateway: MakeGateway, tmp_path: Path
+    on_sqlite: SQLiteGateway,
 ) -> None:
-    db = tmp_path / "gateway.db"
-    running, gateway = sqlite_gateway(make_gateway, db)
+    db, running, gateway = on_sqlite
     with running.client() as client:
         # Locked before the gateway's first lookup opened the file (the lock needs it alone).
         with exclusively_locked(db):
@@ -39,10 +45,9 @@ def test_the_gateway_serves_through_a_lock_by_retrying_off_the_loop(
 
 
 def test_a_miss_is_stored_on_the_loop_and_off_it_while_another_process_writes(
-    make_gateway: MakeGateway, tmp_path: Path
+    on_sqlite: SQLiteGateway,
 ) -> None:
-    db = tmp_path / "gateway.db"
-    running, gateway = sqlite_gateway(make_gateway, db)
+    db, running, gateway = on_sqlite
     with running.client() as client:
 
         def ask(question: str) -> str:

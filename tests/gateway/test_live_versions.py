@@ -112,6 +112,21 @@ def test_two_replicas_at_two_versions_keep_their_own_entries(
                 assert (response.headers["x-infercache"], served) == ("exact-hit", "fp_v2")
 
 
+def canaried(
+    make_gateway: MakeGateway,
+    fake: tuple[FakeUpstream, str],
+    second: tuple[FakeUpstream, str],
+    **rollout: Any,
+) -> tuple[Running, FakeUpstream, FakeUpstream, dict[str, Any]]:
+    """`two_replicas` with the second declared a canary through /admin/rollout (`rollout`:
+    the rest of the declaration); the declaration's answer last."""
+    running, one, two = two_replicas(make_gateway, fake, second, admin_token="adm")
+    with running.client("adm") as admin:
+        declared = admin.post("/admin/rollout", json={"canary": [f"{second[1]}/v1"], **rollout})
+        assert declared.status_code == 200, declared.text
+    return running, one, two, declared.json()
+
+
 def tenant_replicas(running: Running, one: FakeUpstream, two: FakeUpstream) -> dict[str, set[int]]:
     where: dict[str, set[int]] = {}
     for i, upstream in enumerate((one, two)):
@@ -123,14 +138,10 @@ def tenant_replicas(running: Running, one: FakeUpstream, two: FakeUpstream) -> d
 def test_a_canary_at_ten_percent_takes_a_sticky_tenth_of_the_tenants(
     make_gateway: MakeGateway, fake: tuple[FakeUpstream, str], second: tuple[FakeUpstream, str]
 ) -> None:
-    running, one, two = two_replicas(make_gateway, fake, second, admin_token="adm")
-    canary = f"{second[1]}/v1"
-    with running.client("adm") as admin:
-        declared = admin.post(
-            "/admin/rollout", json={"canary": [canary], "share": 0.1, "version": "canary-1"}
-        )
-        assert declared.status_code == 200, declared.text
-        assert declared.json()["rollout"]["share"] == 0.1
+    running, one, two, declared = canaried(
+        make_gateway, fake, second, share=0.1, version="canary-1"
+    )
+    assert declared["rollout"]["share"] == 0.1
     tenants = [f"tenant-{i:03d}" for i in range(200)]
     with running.client() as client:
         for turn in range(2):
@@ -152,11 +163,7 @@ def test_a_canary_at_ten_percent_takes_a_sticky_tenth_of_the_tenants(
 def test_a_conversation_never_switches_version(
     make_gateway: MakeGateway, fake: tuple[FakeUpstream, str], second: tuple[FakeUpstream, str]
 ) -> None:
-    running, one, two = two_replicas(make_gateway, fake, second, admin_token="adm")
-    canary = f"{second[1]}/v1"
-    with running.client("adm") as admin:
-        rollout = {"canary": [canary], "share": 0.5, "sticky": "conversation"}
-        assert admin.post("/admin/rollout", json=rollout).status_code == 200
+    running, one, two, _ = canaried(make_gateway, fake, second, share=0.5, sticky="conversation")
     with running.client() as client:
         for c in range(30):
             messages: list[dict[str, str]] = [{"role": "user", "content": f"conversation {c}"}]

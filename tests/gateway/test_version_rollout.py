@@ -134,6 +134,23 @@ def hit_only_load(running: Running, served: Served, stop: threading.Event) -> No
                 served.append((time.monotonic(), layer, fingerprint))
 
 
+@contextlib.contextmanager
+def under_hit_load(running: Running) -> Iterator[Served]:
+    """QUESTIONS asked once (misses) and again (v1's exact hits), then asked over and over on
+    a thread (`hit_only_load`) for the block; what was served, stamped."""
+    assert [layer for layer, _ in ask_all(running, QUESTIONS)] == ["miss"] * 20
+    assert ask_all(running, QUESTIONS) == [("exact-hit", "fp_v1")] * 20
+    served: Served = []
+    stop = threading.Event()
+    load = threading.Thread(target=hit_only_load, args=(running, served, stop))
+    load.start()
+    try:
+        yield served
+    finally:
+        stop.set()
+        load.join(60)
+
+
 def wait_for_change(running: Running, swaps: int, rounds: int = 30) -> None:
     """Wait (on the prober's rounds, not a sleep) until the gateway recorded a version change,
     then two rounds more, so the load is answered by the new version for a while."""
@@ -166,21 +183,12 @@ def test_an_upgrade_under_a_hit_only_load_is_seen_through_v1_models(
     for replica in replicas:
         replica.version, replica.models_version = "fp_v1", "v1"
     running = make_gateway(upstreams=(f"{fake[1]}/v1", f"{second[1]}/v1"), version_poll_s=1.0)
-    assert [layer for layer, _ in ask_all(running, QUESTIONS)] == ["miss"] * 20
-    assert ask_all(running, QUESTIONS) == [("exact-hit", "fp_v1")] * 20
-    served: Served = []
-    stop = threading.Event()
-    load = threading.Thread(target=hit_only_load, args=(running, served, stop))
-    load.start()
-    try:
+    with under_hit_load(running) as served:
         swaps = running.built.gateway.tracker.swaps
         for replica in replicas:
             replica.version, replica.models_version = "fp_v2", "v2"
         gone = time.monotonic()  # the last old replica is gone
         wait_for_change(running, swaps)
-    finally:
-        stop.set()
-        load.join(60)
     assert_no_old_answer_late(served, gone)
 
 
@@ -201,13 +209,7 @@ def test_an_upgrade_under_a_hit_only_load_is_seen_from_fingerprints_after_a_rest
         running = make_gateway(
             upstreams=tuple(f"{u}/v1" for u in urls), version_poll_s=1.0, version_probe_s=1.0
         )
-        assert [layer for layer, _ in ask_all(running, QUESTIONS)] == ["miss"] * 20
-        assert ask_all(running, QUESTIONS) == [("exact-hit", "fp_v1")] * 20
-        served: Served = []
-        stop = threading.Event()
-        load = threading.Thread(target=hit_only_load, args=(running, served, stop))
-        load.start()
-        try:
+        with under_hit_load(running) as served:
             swaps = running.built.gateway.tracker.swaps
             for stack in stacks:  # both replicas go down
                 stack.close()
@@ -220,9 +222,6 @@ def test_an_upgrade_under_a_hit_only_load_is_seen_from_fingerprints_after_a_rest
                 new.version = "fp_v2"
                 stack.enter_context(serve(new.app, port=int(url.rsplit(":", 1)[1])))
             wait_for_change(running, swaps)
-        finally:
-            stop.set()
-            load.join(60)
         assert_no_old_answer_late(served, gone)
     finally:
         for stack in (*restarted, *stacks):

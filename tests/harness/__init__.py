@@ -9,6 +9,7 @@ upstreams.py   stand-ins for a paid provider: `FakeUpstream` (HTTP, for the gate
                `CountingUpstream` (the library's upstream function)
 cli.py         `run_analyze(...)`: `infercache analyze` in-process
 vocabulary.py  `chat(...)`: the deterministic request body tests speak in
+openai_streams.py  `streamed(client, ...)`: an SDK chat stream with usage, read to the end
 embedders.py   `Remembered`: MiniLM's vectors of a day's texts, embedded in one batch up front
 flight_watch.py  `FlightWatch`: a flight table's observer, to wait on its flights, waiters and
                readers instead of sleeping
