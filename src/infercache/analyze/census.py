@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import bisect
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field, fields
 from enum import StrEnum
 from typing import NamedTuple
 
@@ -188,63 +188,54 @@ class Tally:
 
 
 @dataclass
-class CensusResult:
-    total: Tally
-    by_tenant: dict[str, Tally]
-    by_model: dict[str, Tally]
-    by_window: dict[int, Tally]  # window index (timestamp // window_s) → figures
-    tenant_names: dict[str, str]  # tenant → its configured name, where the log gives one
-    distances: dict[Class, Bins]
-    within_ttl: Counter[Class]
-    reused_share: Bins
-    shared_tokens: Bins  # reused tokens of `shared_prefix` requests
-    not_cacheable: Counter[str]
+class CensusCounts:
+    """What the census counts as requests go by (its result's figures, but the prefix cache's
+    and the identities')."""
+
+    total: Tally = field(default_factory=Tally)
+    by_tenant: dict[str, Tally] = field(default_factory=dict)
+    by_model: dict[str, Tally] = field(default_factory=dict)
+    by_window: dict[int, Tally] = field(default_factory=dict)  # timestamp // window_s → figures
+    tenant_names: dict[str, str] = field(default_factory=dict)  # tenant → its configured name
+    distances: dict[Class, Bins] = field(
+        default_factory=lambda: {c: Bins(DISTANCE_BOUNDS_S) for c in Class if c is not Class.UNIQUE}
+    )
+    within_ttl: Counter[Class] = field(default_factory=Counter)
+    reused_share: Bins = field(default_factory=lambda: Bins(SHARE_BOUNDS))
+    # reused tokens of `shared_prefix` requests
+    shared_tokens: Bins = field(default_factory=lambda: Bins(SHARED_TOKEN_BOUNDS))
+    not_cacheable: Counter[str] = field(default_factory=Counter)
+    without_prompt: int = 0  # requests without a known prompt: exact repeats only
+    timed: int = 0  # requests with a timestamp
+    first_s: float | None = None
+    last_s: float | None = None
+    layers: Counter[str] = field(default_factory=Counter)  # what the gateway did live, from its log
+
+
+@dataclass(kw_only=True)
+class CensusResult(CensusCounts):
     prefix: PrefixStats
     kv_sweep: BudgetSweep | None
     prefix_bounded: bool
     identities_bounded: bool  # some exact identities were forgotten: repeats a lower bound
-    without_prompt: int  # requests without a known prompt: exact repeats only
-    timed: int  # requests with a timestamp
-    first_s: float | None
-    last_s: float | None
-    layers: Counter[str]  # what the gateway did live, from its log
     near_duplicates_measured: bool
 
 
+@dataclass(eq=False, repr=False, slots=True)
 class Census:
-    def __init__(
-        self,
-        options: AnalyzeOptions,
-        *,
-        breakers: BreakerFinder | None = None,
-        near_measured: bool = False,
-        max_groups: int = 1000,
-    ) -> None:
-        self._options = options
-        self._breakers = breakers
-        self._near_measured = near_measured
-        self._max_groups = max_groups
-        self._prefix = SimulatedPrefixCache(
-            capacity_tokens=options.census_capacity_tokens, sweep=True
-        )
-        self._identities = RecentIdentities(options.census_max_identities)
-        self._total = Tally()
-        self._by_tenant: dict[str, Tally] = {}
-        self._by_model: dict[str, Tally] = {}
-        self._by_window: dict[int, Tally] = {}
-        self._names: dict[str, str] = {}
-        self._distances: dict[Class, Bins] = {
-            c: Bins(DISTANCE_BOUNDS_S) for c in Class if c is not Class.UNIQUE
-        }
-        self._within_ttl: Counter[Class] = Counter()
-        self._reused_share = Bins(SHARE_BOUNDS)
-        self._shared_tokens = Bins(SHARED_TOKEN_BOUNDS)
-        self._not_cacheable: Counter[str] = Counter()
-        self._layers: Counter[str] = Counter()
-        self._without_prompt = 0
-        self._timed = 0
-        self._first_s: float | None = None
-        self._last_s: float | None = None
+    options: AnalyzeOptions
+    _: KW_ONLY
+    breakers: BreakerFinder | None = None
+    near_measured: bool = False
+    max_groups: int = 1000
+    _prefix: SimulatedPrefixCache = field(init=False)
+    _identities: RecentIdentities = field(init=False)
+    _counts: CensusCounts = field(init=False, default_factory=CensusCounts)
+
+    def __post_init__(self) -> None:
+        capacity = self.options.census_capacity_tokens
+        self._prefix = SimulatedPrefixCache(capacity_tokens=capacity, sweep=True)
+        self._identities = RecentIdentities(self.options.census_max_identities)
 
     def remember(self, event: PreparedRequest) -> Repeat:
         """Whether `event` repeats an earlier request exactly; call once per request, in time
@@ -267,11 +258,11 @@ class Census:
             event.tenant,
             event.model,
             event.body,
-            share_across_tenants=self._options.share_prefix_across_tenants,
+            share_across_tenants=self.options.share_prefix_across_tenants,
         )
         reused, prefix_seen_s = self._prefix_reuse(event, namespace, now)
         prompt = event.prompt_tokens if event.units is not None and event.prompt_tokens else 0
-        shares = prompt and reused >= self._options.min_prefix_share * prompt
+        shares = prompt and reused >= self.options.min_prefix_share * prompt
         fallback = Class.SHARED_PREFIX if shares else Class.UNIQUE
         if repeat.seen:
             cls, since = Class.EXACT_REPEAT, repeat.previous_s
@@ -280,12 +271,12 @@ class Census:
         else:
             cls, since = fallback, prefix_seen_s if fallback is Class.SHARED_PREFIX else None
         if cls is Class.SHARED_PREFIX:
-            self._shared_tokens.add(reused)
+            self._counts.shared_tokens.add(reused)
         if now is not None and since is not None:
             self._distance(cls, now - since)
-        if self._breakers is not None and event.first_message is not None:
+        if self.breakers is not None and event.first_message is not None:
             role, text = event.first_message
-            self._breakers.observe(namespace, event.tenant, event.model, role, text)
+            self.breakers.observe(namespace, event.tenant, event.model, role, text)
         self._count(event, cls, prompt, reused, repeat, near, fallback)
         return Observation(cls, reused)
 
@@ -293,7 +284,7 @@ class Census:
         self, event: PreparedRequest, namespace: str, now: float | None
     ) -> tuple[int, float | None]:
         if event.units is None or event.prompt_tokens is None:
-            self._without_prompt += 1
+            self._counts.without_prompt += 1
             return 0, None
         reuse = self._prefix.observe(
             namespace,
@@ -303,21 +294,21 @@ class Census:
             now_s=now if now is not None else 0.0,
         )
         prompt = event.prompt_tokens
-        self._reused_share.add(reuse.reused_tokens / prompt if prompt else 0.0)
+        self._counts.reused_share.add(reuse.reused_tokens / prompt if prompt else 0.0)
         return reuse.reused_tokens, reuse.last_seen_s if now is not None else None
 
     def _clock(self, now: float | None) -> None:
         if now is None:
             return
-        self._timed += 1
-        if self._first_s is None:
-            self._first_s = now
-        self._last_s = now if self._last_s is None else max(self._last_s, now)
+        self._counts.timed += 1
+        if self._counts.first_s is None:
+            self._counts.first_s = now
+        self._counts.last_s = now if self._counts.last_s is None else max(self._counts.last_s, now)
 
     def _distance(self, cls: Class, seconds: float) -> None:
-        self._distances[cls].add(max(0.0, seconds))
-        if seconds <= self._options.ttl_s:
-            self._within_ttl[cls] += 1
+        self._counts.distances[cls].add(max(0.0, seconds))
+        if seconds <= self.options.ttl_s:
+            self._counts.within_ttl[cls] += 1
 
     def _count(
         self,
@@ -331,20 +322,20 @@ class Census:
     ) -> None:
         cacheable = event.not_cacheable is None
         if not cacheable:
-            self._not_cacheable[event.not_cacheable or ""] += 1
+            self._counts.not_cacheable[event.not_cacheable or ""] += 1
         if event.layer is not None:
-            self._layers[event.layer] += 1
-        if event.tenant_name and event.tenant not in self._names:
-            self._names[event.tenant] = event.tenant_name
+            self._counts.layers[event.layer] += 1
+        if event.tenant_name and event.tenant not in self._counts.tenant_names:
+            self._counts.tenant_names[event.tenant] = event.tenant_name
         groups = [
-            self._total,
-            self._group(self._by_tenant, event.tenant),
-            self._group(self._by_model, event.model),
+            self._counts.total,
+            self._group(self._counts.by_tenant, event.tenant),
+            self._group(self._counts.by_model, event.model),
         ]
-        window_s = self._options.window_s
+        window_s = self.options.window_s
         if window_s is not None and event.timestamp_s is not None:
             window = int(event.timestamp_s // window_s)
-            groups.append(self._by_window.setdefault(window, Tally()))
+            groups.append(self._counts.by_window.setdefault(window, Tally()))
         for tally in groups:
             tally.add(cls, prompt, reused, cacheable)
             if not repeat.seen:
@@ -353,31 +344,18 @@ class Census:
     def _group(self, groups: dict[str, Tally], name: str) -> Tally:
         tally = groups.get(name)
         if tally is None:
-            if len(groups) >= self._max_groups:
+            if len(groups) >= self.max_groups:
                 name = OTHER
             tally = groups.setdefault(name, Tally())
         return tally
 
     def result(self) -> CensusResult:
+        counts = {f.name: getattr(self._counts, f.name) for f in fields(CensusCounts)}
         return CensusResult(
-            total=self._total,
-            by_tenant=self._by_tenant,
-            by_model=self._by_model,
-            by_window=self._by_window,
-            tenant_names=self._names,
-            distances=self._distances,
-            within_ttl=self._within_ttl,
-            reused_share=self._reused_share,
-            shared_tokens=self._shared_tokens,
-            not_cacheable=self._not_cacheable,
+            **counts,
             prefix=self._prefix.stats(),
             kv_sweep=self._prefix.sweep,
             prefix_bounded=self._prefix.evicted,
             identities_bounded=self._identities.forgot,
-            without_prompt=self._without_prompt,
-            timed=self._timed,
-            first_s=self._first_s,
-            last_s=self._last_s,
-            layers=self._layers,
-            near_duplicates_measured=self._near_measured,
+            near_duplicates_measured=self.near_measured,
         )

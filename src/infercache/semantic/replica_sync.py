@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from dataclasses import KW_ONLY, InitVar, dataclass, field
 
 from infercache.errors import StoreError
 from infercache.semantic.layer import SemanticLayer
@@ -50,28 +51,29 @@ def wants_sync(store_url: str) -> bool:
     return is_redis_url(store_url)
 
 
+@dataclass(eq=False, repr=False, slots=True)
 class ReplicaSync:
-    def __init__(
-        self,
-        layer: SemanticLayer,
-        feed: Feed,
-        *,
-        block_ms: int = BLOCK_MS,
-        position: str | None = None,
-    ) -> None:
-        """`position`: a tail taken before the layer's last successful rebuild (resume from
-        it); None: start afresh in the thread (tail, then rebuild)."""
-        self.layer = layer
-        self._feed = feed
-        self._block_ms = block_ms
+    """`position`: a tail taken before the layer's last successful rebuild (resume from it);
+    None: start afresh in the thread (tail, then rebuild)."""
+
+    layer: SemanticLayer
+    feed: Feed
+    _: KW_ONLY
+    block_ms: int = BLOCK_MS
+    position: InitVar[str | None] = None
+    follower: FeedFollower = field(init=False)
+    applied: int = field(init=False, default=0)  # events applied
+    _stop: threading.Event = field(init=False, default_factory=threading.Event)
+    _progress: threading.Condition = field(init=False, default_factory=threading.Condition)
+    _thread: threading.Thread = field(init=False)
+
+    def __post_init__(self, position: str | None) -> None:
+        layer = self.layer
         self.follower = FeedFollower(
-            feed, rebuild=lambda: layer.rebuild(replace=True), apply=self.apply
+            self.feed, rebuild=lambda: layer.rebuild(replace=True), apply=self.apply
         )
         if position is not None:
             self.follower.resume(position)
-        self.applied = 0  # events applied
-        self._stop = threading.Event()
-        self._progress = threading.Condition()
         self._thread = threading.Thread(
             target=self._run, name="infercache-replica-sync", daemon=True
         )
@@ -106,7 +108,7 @@ class ReplicaSync:
             try:
                 if self.follower.position is None:
                     self.follower.start()
-                self.follower.poll(block_ms=self._block_ms)
+                self.follower.poll(block_ms=self.block_ms)
                 backoff_s = MIN_BACKOFF_S
             except StoreError as exc:
                 self.layer.metrics.count("feed_errors")
@@ -120,7 +122,7 @@ class ReplicaSync:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join()
-        self._feed.close()
+        self.feed.close()
 
 
 def attach(
