@@ -8,13 +8,16 @@ gateway's alarm line, in the JSON, text and HTML reports."""
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import anthropic
+import httpx
 import openai
 import pytest
+import yaml
 
 from infercache.metrics import PriceTable
 from tests.harness.cli import run_analyze
@@ -144,6 +147,20 @@ def test_writes_never_read_back_analyze_as_a_loss_with_the_alarm(
     assert f"<h2>Provider prompt cache of {gateway.upstream} (as it reported it)</h2>" in page
     assert net in page
     assert f"<p class=warn>{gateway.upstream}: alert: the provider" in page
+    # --format alerts: a rule on the gateway's own per-upstream counters, true of them now
+    rules = yaml.safe_load(analyze(log, capsys, "alerts"))["groups"][0]["rules"]
+    (rule,) = [r for r in rules if r["alert"] == "InfercacheProviderPromptCacheLoss"]
+    assert rule["labels"]["upstream"] == gateway.upstream
+    with httpx.Client(base_url=gateway.url) as http:
+        metrics = http.get("/metrics").text
+    counters = []
+    for series in re.findall(r"(infercache_[a-z_]+\{[^}]*\})\[", rule["expr"]):
+        (value,) = [line.rsplit(" ", 1)[1] for line in metrics.splitlines()
+                    if line.startswith(series + " ")]  # fmt: skip
+        counters.append(float(value))
+    saved, premium = counters
+    assert saved - premium == pytest.approx(total["net_usd"])
+    assert saved - premium < 0
 
 
 def test_openai_cached_tokens_analyze_as_stats_showed(
