@@ -66,18 +66,10 @@ class PromptCacheRow:
 
     @classmethod
     def of(cls, figures: PromptCacheFigures) -> PromptCacheRow:
-        net = figures.net_usd
-        return cls(
-            requests=figures.requests,
-            input_tokens=figures.input_tokens,
-            read_tokens=figures.read_tokens,
-            write_tokens=figures.write_tokens,
-            read_rate=figures.read_rate,
-            saved_usd=figures.saved_usd,
-            write_premium_usd=figures.write_premium_usd,
-            net_usd=net,
-            alarm=alarm_line(figures) if net < 0 else None,
-        )
+        f, net = figures, figures.net_usd
+        counts = (f.requests, f.input_tokens, f.read_tokens, f.write_tokens, f.read_rate)
+        money = (f.saved_usd, f.write_premium_usd, net)
+        return cls(*counts, *money, alarm_line(f) if net < 0 else None)
 
 
 @dataclass(frozen=True, slots=True)
