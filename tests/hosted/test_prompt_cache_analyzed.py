@@ -95,6 +95,20 @@ def test_one_shared_system_prompt_read_back_analyzes_as_stats_showed(
         extra_body={"temperature": 0},
     ) as stream:
         stream.until_done()
+    ask_all(client, [shared])  # question 0 again: an exact hit, no upstream call
+    lines = [json.loads(line) for line in log.read_text().splitlines()]
+    assert len(lines) == QUESTIONS + 2
+    assert lines[-1]["layer"] == "exact-hit"
+    assert "upstream" not in lines[-1]
+    assert "prompt_cache" not in lines[-1]
+    usage = standin.usages[1]  # Anthropic's usage, logged in the one shape
+    read, written = usage["cache_read_input_tokens"], usage["cache_creation_input_tokens"]
+    assert lines[1]["prompt_cache"] == {
+        "model": "claude-sonnet-4-5",
+        "input_tokens": usage["input_tokens"] + read + written,
+        "read_tokens": read,
+        "write_tokens": written,
+    }
     bill = billed(standin)
     stats = prompt_cache(gateway)
     found = section(log, capsys)
@@ -193,5 +207,9 @@ def test_openai_cached_tokens_analyze_as_stats_showed(
     total = section(log, capsys)["upstreams"][gateway.upstream]["total"]
     assert_same_as_stats(total, stats)
     assert total["requests"] == 5
+    second = json.loads(log.read_text().splitlines()[1])["prompt_cache"]  # chat's usage shape
+    assert second["read_tokens"] == 1024 + 128 * ((tokens(shared) - 1024) // 128)
+    assert second["input_tokens"] > second["read_tokens"]
+    assert second["write_tokens"] == 0
     assert total["read_tokens"] == 4 * (1024 + 128 * ((tokens(shared) - 1024) // 128))
     assert total["saved_usd"] == pytest.approx(total["read_tokens"] * 0.3e-6)
