@@ -49,6 +49,10 @@ class ProviderPromptCaches:
         figures = self.by_upstream_model.setdefault(key, PromptCacheFigures())
         figures.add(logged.usage, logged.model, self.prices)
 
+    def section(self) -> ProviderPromptCacheFigures | None:
+        """The report's section, or None when no line recorded an upstream call's usage."""
+        return provider_prompt_cache(self)
+
 
 @dataclass(frozen=True, slots=True)
 class PromptCacheRow:

@@ -165,10 +165,10 @@ class CallerSource:
         return self._fetch.fetch(miss, sink, self)
 
     @property
-    def upstream_name(self) -> str | None:
+    def upstream(self) -> Upstream | None:
         """The upstream that answered this caller's own call (None: it made none), for the
         request log (gateway/requestlog.py)."""
-        return None if self.replica is None else self._fetch.upstreams[self.replica].name
+        return None if self.replica is None else self._fetch.upstreams[self.replica]
 
     def observe(self, miss: Miss, response: Response) -> None:
         """What the endpoint keeps of the answer; and the answer belongs to its replica's

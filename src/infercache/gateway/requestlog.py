@@ -6,9 +6,10 @@
 
 plus `"version"` when the request was looked up under one of several live model versions;
 when this request's own call went upstream (not a hit, not an answer an identical request in
-flight or another gateway replica fetched), the upstream that answered and the prompt-cache
-usage its answer reported, in one shape whatever the API (prompt_cache/usage.py), with the
-answer's model (what the usage is priced at, as `/stats` prices it):
+flight or another gateway replica fetched), the upstream that answered and, when it reports
+its prefix reuse over HTTP (every upstream but the in-process engine, which counts its own:
+gateway/prefix_usage.py), the prompt-cache usage its answer reported, in one shape whatever
+the API (prompt_cache/usage.py), with the answer's model (what `/stats` prices it at):
 
      "upstream": "https://api.anthropic.com/v1",
      "prompt_cache": {"model": "claude-sonnet-4-5", "input_tokens": 3120, "read_tokens": 3010,
@@ -46,6 +47,7 @@ from typing import Any, Protocol, TextIO
 from infercache.clock import Clock
 from infercache.gateway.tracing import RequestSpan
 from infercache.gateway.traffic import RequestMetrics
+from infercache.gateway.upstream_protocols import Upstream
 from infercache.policy import cached_tokens, usage_tokens
 from infercache.prompt_cache.usage import prompt_cache_usage
 from infercache.redaction import Redactor
@@ -55,7 +57,7 @@ class Answerer(Protocol):
     """Who fetched a request's answer (gateway/replica_fetch.py `CallerSource`)."""
 
     @property
-    def upstream_name(self) -> str | None:
+    def upstream(self) -> Upstream | None:
         """The upstream this request's own call was answered by (None: it made none)."""
 
 
@@ -92,10 +94,11 @@ class RequestLog:
             record["upstream_ms"] = round(upstream_s * 1000, 3)
         if entry.version is not None:
             record["version"] = entry.version
-        upstream = entry.answered_by.upstream_name if entry.answered_by is not None else None
+        upstream = entry.answered_by.upstream if entry.answered_by is not None else None
         if upstream is not None and response is not None:
-            record["upstream"] = upstream
-            record["prompt_cache"] = _prompt_cache(response)
+            record["upstream"] = upstream.name
+            if not upstream.records_prefix_metrics:  # counted as prefix_usage.py counts it
+                record["prompt_cache"] = _prompt_cache(response)
         self.write(record, entry.body, entry.tenant, response)
 
     def write(

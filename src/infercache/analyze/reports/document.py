@@ -15,7 +15,6 @@ from typing import Any
 from infercache.analyze.analysis import Analysis
 from infercache.analyze.census import Bins, Class, Tally
 from infercache.analyze.log_reader import LineFormat
-from infercache.analyze.provider_prompt_cache import provider_prompt_cache
 from infercache.analyze.recommend import Recommendation, recommend
 from infercache.analyze.replay_figures import (
     CapacityRow,
@@ -128,7 +127,7 @@ def figures(analysis: Analysis, *, semantic_off: str | None = None) -> Figures:
         sweeps=_sweeps(analysis) if analysis.options.sweep else None,
         windows=_windows(analysis),
         cost_model=_cost_model(analysis),
-        provider_prompt_cache=provider_prompt_cache(analysis.prompt_caches),
+        provider_prompt_cache=analysis.prompt_caches.section(),
         inputs=_inputs(analysis),
         settings=_settings(analysis),
         observed_layers=dict(c.layers.most_common()),
