@@ -173,3 +173,24 @@ def test_a_bad_prompt_cache_field_is_a_malformed_line(
 def test_a_price_takes_at_most_four_figures(tmp_path: Path) -> None:
     log = support_bot(seed=2, n=5).write(tmp_path / "log.jsonl")
     assert run_analyze(str(log), "--tokenizer", "chars4", "--price", "m=1,2,0.5,1.25,9") == 2
+
+
+def test_a_redacted_log_carries_the_section_too(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`serve --redact` writes no text, but the counts: the section reads the same."""
+    usage = {"model": "claude-sonnet-4-5", "input_tokens": 3000, "read_tokens": 2900,
+             "write_tokens": 0}  # fmt: skip
+    common = {"tenant": "t", "model": "claude-sonnet-4-5", "layer": "miss", "status": 200,
+              "prefix_chunk_tokens": [2900, 100], "upstream": CLAUDE,
+              "prompt_cache": usage}  # fmt: skip
+    lines = [
+        {**common, "timestamp": float(i), "key_digest": f"d{i}", "prefix_hashes": [7, 100 + i]}
+        for i in range(3)
+    ]
+    log = write_lines(tmp_path / "redacted.jsonl", (json.dumps(r) for r in lines))
+    report = analyzed(capsys, log, *price_flags())
+    assert report["inputs"]["formats"] == {"redacted": 3}
+    row = report["provider_prompt_cache"]["upstreams"][CLAUDE]["total"]
+    assert (row["requests"], row["read_tokens"]) == (3, 3 * 2900)
+    assert row["net_usd"] == pytest.approx(3 * 2900 * 2.7e-6)
