@@ -172,6 +172,12 @@ class CallerSource:
     def fetch(self, miss: Miss, sink: ChunkSink) -> Coroutine[Any, Any, Fetched]:
         return self._fetch.fetch(miss, sink, self)
 
+    @property
+    def upstream(self) -> Upstream | None:
+        """The upstream that answered this caller's own call (None: it made none), for the
+        request log (gateway/requestlog.py)."""
+        return None if self.replica is None else self._fetch.upstreams[self.replica]
+
     def observe(self, miss: Miss, response: Response) -> None:
         """What the endpoint keeps of the answer; and the answer belongs to its replica's
         version: stored under it, or not at all while that version is in doubt or retired."""
