@@ -42,6 +42,27 @@ def wait_until(running: Running, condition: Any, attempts: int = 20_000) -> None
     pytest.fail("condition never held")
 
 
+def two_on_one_flight(running: Running, payload: dict[str, Any]) -> list[httpx.Response]:
+    """`payload` asked twice at once while the upstream is held, so that both requests are on
+    one flight (one leads, one waits); the answers once released, after one upstream call."""
+    running.fake.hold()
+    answers: list[httpx.Response] = []
+
+    def ask() -> None:
+        with running.client() as client:
+            answers.append(client.post("/v1/chat/completions", json=payload))
+
+    threads = [threading.Thread(target=ask) for _ in range(2)]
+    for t in threads:
+        t.start()
+    wait_until(running, lambda stats: stats["waiting"] == 1)  # both on the one flight
+    running.fake.release()
+    for t in threads:
+        t.join(30)
+    assert running.fake.calls == 1
+    return answers
+
+
 def test_a_repeat_is_an_exact_hit_with_an_age(make_gateway: MakeGateway) -> None:
     # hit_usage "original": the stored answer as it is (the default reports the usage as
     # saved: tests/gateway/test_hit_usage.py)

@@ -6,12 +6,10 @@ trackers' view: test_cost_trackers.py)."""
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import openai
 import pytest
 
@@ -20,7 +18,7 @@ from infercache.clock import ManualClock
 from infercache.errors import ConfigError
 from infercache.hit_usage import HitUsage, served_hit
 from tests.gateway.conftest import MakeGateway, body
-from tests.gateway.test_gateway import wait_until
+from tests.gateway.test_gateway import two_on_one_flight
 from tests.harness.servers import serve
 from tests.integrations.openai_standin import StandIn
 
@@ -112,24 +110,10 @@ def test_a_coalesced_answer_is_reported_as_a_hit_too(
     """Two identical requests in flight: one upstream call; /stats counts the waiter as a hit,
     and its usage says so."""
     running = make_gateway()
-    running.fake.hold()
     payload = body("held", stream=stream)
     if stream:
         payload["stream_options"] = {"include_usage": True}
-    answers: list[httpx.Response] = []
-
-    def ask() -> None:
-        with running.client() as client:
-            answers.append(client.post("/v1/chat/completions", json=payload))
-
-    threads = [threading.Thread(target=ask) for _ in range(2)]
-    for t in threads:
-        t.start()
-    wait_until(running, lambda stats: stats["waiting"] == 1)  # both on the one flight
-    running.fake.release()
-    for t in threads:
-        t.join(30)
-    assert running.fake.calls == 1
+    answers = two_on_one_flight(running, payload)
     usages = {}
     for answer in answers:
         if stream:

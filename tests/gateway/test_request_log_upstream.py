@@ -6,14 +6,12 @@ same flight (a coalesced hit) carries neither, so the analyzer counts each call 
 from __future__ import annotations
 
 import json
-import threading
 from pathlib import Path
 
-import httpx
 import pytest
 
 from tests.gateway.conftest import MakeGateway, body
-from tests.gateway.test_gateway import wait_until
+from tests.gateway.test_gateway import two_on_one_flight
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -22,22 +20,8 @@ def test_only_the_request_that_called_upstream_logs_the_call(
 ) -> None:
     log = tmp_path / "requests.jsonl"
     running = make_gateway(request_log=log)
-    running.fake.hold()
     payload = body("held", stream=stream)
-    answers: list[httpx.Response] = []
-
-    def ask() -> None:
-        with running.client() as client:
-            answers.append(client.post("/v1/chat/completions", json=payload))
-
-    threads = [threading.Thread(target=ask) for _ in range(2)]
-    for t in threads:
-        t.start()
-    wait_until(running, lambda stats: stats["waiting"] == 1)  # both on the one flight
-    running.fake.release()
-    for t in threads:
-        t.join(30)
-    assert running.fake.calls == 1
+    two_on_one_flight(running, payload)
     running.built.gateway.request_log.close()  # type: ignore[union-attr]
     lines = [json.loads(line) for line in log.read_text().splitlines()]
     assert len(lines) == 2
