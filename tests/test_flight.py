@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,8 +29,12 @@ from tests.harness.vocabulary import chat
 pytestmark = pytest.mark.concurrency
 
 
-def make_cache(tmp_path: Path, clock: ManualClock) -> Cache:
-    return Cache(Settings(data_dir=tmp_path, store_url=f"sqlite:///{tmp_path}/c.db"), clock=clock)
+@pytest.fixture
+def cache(tmp_path: Path, clock: ManualClock) -> Iterator[Cache]:
+    """A cache on a SQLite file, closed after the test."""
+    c = Cache(Settings(data_dir=tmp_path, store_url=f"sqlite:///{tmp_path}/c.db"), clock=clock)
+    yield c
+    c.close()
 
 
 def exact(cache: Cache) -> dict[str, Any]:
@@ -42,9 +46,8 @@ def exact(cache: Cache) -> dict[str, Any]:
 
 
 def test_sixteen_threads_with_one_miss_make_one_upstream_call(
-    tmp_path: Path, clock: ManualClock, upstream: CountingUpstream
+    cache: Cache, upstream: CountingUpstream
 ) -> None:
-    cache = make_cache(tmp_path, clock)
     upstream.gate = threading.Event()
     results: list[Completion] = []
     lock = threading.Lock()
@@ -71,14 +74,12 @@ def test_sixteen_threads_with_one_miss_make_one_upstream_call(
     snap = exact(cache)
     assert (snap["hits"], snap["misses"]["absent"], snap["counters"]["coalesced"]) == (15, 1, 15)
     assert len(cache.flights) == 0
-    cache.close()
 
 
 @pytest.mark.anyio
 async def test_sixteen_tasks_with_one_miss_make_one_upstream_call(
-    tmp_path: Path, clock: ManualClock, upstream: CountingUpstream
+    cache: Cache, upstream: CountingUpstream
 ) -> None:
-    cache = make_cache(tmp_path, clock)
     opened = asyncio.Event()
 
     async def slow_upstream(body: dict[str, Any]) -> dict[str, Any]:
@@ -94,13 +95,9 @@ async def test_sixteen_tasks_with_one_miss_make_one_upstream_call(
     assert len({c.response["id"] for c in completions}) == 1
     assert sum(c.coalesced for c in completions) == 15
     assert exact(cache)["lookups"] == 16
-    cache.close()
 
 
-def test_a_leaders_exception_reaches_every_waiter_and_is_stored_nowhere(
-    tmp_path: Path, clock: ManualClock
-) -> None:
-    cache = make_cache(tmp_path, clock)
+def test_a_leaders_exception_reaches_every_waiter_and_is_stored_nowhere(cache: Cache) -> None:
     gate = threading.Event()
     errors: list[BaseException] = []
 
@@ -127,14 +124,12 @@ def test_a_leaders_exception_reaches_every_waiter_and_is_stored_nowhere(
     assert snap["lookups"] == 4  # each Miss closed once: no hit, four misses
     assert snap["hits"] == 0
     assert snap["counters"].get("stored", 0) == 0
-    cache.close()
 
 
 @pytest.mark.anyio
 async def test_a_cancelled_leader_does_not_cancel_the_shared_call(
-    tmp_path: Path, clock: ManualClock, upstream: CountingUpstream
+    cache: Cache, upstream: CountingUpstream
 ) -> None:
-    cache = make_cache(tmp_path, clock)
     release = asyncio.Event()
 
     async def gated(body: dict[str, Any]) -> dict[str, Any]:
@@ -155,16 +150,14 @@ async def test_a_cancelled_leader_does_not_cancel_the_shared_call(
         await leader
     # The leader's fetch still finished and stored the answer for the next caller.
     assert (await cache.acomplete(chat(), gated)).layer is Layer.EXACT
-    cache.close()
 
 
 # -- the Miss lease --
 
 
 def test_a_miss_closes_once_whatever_the_order_of_calls(
-    tmp_path: Path, clock: ManualClock, upstream: CountingUpstream
+    cache: Cache, upstream: CountingUpstream
 ) -> None:
-    cache = make_cache(tmp_path, clock)
     miss = cache.begin(chat())
     assert isinstance(miss, Miss)
     response = upstream(chat())
@@ -175,13 +168,11 @@ def test_a_miss_closes_once_whatever_the_order_of_calls(
     assert miss.close_shared(miss.answer(response, 0.5)) is None
     snap = exact(cache)
     assert (snap["lookups"], snap["counters"]["stored"]) == (1, 1)
-    cache.close()
 
 
 def test_a_close_that_raises_still_answers_every_caller_and_closes_every_miss_once(
-    tmp_path: Path, clock: ManualClock, upstream: CountingUpstream
+    cache: Cache, upstream: CountingUpstream
 ) -> None:
-    cache = make_cache(tmp_path, clock)
 
     def explode(*args: Any, **kwargs: Any) -> None:
         raise RuntimeError("a bug in storing")
@@ -212,13 +203,11 @@ def test_a_close_that_raises_still_answers_every_caller_and_closes_every_miss_on
     snap = exact(cache)
     assert snap["lookups"] == 3  # every Miss closed exactly once
     assert snap["counters"].get("stored", 0) == 0
-    cache.close()
 
 
 def test_a_streaming_reader_gets_an_answer_that_came_whole_as_chunks(
-    tmp_path: Path, clock: ManualClock, upstream: CountingUpstream
+    cache: Cache, clock: ManualClock, upstream: CountingUpstream
 ) -> None:
-    cache = make_cache(tmp_path, clock)
     upstream.gate = threading.Event()
     led: list[Completion] = []
     leader = threading.Thread(target=lambda: led.append(cache.complete(chat(), upstream)))
@@ -237,7 +226,6 @@ def test_a_streaming_reader_gets_an_answer_that_came_whole_as_chunks(
     assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
     assert upstream.calls == 1
     assert exact(cache)["counters"]["coalesced"] == 1
-    cache.close()
 
 
 # -- the primitive itself --

@@ -69,7 +69,7 @@ class Lookup(NamedTuple):  # a NamedTuple, not a frozen dataclass: built on ever
         return self.entry is not None
 
 
-@dataclass(eq=False, repr=False, slots=True)
+@dataclass(eq=False, repr=False)
 class StoreLayer:
     """What a cache layer over a store holds (this exact layer, embeddings/embedding_cache.py):
     the store, the version meta read through it, its TTL policy, clock and metrics, and the
@@ -87,7 +87,8 @@ class StoreLayer:
         self.versions = Versions(self.backend)
 
 
-@dataclass(eq=False, repr=False, slots=True)
+# Not slotted: a test replaces `store` on an instance to make storing fail.
+@dataclass(eq=False, repr=False)
 class ExactCache(StoreLayer):
     def key(self, request: ChatRequest) -> str:
         return exact_key(request, self.ignorable_fields)

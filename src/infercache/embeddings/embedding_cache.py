@@ -69,7 +69,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-@dataclass(eq=False, repr=False, slots=True)
+@dataclass(eq=False, repr=False)
 class EmbeddingCache(StoreLayer):
     """Per-input embeddings on any backend, beside the chat entries (keys never collide:
     their prefixes differ). `EmbeddingCache.of(cache)` shares a `Cache`'s store, clock, TTL
