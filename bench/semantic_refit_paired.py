@@ -11,12 +11,17 @@ refit is `ShadowFit.refit` (semantic/shadow_fit.py) over a full window of `--win
 the largest a shadow gateway keeps: each holds k = 4 candidates' similarities, answers and
 counts, drawn from a seeded mix of right and wrong pairs; submitted to the verifier's executor
 back to back for the whole phase (a worst case: a shadow gateway refits once per
-`shadow_refit_every` judged pairs; the measured time of one refit is printed).
-Each round measures, in alternating order, a quiet phase and a refit phase; a phase runs `wrk`
+`shadow_refit_every` judged pairs; the measured time of one refit is printed), or with
+`--every S` one refit started every S seconds (a cadence: 250 judged pairs every S seconds).
+Two refits: `refit`, built by `shadow_fit_for` as a shadow gateway builds it (its CPU-heavy part
+in a worker process at nice 19 and SCHED_IDLE), and `refit_in_thread`, the same refit run on
+the verifier's thread itself (how it ran before). Each round measures three phases in rotating
+order, quiet and one per refit; a phase runs `wrk`
 from one connection for `--seconds` on an exact hit (the cached question) and then on a
 semantic hit (a paraphrase of it, answered from the semantic layer: embedding, search, accept).
-Printed per hit kind: the median over rounds of p50 and p99 in each phase, and the median of
-the per-round p99 ratio (refit / quiet) with its range. Needs `wrk`. Results to OUT/refit.json.
+Printed per refit and hit kind: the median over rounds of p50 and p99 in each phase, and the
+median of the per-round p99 ratio (refit / quiet) with its range. Needs `wrk`. Results to
+OUT/refit.json.
 """
 
 from __future__ import annotations
@@ -46,8 +51,10 @@ from infercache.gateway.build import build  # noqa: E402
 from infercache.gateway.config import GatewayConfig  # noqa: E402
 from infercache.gateway.semantic_setup import enable_from_settings  # noqa: E402
 from infercache.semantic.embedder import MiniLMEmbedder  # noqa: E402
+from infercache.semantic.layer import SemanticLayer  # noqa: E402
+from infercache.semantic.layer_config import ShadowConfig  # noqa: E402
 from infercache.semantic.matcher import NearbyAnswer  # noqa: E402
-from infercache.semantic.shadow_fit import Judged, ShadowFit  # noqa: E402
+from infercache.semantic.shadow_fit import Judged, ShadowFit, shadow_fit_for  # noqa: E402
 from infercache.settings import SemanticSettings, Settings  # noqa: E402
 from tests.harness.servers import serve  # noqa: E402
 from tests.harness.upstreams import FakeUpstream  # noqa: E402
@@ -79,8 +86,9 @@ def judgments(window: int, k: int, seed: int) -> list[Judged]:
 class Refits:
     """Refits back to back on the gateway's verifier executor while `running`."""
 
-    def __init__(self, fit: ShadowFit, judged: list[Judged], executor: Any) -> None:
+    def __init__(self, fit: ShadowFit, judged: list[Judged], executor: Any, every_s: float) -> None:
         self._fit, self._judged, self._executor = fit, judged, executor
+        self._every_s = every_s
         self._stop = threading.Event()
         self.durations_s: list[float] = []
 
@@ -89,6 +97,7 @@ class Refits:
             started = time.perf_counter()
             self._executor.submit(self._fit.refit, self._judged).result()
             self.durations_s.append(time.perf_counter() - started)
+            self._stop.wait(max(0.0, self._every_s - (time.perf_counter() - started)))
 
     @contextmanager
     def running(self) -> Iterator[None]:
@@ -115,45 +124,93 @@ def phase(url: str, seconds: int) -> dict[str, dict[str, float]]:
     return out
 
 
-def summary(rounds: Sequence[dict[str, Any]], kind: str) -> dict[str, float]:
+def summary(rounds: Sequence[dict[str, Any]], kind: str, refit: str) -> dict[str, float]:
     def med(which: str, figure: str) -> float:
         return statistics.median(r[which][kind][figure] for r in rounds)
 
-    ratios = [r["refit"][kind]["p99_ms"] / r["quiet"][kind]["p99_ms"] for r in rounds]
+    ratios = [r[refit][kind]["p99_ms"] / r["quiet"][kind]["p99_ms"] for r in rounds]
     return {
         "quiet_p50_ms": med("quiet", "p50_ms"),
         "quiet_p99_ms": med("quiet", "p99_ms"),
-        "refit_p50_ms": med("refit", "p50_ms"),
-        "refit_p99_ms": med("refit", "p99_ms"),
+        "refit_p50_ms": med(refit, "p50_ms"),
+        "refit_p99_ms": med(refit, "p99_ms"),
         "p99_ratio_median": statistics.median(ratios),
         "p99_ratio_min": min(ratios),
         "p99_ratio_max": max(ratios),
     }
 
 
+def measure(url: str, variants: dict[str, Refits], rounds: int, seconds: int) -> list[Any]:
+    """Rounds of three phases (quiet, then each refit running), in rotating order."""
+    out = []
+    order = ["quiet", *variants]
+    for r in range(rounds):
+        measured: dict[str, Any] = {"load": os.getloadavg()[0]}
+        for which in order[r % 3 :] + order[: r % 3]:
+            if which == "quiet":
+                measured[which] = phase(url, seconds)
+                continue
+            with variants[which].running():
+                measured[which] = phase(url, seconds)
+        out.append(measured)
+        p99s = [f"{w} {measured[w]['exact']['p99_ms']:.2f} / "
+                f"{measured[w]['semantic']['p99_ms']:.2f}" for w in order]  # fmt: skip
+        print(f"round {r}: load {measured['load']:.1f}, p99 ms exact / semantic: "
+              + ", ".join(p99s), flush=True)  # fmt: skip
+    return out
+
+
+def report(rounds: list[Any], variants: dict[str, Refits], window: int) -> dict[str, Any]:
+    results: dict[str, Any] = {"window": window, "rounds": rounds}
+    for name, refits in variants.items():
+        refit_ms = statistics.median(refits.durations_s) * 1e3
+        results[name] = {"refits": len(refits.durations_s), "refit_median_ms": refit_ms}
+        print(f"{name}: {len(refits.durations_s)} refits of {window} judgments, median "
+              f"{refit_ms:.0f} ms each")  # fmt: skip
+        for kind in ("exact", "semantic"):
+            s = results[name][kind] = summary(rounds, kind, name)
+            print(f"  {kind:>9} hits: quiet p50/p99 {s['quiet_p50_ms']:.2f}/{s['quiet_p99_ms']:.2f}"
+                  f" ms, {name} {s['refit_p50_ms']:.2f}/{s['refit_p99_ms']:.2f} ms; p99 ratio "
+                  f"median {s['p99_ratio_median']:.3f} [{s['p99_ratio_min']:.3f}, "
+                  f"{s['p99_ratio_max']:.3f}]")  # fmt: skip
+    return results
+
+
+def refit_variants(layer: SemanticLayer, window: int, every_s: float) -> dict[str, Refits]:
+    """The refit as a shadow gateway builds it, and the same refit on the verifier's thread."""
+    assert layer.verifier is not None
+    executor = layer.verifier.executor
+    judged = judgments(window, 4, seed=0)
+    shadow = ShadowConfig(target_false_hit=0.01, min_pairs=300, window=window, refit_every=250)
+    as_served = shadow_fit_for(shadow, layer.verifier, on_switch=lambda *_: None,
+                               current=lambda: layer.matcher)  # fmt: skip
+    assert as_served is not None
+    in_thread = ShadowFit(executor, target_false_hit=0.01, min_pairs=300,
+                          on_switch=lambda *_: None, current=lambda: layer.matcher)  # fmt: skip
+    executor.submit(as_served.refit, judged).result()  # starts the worker process
+    return {"refit": Refits(as_served, judged, executor, every_s),
+            "refit_in_thread": Refits(in_thread, judged, executor, every_s)}  # fmt: skip
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--seconds", type=int, default=4)
     parser.add_argument("--window", type=int, default=5000)
     parser.add_argument("--threshold", type=float, default=0.8)
+    parser.add_argument("--every", type=float, default=0.0, help="s from refit to refit start")
     parser.add_argument("--out", type=Path, default=HERE / "out" / "semantic_refit")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "g.db").unlink(missing_ok=True)
     upstream = FakeUpstream()
     semantic = SemanticSettings(enabled=True, mode="calibrated", threshold=args.threshold,
-                                judge="exact", verify_sample_rate=0.01, k=4)  # fmt: skip
+                                judge="exact", verify_sample_rate=1e-9, k=4)  # fmt: skip
     with serve(upstream.app) as upstream_url:
         settings = Settings(data_dir=args.out, store_url=f"sqlite:///{args.out / 'g.db'}")
-        if (args.out / "g.db").exists():
-            (args.out / "g.db").unlink()
         built = build(settings, GatewayConfig(upstreams=(f"{upstream_url}/v1",)))
         layer = enable_from_settings(built.cache, semantic, embedder=MiniLMEmbedder(threads=1))
-        assert layer.verifier is not None
-        executor = layer.verifier.executor
-        fit = ShadowFit(executor, target_false_hit=0.01, min_pairs=300,
-                        on_switch=lambda *_: None, current=lambda: layer.matcher)  # fmt: skip
-        refits = Refits(fit, judgments(args.window, 4, seed=0), executor)
+        variants = refit_variants(layer, args.window, args.every)
         with serve(built.app) as url:
             with httpx.Client(base_url=url, timeout=60) as client:
                 first = client.post("/v1/chat/completions", json=body(CACHED))
@@ -161,37 +218,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 for text, layer_name in ((CACHED, "exact-hit"), (PARAPHRASE, "semantic-hit")):
                     reply = client.post("/v1/chat/completions", json=body(text))
                     assert reply.headers["x-infercache"] == layer_name, (text, reply.headers)
-            rounds = []
-            for r in range(args.rounds):
-                measured: dict[str, Any] = {"load": os.getloadavg()[0]}
-                for which in ("quiet", "refit") if r % 2 == 0 else ("refit", "quiet"):
-                    if which == "refit":
-                        with refits.running():
-                            measured[which] = phase(url, args.seconds)
-                    else:
-                        measured[which] = phase(url, args.seconds)
-                rounds.append(measured)
-                print(f"round {r}: load {measured['load']:.1f}, p99 exact quiet/refit "
-                      f"{measured['quiet']['exact']['p99_ms']:.2f}/"
-                      f"{measured['refit']['exact']['p99_ms']:.2f} ms, semantic "
-                      f"{measured['quiet']['semantic']['p99_ms']:.2f}/"
-                      f"{measured['refit']['semantic']['p99_ms']:.2f} ms", flush=True)  # fmt: skip
-    refit_ms = statistics.median(refits.durations_s) * 1e3
-    results = {
-        "window": args.window,
-        "refits": len(refits.durations_s),
-        "refit_median_ms": refit_ms,
-        "exact": summary(rounds, "exact"),
-        "semantic": summary(rounds, "semantic"),
-        "rounds": rounds,
-    }
-    print(f"{len(refits.durations_s)} refits of {args.window} judgments, median {refit_ms:.0f} ms")
-    for kind in ("exact", "semantic"):
-        s = results[kind]
-        print(f"{kind:>9} hits: quiet p50/p99 {s['quiet_p50_ms']:.2f}/{s['quiet_p99_ms']:.2f} ms, "
-              f"refit {s['refit_p50_ms']:.2f}/{s['refit_p99_ms']:.2f} ms; p99 ratio median "
-              f"{s['p99_ratio_median']:.3f} [{s['p99_ratio_min']:.3f}, "
-              f"{s['p99_ratio_max']:.3f}]")  # fmt: skip
+            rounds = measure(url, variants, args.rounds, args.seconds)
+    results = report(rounds, variants, args.window)
     (args.out / "refit.json").write_text(json.dumps(results, indent=2))
     return 0
 

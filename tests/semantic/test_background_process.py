@@ -1,5 +1,5 @@
 """Shadow mode's refit in a worker process at the lowest CPU priority (background_process.py):
-the worker really is another process at nice 19, and a refit run there decides exactly what the
+the worker really is another process at nice 19 and SCHED_IDLE, and a refit run there decides exactly what the
 same refit decides in the calling thread."""
 
 from __future__ import annotations
@@ -25,6 +25,8 @@ def worker() -> Iterator[LowPriorityWorker]:
 def test_the_worker_is_another_process_at_the_lowest_priority(worker: LowPriorityWorker) -> None:
     assert worker.run(os.getpid) != os.getpid()
     assert worker.run(os.getpriority, os.PRIO_PROCESS, 0) == 19
+    assert worker.run(os.sched_getscheduler, 0) == os.SCHED_IDLE
+    assert os.sched_getscheduler(0) != os.SCHED_IDLE
     assert os.getpriority(os.PRIO_PROCESS, 0) < 19  # the caller keeps its own
     with pytest.raises(ZeroDivisionError):
         worker.run(divmod, 1, 0)

@@ -7,8 +7,10 @@ request threads — each request then waits for the interpreter up to the switch
 every step — and competes for the same cores at the same priority. On 2 cores that moved the
 gateway's p99 exact-hit latency ~10× while a refit ran (bench/README.md, "Semantic lookup
 speed"). Here the work runs in a child process (no GIL shared) that has lowered its own
-priority to nice 19 (the kernel gives it only the CPU time serving leaves; on an idle box it
-still runs at full speed). The caller's thread waits without holding the GIL.
+priority to nice 19 and, on Linux, the SCHED_IDLE policy (the kernel gives it the CPU time
+serving leaves; on an idle box it still runs at full speed). What it cannot remove: the
+child still runs on a core the gateway leaves idle and shares the caches and memory bandwidth
+with it (measured in bench/README.md). The caller's thread waits without holding the GIL.
 
 The child is started on first use with the `spawn` method (never `fork`: the gateway process
 holds threads and locks a forked child would inherit half-held) and reused; `fn` and its
@@ -31,9 +33,12 @@ LOWEST_PRIORITY = 19
 
 
 def _lower_priority(niceness: int) -> None:
-    """In the child: raise its niceness to `niceness` (never lowers it; unprivileged)."""
+    """In the child: raise its niceness to `niceness` (never lowers it; unprivileged), and on
+    Linux move it to SCHED_IDLE (below every niceness: run when nothing else wants the CPU)."""
     current = os.getpriority(os.PRIO_PROCESS, 0)
     os.setpriority(os.PRIO_PROCESS, 0, max(current, niceness))
+    if hasattr(os, "SCHED_IDLE"):
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
 
 
 class LowPriorityWorker:

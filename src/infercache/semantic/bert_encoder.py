@@ -33,8 +33,6 @@ import numpy.typing as npt
 
 from infercache.errors import ConfigError
 
-Matrix = npt.NDArray[np.float32]
-
 
 class _Layer(NamedTuple):
     qkv_w: Any
@@ -80,7 +78,7 @@ class BertEncoder:
             _layer(weights, f"encoder.layer.{i}.") for i in range(int(config["num_hidden_layers"]))
         ]
 
-    def embed(self, texts: list[str]) -> Matrix:
+    def embed(self, texts: list[str]) -> npt.NDArray[np.float32]:
         """One batch: rows in the order of `texts`, unit length (float32)."""
         torch = self._torch
         encodings = self._tokenizer.encode_batch(texts)
@@ -100,7 +98,7 @@ class BertEncoder:
                 weight = keep.unsqueeze(-1).to(hidden.dtype)
                 pooled = (hidden * weight).sum(dim=1) / weight.sum(dim=1)
             pooled = pooled / pooled.norm(dim=1, keepdim=True).clamp(min=1e-12)
-        out: Matrix = np.ascontiguousarray(pooled.numpy(), dtype=np.float32)
+        out: npt.NDArray[np.float32] = np.ascontiguousarray(pooled.numpy(), dtype=np.float32)
         return out
 
     def _forward(self, ids: Any, keep: Any) -> Any:

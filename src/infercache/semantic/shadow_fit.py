@@ -34,6 +34,7 @@ from concurrent.futures import Executor
 from typing import NamedTuple
 
 import numpy as np
+import numpy.typing as npt
 
 from infercache.errors import InvalidRequestError
 from infercache.semantic.background_process import LowPriorityWorker
@@ -178,35 +179,43 @@ def _served(
 
 
 class Packed(NamedTuple):
-    """Judgments as flat lists: ~10× cheaper to pickle than the named tuples (a refit in a
-    worker process sends its whole window, and the sender holds the GIL while it pickles)."""
+    """Judgments as a few numpy arrays and the distinct answers: a refit in a worker process
+    sends its whole window, and pickling 5,000 judgments' named tuples holds this process's GIL
+    for hundreds of ms (arrays: well under one)."""
 
-    counts: list[int]
-    similarities: list[float]
+    counts: npt.NDArray[np.int64]  # neighbours per judgment
+    similarities: npt.NDArray[np.float64]  # every neighbour, judgment after judgment
+    answer_codes: npt.NDArray[np.int64]  # index into `answers`
     answers: list[str]
-    seen: list[int]
-    positions: list[int]
-    wrong: list[bool]
+    seen: npt.NDArray[np.int64]
+    positions: npt.NDArray[np.int64]
+    wrong: npt.NDArray[np.bool_]
 
 
 def pack(judged: Sequence[Judged]) -> Packed:
     flat = [n for j in judged for n in j.neighbours]
+    codes: dict[str, int] = {}
     return Packed(
-        [len(j.neighbours) for j in judged],
-        [n.similarity for n in flat],
-        [n.answer for n in flat],
-        [n.seen for n in flat],
-        [j.position for j in judged],
-        [j.wrong for j in judged],
+        np.fromiter((len(j.neighbours) for j in judged), np.int64, len(judged)),
+        np.fromiter((n.similarity for n in flat), np.float64, len(flat)),
+        np.fromiter((codes.setdefault(n.answer, len(codes)) for n in flat), np.int64, len(flat)),
+        list(codes),
+        np.fromiter((n.seen for n in flat), np.int64, len(flat)),
+        np.fromiter((j.position for j in judged), np.int64, len(judged)),
+        np.fromiter((j.wrong for j in judged), np.bool_, len(judged)),
     )
 
 
 def unpack(packed: Packed) -> list[Judged]:
+    similarities = packed.similarities.tolist()
+    answers = [packed.answers[c] for c in packed.answer_codes.tolist()]
+    seen = packed.seen.tolist()
     out, start = [], 0
-    for count, position, wrong in zip(packed.counts, packed.positions, packed.wrong, strict=True):
+    for count, position, wrong in zip(
+        packed.counts.tolist(), packed.positions.tolist(), packed.wrong.tolist(), strict=True
+    ):
         neighbours = tuple(
-            NearbyAnswer(packed.similarities[i], packed.answers[i], packed.seen[i])
-            for i in range(start, start + count)
+            NearbyAnswer(similarities[i], answers[i], seen[i]) for i in range(start, start + count)
         )
         out.append(Judged(neighbours, position, wrong))
         start += count
