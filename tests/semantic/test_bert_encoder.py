@@ -33,14 +33,23 @@ def _model_dir() -> Path:
     return package_model_dir(MiniLMEmbedder.MODULE, MiniLMEmbedder.DISTRIBUTION)
 
 
-def _transformers_vectors(texts: list[str], max_tokens: int) -> np.ndarray[Any, Any]:
-    """The embedder's former path, verbatim: one padded batch through BertModel."""
-    import torch
+@pytest.fixture(scope="module")
+def transformers_model() -> tuple[Any, Any]:
+    """transformers' tokenizer and BertModel, as the embedder loaded them before."""
     from transformers import AutoModel, AutoTokenizer
 
     directory = _model_dir()
     tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
-    model = AutoModel.from_pretrained(directory, local_files_only=True).eval()
+    return tokenizer, AutoModel.from_pretrained(directory, local_files_only=True).eval()
+
+
+def _transformers_vectors(
+    parts: tuple[Any, Any], texts: list[str], max_tokens: int
+) -> np.ndarray[Any, Any]:
+    """The embedder's former path, verbatim: one padded batch through BertModel."""
+    import torch
+
+    tokenizer, model = parts
     encoded = tokenizer(
         texts, padding=True, truncation=True, max_length=max_tokens, return_tensors="pt"
     )
@@ -53,12 +62,18 @@ def _transformers_vectors(texts: list[str], max_tokens: int) -> np.ndarray[Any, 
 
 
 @pytest.fixture(scope="module")
-def reference() -> np.ndarray[Any, Any]:
-    return _transformers_vectors(TEXTS, 256)
+def reference(transformers_model: tuple[Any, Any]) -> np.ndarray[Any, Any]:
+    return _transformers_vectors(transformers_model, TEXTS, 256)
 
 
-def test_one_text_at_a_time_matches_transformers(reference: np.ndarray[Any, Any]) -> None:
-    encoder = BertEncoder(_model_dir(), max_tokens=256)
+@pytest.fixture(scope="module")
+def encoder() -> BertEncoder:
+    return BertEncoder(_model_dir(), max_tokens=256)
+
+
+def test_one_text_at_a_time_matches_transformers(
+    encoder: BertEncoder, reference: np.ndarray[Any, Any]
+) -> None:
     ours = np.concatenate([encoder.embed([t]) for t in TEXTS])
     assert ours.dtype == np.float32
     assert ours.shape == reference.shape
@@ -66,8 +81,9 @@ def test_one_text_at_a_time_matches_transformers(reference: np.ndarray[Any, Any]
     assert float(np.max(np.abs(distance))) <= 1e-5, distance
 
 
-def test_a_padded_batch_matches_transformers(reference: np.ndarray[Any, Any]) -> None:
-    encoder = BertEncoder(_model_dir(), max_tokens=256)
+def test_a_padded_batch_matches_transformers(
+    encoder: BertEncoder, reference: np.ndarray[Any, Any]
+) -> None:
     ours = encoder.embed(list(TEXTS))
     distance = 1.0 - np.sum(ours * reference, axis=1)
     assert float(np.max(np.abs(distance))) <= 1e-5, distance
@@ -83,12 +99,14 @@ def test_the_embedder_matches_transformers_alone_and_batched(
         assert float(np.max(np.abs(distance))) <= 1e-5, distance
 
 
-def test_truncation_cuts_at_max_tokens_as_transformers_does() -> None:
+def test_truncation_cuts_at_max_tokens_as_transformers_does(
+    encoder: BertEncoder, transformers_model: tuple[Any, Any]
+) -> None:
     long_text = TEXTS[-1]
-    encoder = BertEncoder(_model_dir(), max_tokens=32)
-    ours = encoder.embed([long_text, "short one"])
-    theirs = _transformers_vectors([long_text, "short one"], 32)
+    short = BertEncoder(_model_dir(), max_tokens=32)
+    ours = short.embed([long_text, "short one"])
+    theirs = _transformers_vectors(transformers_model, [long_text, "short one"], 32)
     assert float(np.max(np.abs(1.0 - np.sum(ours * theirs, axis=1)))) <= 1e-5
     # and the cut matters: the untruncated vector is a different one
-    full = BertEncoder(_model_dir(), max_tokens=256).embed([long_text])
+    full = encoder.embed([long_text])
     assert float(np.sum(full[0] * ours[0])) < 0.999
