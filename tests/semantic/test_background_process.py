@@ -58,3 +58,15 @@ def test_a_refit_in_the_worker_switches_to_the_head_the_thread_would(
     assert isinstance(there_matcher, FittedMatcher)
     assert there_matcher.head == here_matcher.head
     assert there_pairs == here_pairs
+
+
+def test_a_closed_worker_runs_nothing_more_and_closing_the_refit_closes_it() -> None:
+    compute = LowPriorityWorker()
+    fit = ShadowFit(
+        Inline(), target_false_hit=0.05, min_pairs=60, on_switch=lambda *a: None,
+        current=CosineMatcher, refit_every=400, compute=compute,
+    )  # fmt: skip
+    assert compute.run(os.getpid) != os.getpid()  # started
+    fit.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        compute.run(os.getpid)

@@ -48,10 +48,13 @@ class LowPriorityWorker:
         self._niceness = niceness
         self._lock = threading.Lock()
         self._pool: ProcessPoolExecutor | None = None
+        self._closed = False
 
     def run(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
         """`fn(*args, **kwargs)` in the worker process; its result or its exception."""
         with self._lock:
+            if self._closed:
+                raise RuntimeError("the low-priority worker is closed")
             if self._pool is None:
                 self._pool = ProcessPoolExecutor(
                     1,
@@ -64,6 +67,6 @@ class LowPriorityWorker:
 
     def close(self) -> None:
         with self._lock:
-            pool, self._pool = self._pool, None
+            pool, self._pool, self._closed = self._pool, None, True
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)

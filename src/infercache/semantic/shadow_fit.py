@@ -84,6 +84,11 @@ class ShadowFit:
         self.refits = 0
         self.switches = 0
 
+    def close(self) -> None:
+        """Stop the worker process a refit ran in (a refit after this fails, logged)."""
+        if self._compute is not None:
+            self._compute.close()
+
     def add(self, neighbours: Sequence[NearbyAnswer], position: int, wrong: bool) -> None:
         """One judgment; schedules a refit every `refit_every` of them (one at a time)."""
         with self._lock:
