@@ -109,4 +109,3 @@ def load_model(
         max_context_tokens=limit,
         created=int(clock.now_s()),
     )
-
