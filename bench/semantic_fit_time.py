@@ -11,8 +11,10 @@ tests/semantic/days gives. `tune` runs as a user runs it (a process, MiniLM, eve
 computed by the run); the figures are its wall time, the CPU time of the process (user + sys,
 from the kernel's accounting of the waited-for child) and the load average before and after,
 to stdout and OUT/results.json (default bench/out/semantic_fit_time). A refusal is a result,
-reported with its message. The progress bar is drawn only when stderr is a terminal
-(tuning/progress.py; tests/test_progress_bars.py), so this run, with stderr a pipe, has none.
+reported with its message. `tune`'s stderr is a pseudo-terminal, as a user's would be, so
+it draws its progress bar (tuning/progress.py draws one only on a terminal); the stages whose
+bar was drawn, with the last percentage seen, are in the results (`progress_bars`) and the
+whole screen in OUT/stderr.txt.
 """
 
 from __future__ import annotations
@@ -20,9 +22,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import pty
+import re
 import resource
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -77,19 +82,58 @@ def run_tune(out: Path, log: Path, target: float, threads: int) -> dict[str, Any
     ]  # fmt: skip
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
-    done = subprocess.run(argv, capture_output=True, text=True, env={**os.environ})
+    with Terminal() as terminal:
+        done = subprocess.run(argv, stdout=subprocess.PIPE, stderr=terminal.fd, text=True,
+                              env={**os.environ, "COLUMNS": "100"})  # fmt: skip
     wall_s = time.perf_counter() - started
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu_s = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    figures: dict[str, Any] = {"wall_s": round(wall_s, 1), "cpu_s": round(cpu_s, 1)}
+    screen = terminal.text()
+    (out / "stderr.txt").write_text(screen, encoding="utf-8")
+    figures: dict[str, Any] = {"wall_s": round(wall_s, 1), "cpu_s": round(cpu_s, 1),
+                               "progress_bars": dict(BAR.findall(screen))}  # fmt: skip
     if done.returncode == 0:
         report = json.loads(done.stdout)
         figures.update(threshold=report.get("threshold"), served=report.get("served"),
                        false_hits=report.get("false_hits"),
                        false_hit_upper=report.get("false_hit_upper"))  # fmt: skip
     else:
-        figures["refused"] = (done.stderr.strip().splitlines() or ["(no message)"])[-1]
+        lines = [line for line in screen.splitlines() if line.strip()]
+        figures["refused"] = (lines or ["(no message)"])[-1]
     return figures
+
+
+BAR = re.compile(r"(embedding texts|training the adapter)\s.*?(\d+%)")
+
+
+class Terminal:
+    """A pseudo-terminal for the child's stderr (so `tune` draws its progress bar, as for a
+    user at a terminal), read on a thread into `text()`."""
+
+    def __enter__(self) -> Terminal:
+        self._master, self.fd = pty.openpty()
+        self._chunks: list[bytes] = []
+        self._reader = threading.Thread(target=self._read)
+        self._reader.start()
+        return self
+
+    def _read(self) -> None:
+        while True:
+            try:
+                chunk = os.read(self._master, 65536)
+            except OSError:  # the child closed its end (EIO)
+                return
+            if not chunk:
+                return
+            self._chunks.append(chunk)
+
+    def __exit__(self, *exc: object) -> None:
+        os.close(self.fd)
+        self._reader.join()
+        os.close(self._master)
+
+    def text(self) -> str:
+        return b"".join(self._chunks).decode("utf-8", "replace")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

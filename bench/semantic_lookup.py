@@ -127,11 +127,11 @@ def fill(cache: Cache, texts: Sequence[str], vectors: Matrix, size: int, seed: i
             text, vector = f"{texts[source]} {suffix(i)}", noisy / np.linalg.norm(noisy)
         request = parse_request(ask(text))
         lookup = cache.exact.lookup(request, read_entry=False)
-        stored_under = cache.exact.store(lookup, request, answer(text), upstream_s=0.5)
-        assert stored_under is not None
-        query = query_of(request, stored_under, cache.exact.ignorable_fields)
+        stored = cache.exact.store(lookup, request, answer(text), upstream_s=0.5)
+        assert stored is not None
+        query = query_of(request, stored.view, cache.exact.ignorable_fields)
         assert query is not None
-        cache.semantic.store(request, stored_under, lookup.key, Probe(query, vector))
+        cache.semantic.store(request, stored.view, stored.key, Probe(query, vector))
     return time.perf_counter() - started
 
 

@@ -47,7 +47,8 @@ BANKING77 = Path(__file__).parents[1] / "semantic" / "data" / "banking77_slice.c
 
 
 class IntentProvider(FakeUpstream):
-    """The stand-in provider, answering each question with its intent's answer."""
+    """The stand-in provider, answering each question of the day with its intent's answer and
+    anything else as a provider would (the gateway's version probe asks "ping")."""
 
     def __init__(self, intent_of: dict[str, str], answer: Callable[[str], str]) -> None:
         super().__init__()
@@ -55,8 +56,9 @@ class IntentProvider(FakeUpstream):
 
     def completion(self, body: dict[str, Any], n: int) -> dict[str, Any]:
         out = super().completion(body, n)
-        intent = self.intent_of[body["messages"][-1]["content"]]
-        out["choices"][0]["message"]["content"] = self.answer(intent)
+        intent = self.intent_of.get(body["messages"][-1]["content"])
+        if intent is not None:
+            out["choices"][0]["message"]["content"] = self.answer(intent)
         return out
 
 

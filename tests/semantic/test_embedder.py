@@ -124,9 +124,13 @@ def test_minilm_runs_its_torch_work_on_its_own_thread_with_its_own_thread_count(
     before = torch.get_num_threads()
     embedder = MiniLMEmbedder(threads=1)
     seen: list[tuple[str, int]] = []
-    embedder._model.register_forward_hook(
-        lambda *_: seen.append((threading.current_thread().name, torch.get_num_threads()))
-    )
+    forward = embedder._encoder._forward
+
+    def watched(*args: object) -> object:
+        seen.append((threading.current_thread().name, torch.get_num_threads()))
+        return forward(*args)
+
+    embedder._encoder._forward = watched  # type: ignore[method-assign]
     with ThreadPoolExecutor(3) as callers:  # embed may be called from any thread
         results = list(callers.map(embedder.embed, [TEXTS[:2], TEXTS[2:4], TEXTS]))
     assert len(seen) == 3

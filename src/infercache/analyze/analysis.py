@@ -9,6 +9,7 @@ and replays, request by request in time order.
                          RateFit.add(its timing)                             (cost_model.py)
                          Replay.observe(request, census reuse) for each replay (replay.py)
     then: CostModel.decide(fit) prices every ledger of seconds.
+The reader also sums each line's provider prompt-cache usage (provider_prompt_cache.py).
 With `parallel`, reading and preparing run in a child process (reader_process.py). Memory is a
 few windows of requests plus each consumer's bounded state; the file is never held.
 
@@ -48,6 +49,7 @@ from infercache.analyze.near_duplicates.finder import (
 from infercache.analyze.near_duplicates.scoped_texts import small_flat_index
 from infercache.analyze.options import AnalyzeOptions, SemanticOptions
 from infercache.analyze.prepared_request import PreparedRequest
+from infercache.analyze.provider_prompt_cache import ProviderPromptCaches
 from infercache.analyze.reader_process import ChildEvents, SourceSpec, produce
 from infercache.analyze.replay import CENSUS, TREE, Replay, ReplayResult, ReplaySetup, SemanticParts
 from infercache.clock import Clock, SystemClock
@@ -100,6 +102,7 @@ class Analysis:
     semantic: SemanticRun | None
     hashed_by: Counter[str]  # redacted logs: the tokenizers behind their prefix hashes
     prices: PriceTable
+    prompt_caches: ProviderPromptCaches  # the provider's own, as the log recorded it
     wall_s: float
     notes: list[str] = field(default_factory=list)
 
@@ -216,6 +219,7 @@ class Analyzer:
             semantic=self._semantic_run(finder),
             hashed_by=hashed_by,
             prices=self.settings.prices,
+            prompt_caches=summary.prompt_caches,
             wall_s=self._clock.monotonic_s() - started,
         )
 
@@ -232,6 +236,7 @@ class Analyzer:
             keep_bodies=self._replay,
             reorder_window=o.reorder_window,
             batch=min(window, READER_BATCH),
+            prices=self.settings.prices,
         )
 
     def _own_tokenizer(self) -> PromptTokenizer:

@@ -3,7 +3,7 @@
     infercache analyze LOG... [--format text|json|html|alerts] [--out PATH] [--ttl-s N]
         [--capacity exact=1GiB,prefix=20000,semantic=100000] [--semantic-threshold X |
         --no-semantic] [--config FILE] [--embedder minilm|static]
-        [--price MODEL=IN,OUT[,CACHED]] [--upstream-profile auto|provider|engine|P,D]
+        [--price MODEL=IN,OUT[,CACHED[,WRITE]]] [--upstream-profile auto|provider|engine|P,D]
         [--tokenizer smollm2|chars4|DIR] [--min-prefix-share F] [--by day|hour]
         [--sweep | --no-sweep] ...
     infercache analyze --compare OLD NEW [same options]
@@ -144,8 +144,9 @@ def _replay_arguments(p: argparse.ArgumentParser) -> None:
         "--price",
         action="append",
         default=[],
-        metavar="MODEL=IN,OUT[,CACHED]",
-        help="USD per 1M tokens (CACHED: prompt tokens served from a prefix cache), repeatable; "
+        metavar="MODEL=IN,OUT[,CACHED[,WRITE]]",
+        help="USD per 1M tokens (CACHED: prompt tokens served from a prefix cache; WRITE: "
+        "written to a provider's prompt cache, as [prices] says), repeatable; "
         "MODEL * prices every model not named (default: none, money figures are 0)",
     )
     p.add_argument("--upstream-profile", default="auto", help=f"{PROFILE_HELP} (default auto)")

@@ -59,8 +59,10 @@ def parse_prices(items: list[str], base: PriceTable) -> PriceTable:
             values = [float(v) for v in numbers.split(",")]
         except ValueError:
             values = []
-        if not sep or not model or not 2 <= len(values) <= 3:
-            raise ConfigError(f"--price {item!r}: expected MODEL=INPUT,OUTPUT[,CACHED] in USD/1M")
+        if not sep or not model or not 2 <= len(values) <= 4:
+            raise ConfigError(
+                f"--price {item!r}: expected MODEL=INPUT,OUTPUT[,CACHED[,WRITE]] in USD/1M"
+            )
         price = Price(*values)
         if model == "*":
             default = price

@@ -6,8 +6,9 @@ magic bytes, not by the file name):
 - `record`: `{"timestamp", "request", "response"?, "tenant"?}`, timestamp in seconds. The
   gateway's request log (gateway/requestlog.py) is one, with `model`, `layer`, `status`,
   `prompt_tokens`, `completion_tokens`, `cached_tokens` and `latency_ms` besides; read when
-  present: `upstream_ms` (the upstream call alone), `ttft_ms` (its time to first token) and
-  `tenant_name` (the tenant's configured name).
+  present: `upstream_ms` (the upstream call alone), `ttft_ms` (its time to first token),
+  `tenant_name` (the tenant's configured name), and `upstream` with `prompt_cache` (the
+  provider prompt cache's usage of the line's own upstream call: provider_prompt_cache.py).
 - `redacted`: a line written by `serve --redact` (redaction.py): `key_digest` (an HMAC of the
   exact key), `prefix_hashes` and `prefix_chunk_tokens` (the chained prefix hashes) instead of
   `request`; exact repeats and prefix reuse are counted from them. An older redacted line
@@ -43,7 +44,9 @@ from enum import StrEnum
 from pathlib import Path
 from typing import IO, Any, NamedTuple, cast
 
+from infercache.analyze.provider_prompt_cache import LoggedPromptCache
 from infercache.errors import ConfigError
+from infercache.prompt_cache.usage import PromptCacheUsage
 
 GZIP_MAGIC = b"\x1f\x8b"
 BLOCK_TRACE_TIME_UNIT_S = 0.001  # Mooncake traces count milliseconds
@@ -78,6 +81,7 @@ class LogRecord(NamedTuple):  # a NamedTuple: one per line, cheaper than frozen
     completion_tokens: int | None = None
     latency_s: float | None = None
     layer: str | None = None  # what the gateway did live: exact-hit, miss, ...
+    prompt_cache: LoggedPromptCache | None = None  # its upstream call's provider prompt cache
 
     @property
     def where(self) -> str:
@@ -214,7 +218,18 @@ def _record(obj: dict[str, Any], source: str, line: int) -> LogRecord:
         upstream_s=_seconds(obj, "upstream_ms"),
         ttft_s=_seconds(obj, "ttft_ms"),
         cached_tokens=_count(obj, "cached_tokens"),
+        prompt_cache=_prompt_cache(obj),
     )
+
+
+def _prompt_cache(obj: dict[str, Any]) -> LoggedPromptCache | None:
+    """`upstream` and `prompt_cache` (None: the line made no upstream call, or is older)."""
+    upstream, usage = _string(obj, "upstream"), _object(obj, "prompt_cache")
+    if upstream is None or usage is None:
+        return None
+    counts = [_count(usage, n, required=True) or 0
+              for n in ("input_tokens", "read_tokens", "write_tokens")]  # fmt: skip
+    return LoggedPromptCache(upstream, _string(usage, "model") or "", PromptCacheUsage(*counts))
 
 
 class NotTraffic(Exception):

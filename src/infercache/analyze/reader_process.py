@@ -10,7 +10,8 @@ its cached runs (bench/README.md, Analyzer, design figures). The child sends the
 (role, text) turns instead and this process tokenises them (`RequestPreparer.tokenize`), which
 also balances the two processes' work. Unless the replay needs them, request and response
 bodies are not sent.
-The child's malformed lines, line count and record kinds arrive in the last message. An
+The child's malformed lines, line count, record kinds and the provider prompt cache's
+figures (every parsed line's, priced: provider_prompt_cache.py) arrive in the last message. An
 exception in the child is raised here: an `InfercacheError` as `ConfigError` with its
 message, anything else as `RuntimeError` carrying the child's traceback.
 Start method `spawn`: this process may hold torch or tokenizer threads, which `fork` would
@@ -31,7 +32,9 @@ from typing import Any
 
 from infercache.analyze.log_reader import LineErrors, LogReader, Progress
 from infercache.analyze.prepared_request import PreparedRequest, RequestPreparer, tokenized
+from infercache.analyze.provider_prompt_cache import ProviderPromptCaches
 from infercache.errors import ConfigError, InfercacheError
+from infercache.metrics import PriceTable
 from infercache.policy import CachePolicy
 from infercache.tokenizing.tokenizers import PromptTokenizer
 
@@ -49,6 +52,7 @@ class SourceSpec:
     keep_bodies: bool
     reorder_window: int
     batch: int
+    prices: PriceTable = field(default_factory=PriceTable)  # provider prompt cache prices
 
 
 @dataclass
@@ -58,6 +62,7 @@ class Summary:
     errors: LineErrors = field(default_factory=LineErrors)
     lines: int = 0
     kinds: Counter[str] = field(default_factory=Counter)
+    prompt_caches: ProviderPromptCaches = field(default_factory=ProviderPromptCaches)
 
 
 def produce(
@@ -68,7 +73,7 @@ def produce(
     tokenize: bool = True,
 ) -> Summary:
     """Read and prepare every record, handing them to `emit` in batches of `spec.batch`."""
-    summary = Summary()
+    summary = Summary(prompt_caches=ProviderPromptCaches(spec.prices))
     reader = LogReader(
         spec.paths, reorder_window=spec.reorder_window, errors=summary.errors, progress=progress
     )
@@ -84,6 +89,8 @@ def produce(
     batch: list[PreparedRequest] = []
     for record in reader:
         summary.kinds[record.kind.value] += 1
+        if record.prompt_cache is not None:
+            summary.prompt_caches.add(record.prompt_cache)
         event = preparer.prepare(record)
         if event is not None:
             batch.append(event)

@@ -30,6 +30,11 @@ Top-level keys (schema `infercache.analyze/2`):
     sweeps                   {ttl[...], exact_capacity[...]} or null
     windows                  {by, rows[...]} or null
     cost_model               {profile, models{model: rates and where they come from}}
+    provider_prompt_cache    {upstreams{name: {total, models}}, unpriced_models} or null: the
+                             provider's own prompt cache as the log recorded it, each row
+                             {requests, input_tokens, read_tokens, write_tokens, read_rate,
+                             saved_usd, write_premium_usd, net_usd, alarm?}
+                             (provider_prompt_cache.py)
     recommendation           {strategies, layering, reasons, prefix_scope, advice, alarms}
     inputs, settings, observed_layers, notes, timing
 
@@ -44,6 +49,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from infercache.analyze.provider_prompt_cache import ProviderPromptCacheFigures
 from infercache.analyze.replay_figures import (
     KvSweepFigures,
     SimulationFigures,
@@ -336,6 +342,7 @@ class Figures:
     sweeps: SweepFigures | None
     windows: WindowFigures | None
     cost_model: CostModelFigures
+    provider_prompt_cache: ProviderPromptCacheFigures | None  # None: not in the log
     inputs: InputFigures
     settings: ReportSettings
     observed_layers: Mapping[str, int]

@@ -13,7 +13,8 @@ to the counters named as vLLM's (`prefix_cache_queries`, `prefix_cache_hits`) an
 seconds are credited. (The in-process engine records the strategy itself, with measured
 times: `Upstream.records_prefix_metrics`.)
 
-Per upstream (`PromptCacheFigures`, in `/stats` under each upstream and in `/metrics` with an
+Per upstream (`PromptCacheFigures`, prompt_cache/figures.py: the pricing rule the analyzer
+reads a request log's figures with too; in `/stats` under each upstream and in `/metrics` with an
 `upstream` label): input, read and written tokens, the read share, what reads saved, what
 writes cost, and the net: negative when writes are paid and not read back, which `/stats`
 says in an alarm line, as the analyzer's alarms read (analyze/advice.py).
@@ -23,59 +24,16 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from infercache.metrics import Metrics, MissReason
+from infercache.prompt_cache.figures import PromptCacheFigures
 from infercache.prompt_cache.usage import prompt_cache_usage
 
 WRITE_PREMIUM = "prompt_cache_write_premium_usd"  # the prefix strategy's counter of it
-
-
-@dataclass
-class PromptCacheFigures:
-    """One upstream's prompt cache, as its answers reported it."""
-
-    requests: int = 0
-    input_tokens: int = 0
-    read_tokens: int = 0
-    write_tokens: int = 0
-    saved_usd: float = 0.0  # reads at the input price minus the cached-input price
-    write_premium_usd: float = 0.0  # writes at the write price minus the input price
-
-    @property
-    def net_usd(self) -> float:
-        return self.saved_usd - self.write_premium_usd
-
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "requests": self.requests,
-            "input_tokens": self.input_tokens,
-            "read_tokens": self.read_tokens,
-            "write_tokens": self.write_tokens,
-            "read_rate": self.read_tokens / self.input_tokens if self.input_tokens else 0.0,
-            "saved_usd": self.saved_usd,
-            "write_premium_usd": self.write_premium_usd,
-            "net_usd": self.net_usd,
-        }
-        if self.net_usd < 0:
-            out["alarm"] = alarm_line(self)
-        return out
-
-
-def alarm_line(figures: PromptCacheFigures) -> str:
-    """What a negative net means, in the words of the analyzer's alarms."""
-    return (
-        f"alert: the provider's prompt cache cost ${-figures.net_usd:.4f} more than it saved "
-        f"({figures.write_tokens:,} tokens written at a premium, {figures.read_tokens:,} read "
-        "back): its writes are not read back within the cache's lifetime; look for a prefix "
-        "breaker (a varying value ahead of the shared prompt), breakpoints the client marks on "
-        "prompts asked once (try `--anthropic-breakpoints strip` or `inject`), or traffic "
-        "too sparse for the cache's lifetime"
-    )
 
 
 class UpstreamPrefixUsage:
@@ -91,8 +49,9 @@ class UpstreamPrefixUsage:
     def count(self, upstream: str, response: dict[str, Any]) -> None:
         usage = prompt_cache_usage(response)
         model = str(response.get("model", ""))
-        saved = self._prices.prefix_savings_usd(model, usage.read_tokens)
-        premium = self._prices.write_premium_usd(model, usage.write_tokens)
+        with self._lock:
+            figures = self._upstreams.setdefault(upstream, PromptCacheFigures())
+            saved, premium = figures.add(usage, model, self._prices)
         metrics = self._metrics
         metrics.prompt_tokens(usage.input_tokens)
         metrics.count("prefix_cache_queries", usage.input_tokens)
@@ -105,14 +64,6 @@ class UpstreamPrefixUsage:
                         money_usd=saved)  # fmt: skip
         else:
             metrics.miss(MissReason.ABSENT)
-        with self._lock:
-            figures = self._upstreams.setdefault(upstream, PromptCacheFigures())
-            figures.requests += 1
-            figures.input_tokens += usage.input_tokens
-            figures.read_tokens += usage.read_tokens
-            figures.write_tokens += usage.write_tokens
-            figures.saved_usd += saved
-            figures.write_premium_usd += premium
 
     def figures(self, upstream: str) -> PromptCacheFigures | None:
         """A copy of one upstream's figures (None: no answer of it counted yet)."""

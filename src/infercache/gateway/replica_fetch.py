@@ -12,8 +12,10 @@ protocol (miss_flight.py), which does the rest (settle, store, close).
         the one the request was placed on when several versions are live (placement.py),
         else the router's pick among the replicas it may go to
         the endpoint's call, streamed or not (endpoints.py); a stream's chunks published as
-        they come; a replica that fails before any chunk is ejected and the call tried once
-        more on another (one that cannot be reached: its versions in doubt, versions.py)
+        they come; a connection the upstream closed before answering (a kept-alive one it
+        dropped: upstream_errors.py) is asked once more, nothing ejected; a replica that fails
+        before any chunk is ejected and the call tried once more on another (one that cannot
+        be reached: its versions in doubt, versions.py)
       the prefix reuse an HTTP upstream reports, counted per upstream (prefix_usage.py); the
       request's first message offered to the live prefix-breaker finder (live_breakers.py)
     observe(miss, response): the answer's fingerprint noted for the replica that gave it
@@ -38,6 +40,7 @@ from infercache.gateway.live_breakers import LiveBreakers
 from infercache.gateway.placement import ANYWHERE, Placement
 from infercache.gateway.prefix_usage import UpstreamPrefixUsage
 from infercache.gateway.router import PrefixRouter
+from infercache.gateway.upstream_errors import closed_before_answering
 from infercache.gateway.upstream_protocols import Upstream
 from infercache.gateway.versions import ModelVersionTracker
 from infercache.miss import Miss
@@ -106,6 +109,7 @@ class ReplicaFetch:
         another replica."""
         tried: list[int] = []
         placement = caller.placement
+        asked_again = False
         while True:
             if placement.replica is not None and not tried:
                 lease = self.router.lease_at(placement.replica)
@@ -120,6 +124,10 @@ class ReplicaFetch:
                 except UpstreamError as exc:
                     if not _replica_fault(exc):
                         raise
+                    if not (asked_again or sink.published) and closed_before_answering(exc):
+                        asked_again = True  # a kept-alive connection closed under us
+                        log.info("asking %s again on a new connection", upstream.name)
+                        continue
                     self.router.failed(i)
                     if isinstance(exc, UpstreamUnavailableError):
                         self.tracker.unreachable(i)
@@ -163,6 +171,12 @@ class CallerSource:
 
     def fetch(self, miss: Miss, sink: ChunkSink) -> Coroutine[Any, Any, Fetched]:
         return self._fetch.fetch(miss, sink, self)
+
+    @property
+    def upstream(self) -> Upstream | None:
+        """The upstream that answered this caller's own call (None: it made none), for the
+        request log (gateway/requestlog.py)."""
+        return None if self.replica is None else self._fetch.upstreams[self.replica]
 
     def observe(self, miss: Miss, response: Response) -> None:
         """What the endpoint keeps of the answer; and the answer belongs to its replica's

@@ -4,7 +4,19 @@
      "layer": "exact-hit", "status": 200, "stream": false, "prompt_tokens": 412,
      "completion_tokens": 38, "cached_tokens": 384, "latency_ms": 1.9, "response": {...}}
 
-plus `"version"` when the request was looked up under one of several live model versions, and
+plus `"version"` when the request was looked up under one of several live model versions;
+when this request's own call went upstream (not a hit, not an answer an identical request in
+flight or another gateway replica fetched), the upstream that answered and, when it reports
+its prefix reuse over HTTP (every upstream but the in-process engine, which counts its own:
+gateway/prefix_usage.py), the prompt-cache usage its answer reported, in one shape whatever
+the API (prompt_cache/usage.py), with the answer's model (what `/stats` prices it at):
+
+     "upstream": "https://api.anthropic.com/v1",
+     "prompt_cache": {"model": "claude-sonnet-4-5", "input_tokens": 3120, "read_tokens": 3010,
+                      "write_tokens": 0}
+
+so `infercache analyze` shows the provider's prompt cache per upstream
+(analyze/provider_prompt_cache.py); and
 shadow traffic's lines (`"shadow": true`, gateway/shadow_mirror.py): the answer of the version
 being rolled out, its agreement with the live answer, never served.
 
@@ -30,13 +42,23 @@ from __future__ import annotations
 import json
 import threading
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Protocol, TextIO
 
 from infercache.clock import Clock
 from infercache.gateway.tracing import RequestSpan
 from infercache.gateway.traffic import RequestMetrics
+from infercache.gateway.upstream_protocols import Upstream
 from infercache.policy import cached_tokens, usage_tokens
+from infercache.prompt_cache.usage import prompt_cache_usage
 from infercache.redaction import Redactor
+
+
+class Answerer(Protocol):
+    """Who fetched a request's answer (gateway/replica_fetch.py `CallerSource`)."""
+
+    @property
+    def upstream(self) -> Upstream | None:
+        """The upstream this request's own call was answered by (None: it made none)."""
 
 
 class RequestLog:
@@ -72,6 +94,11 @@ class RequestLog:
             record["upstream_ms"] = round(upstream_s * 1000, 3)
         if entry.version is not None:
             record["version"] = entry.version
+        upstream = entry.answered_by.upstream if entry.answered_by is not None else None
+        if upstream is not None and response is not None:
+            record["upstream"] = upstream.name
+            if not upstream.records_prefix_metrics:  # counted as prefix_usage.py counts it
+                record["prompt_cache"] = _prompt_cache(response)
         self.write(record, entry.body, entry.tenant, response)
 
     def write(
@@ -99,12 +126,23 @@ class RequestLog:
             self._file.close()
 
 
+def _prompt_cache(response: dict[str, Any]) -> dict[str, Any]:
+    """The answer's prompt-cache usage in one shape, with the model it is priced at."""
+    usage = prompt_cache_usage(response)
+    return {
+        "model": str(response.get("model", "")),
+        "input_tokens": usage.input_tokens,
+        "read_tokens": usage.read_tokens,
+        "write_tokens": usage.write_tokens,
+    }
+
+
 class LogEntry:
     """One request's record, closed once by `close`; a second close does nothing."""
 
     __slots__ = (
-        "_clock", "_closed", "_log", "_span", "_traffic", "body", "layer", "operation",
-        "started_mono_s", "started_s", "tenant", "version",
+        "_clock", "_closed", "_log", "_span", "_traffic", "answered_by", "body", "layer",
+        "operation", "started_mono_s", "started_s", "tenant", "version",
     )  # fmt: skip
 
     def __init__(
@@ -129,6 +167,7 @@ class LogEntry:
         self.started_mono_s = clock.monotonic_s()
         self.layer: str | None = None  # which layer answered, once known
         self.version: str | None = None  # the model version it was looked up under
+        self.answered_by: Answerer | None = None  # who fetched its answer, when it missed
         self._closed = False
 
     def close(

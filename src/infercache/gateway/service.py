@@ -157,7 +157,7 @@ class Gateway:
                 if mirror is not None:
                     mirror(outcome.response)
                 return reply
-            source = self.replicas.source(bearer, placement)
+            source = entry.answered_by = self.replicas.source(bearer, placement)
             flight = coalesce(outcome, self.flights, source, self.store_io, self._clock)
             if outcome.request.stream:
                 hit_usage = self.cache.settings.hit_usage

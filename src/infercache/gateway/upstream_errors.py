@@ -6,6 +6,7 @@ shape it came: OpenAI's `{"error": {...}}` or Anthropic's `{"type": "error", "er
 
 from __future__ import annotations
 
+import errno
 import logging
 from collections.abc import Mapping
 from contextlib import AbstractContextManager
@@ -47,6 +48,22 @@ class _AiohttpErrors:
         if isinstance(exc, (orjson.JSONDecodeError, UnicodeDecodeError)):
             log.warning("upstream %s sent an invalid answer: %s", self._name, exc)
             raise UpstreamError("the upstream sent an invalid answer") from exc
+
+
+_CLOSED_ERRNOS = frozenset({errno.ECONNRESET, errno.EPIPE})
+
+
+def closed_before_answering(exc: UpstreamError) -> bool:
+    """The upstream closed the connection before any byte of an answer: what a server's
+    closing of an idle kept-alive connection looks like to the request that picked it from the
+    pool at that moment (it never reached the server's application, or was dropped unanswered).
+    Asked once more on a new connection, as HTTP clients do (the OpenAI SDK retries it too)."""
+    if not isinstance(exc, UpstreamUnavailableError):
+        return False
+    cause = exc.__cause__
+    if isinstance(cause, (aiohttp.ServerDisconnectedError, aiohttp.ClientConnectionResetError)):
+        return True
+    return isinstance(cause, aiohttp.ClientOSError) and cause.errno in _CLOSED_ERRNOS
 
 
 def raise_for_status(status: int, content: bytes, retry_after: str | None = None) -> None:

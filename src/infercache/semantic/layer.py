@@ -131,6 +131,8 @@ class SemanticLayer:
         self.shadow_fit = shadow_fit_for(
             config.shadow, verifier, on_switch=self._switch_matcher, current=lambda: self.matcher
         )
+        if self.shadow_fit is not None:
+            self.on_close(self.shadow_fit.close)  # its worker process
         self.verification = Verification(
             verifier, self.outcomes, metrics, matcher=lambda: self.matcher, learn=self.shadow_fit
         )

@@ -5,7 +5,8 @@ Each judgment is kept here with what the matcher saw — the candidates' similar
 and how many cached questions shared each answer (matcher.NearbyAnswer) — in time order, the
 last `window` of them. Every `refit_every` new judgments a background refit (on the verifier's
 executor, never on the request path; a logistic regression over at most `window` rows of five
-features: milliseconds of one core) does, in time order:
+features, and every judgment rescored twice: about a second of one core at 5,000, run in a worker
+process at the lowest CPU priority in a gateway, background_process.py) does, in time order:
   1. fit a head (head_fit.py) on the earlier `fit_share` of the judgments: the features of the
      judged candidate (matcher.features, the background similarity being the 95th percentile
      of the judged-wrong candidates' similarities), labelled right or wrong;
@@ -27,14 +28,17 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from typing import NamedTuple
 
 import numpy as np
+import numpy.typing as npt
 
 from infercache.errors import InvalidRequestError
+from infercache.semantic.background_process import LowPriorityWorker
 from infercache.semantic.head_fit import fit_head
 from infercache.semantic.layer_config import ShadowConfig
 from infercache.semantic.matcher import FEATURES, FittedMatcher, Head, Matcher, NearbyAnswer
@@ -63,8 +67,10 @@ class ShadowFit:
         window: int = 5000,
         refit_every: int = 250,
         fit_share: float = 0.6,
+        compute: LowPriorityWorker | None = None,
     ) -> None:
         self._executor = executor
+        self._compute = compute
         self._target = target_false_hit
         self._min_pairs = min_pairs
         self._on_switch = on_switch
@@ -77,6 +83,11 @@ class ShadowFit:
         self._running = False
         self.refits = 0
         self.switches = 0
+
+    def close(self) -> None:
+        """Stop the worker process a refit ran in (a refit after this fails, logged)."""
+        if self._compute is not None:
+            self._compute.close()
 
     def add(self, neighbours: Sequence[NearbyAnswer], position: int, wrong: bool) -> None:
         """One judgment; schedules a refit every `refit_every` of them (one at a time)."""
@@ -99,41 +110,151 @@ class ShadowFit:
                 self._running = False
 
     def refit(self, judged: Sequence[Judged]) -> bool:
-        """Steps 1–3 of the module docstring; whether the matcher was switched."""
+        """Steps 1–3 of the module docstring; whether the matcher was switched. Steps 1–2
+        (`propose`) run where `compute` runs them: in this thread by default, in a worker
+        process at the lowest CPU priority in a gateway (`shadow_fit_for`)."""
         self.refits += 1
-        cut = int(self._fit_share * len(judged))
-        early, late = judged[:cut], judged[cut:]
-        if len(late) < self._min_pairs:
-            return False
-        background = _background(judged)
-        template = Head(weights=(0.0,) * FEATURES, bias=0.0, background=background)
-        rows = np.array([candidate_features(j.neighbours, template)[j.position] for j in early])
-        right = np.array([0.0 if j.wrong else 1.0 for j in early])
-        k = max(len(j.neighbours) for j in judged)
-        try:
-            head = fit_head(rows, right, k, background=background)
-        except InvalidRequestError:
-            return False  # all right or all wrong so far: nothing to learn from
-        fitted = FittedMatcher(head, f"shadow-fit:{self.refits}")
-        new = self._served(fitted, late)
-        now = self._served(self._current(), late)
-        if new is None or (now is not None and new <= now):
+        name = f"shadow-fit:{self.refits}"
+        options = (self._fit_share, self._target, self._min_pairs, name)
+        if self._compute is None:
+            proposal = propose(judged, self._current(), *options)
+        else:
+            proposal = self._compute.run(propose_packed, pack(judged), self._current(), *options)
+        if proposal is None:
             return False
         self.switches += 1
         log.warning(
             "semantic shadow refit %d: a head fitted on %d judged pairs serves %d of the next "
             "%d within the bound (the matcher served until now: %s)",
-            self.refits, len(early), new, len(late), now,
+            self.refits, proposal.fitted_on, proposal.served, proposal.later, proposal.served_now,
         )  # fmt: skip
-        self._on_switch(fitted, [(score_of(fitted, j), j.wrong) for j in judged])
+        self._on_switch(proposal.matcher, proposal.pairs)
         return True
 
-    def _served(self, matcher: Matcher, judged: Sequence[Judged]) -> int | None:
-        """How many of `judged` the certified point of `matcher` serves (None: no point)."""
-        scores = np.array([score_of(matcher, j) for j in judged])
-        wrong = np.array([j.wrong for j in judged], dtype=bool)
-        point = operating_point(scores, wrong, self._target, self._min_pairs)
-        return None if point.serving_at is None else int(np.sum(scores >= point.serving_at))
+
+class Proposal(NamedTuple):
+    """A head that serves more of the later judgments than the current matcher does."""
+
+    matcher: FittedMatcher
+    fitted_on: int  # judgments it was fitted on
+    later: int  # judgments it was scored on
+    served: int
+    served_now: int | None  # what the current matcher serves of them (None: no point)
+    pairs: list[tuple[float, bool]]  # every judgment rescored on its scale
+
+
+def propose(
+    judged: Sequence[Judged],
+    current: Matcher,
+    fit_share: float,
+    target: float,
+    min_pairs: int,
+    name: str,
+) -> Proposal | None:
+    """Steps 1–2 of the module docstring (pure: the CPU-heavy part of a refit)."""
+    cut = int(fit_share * len(judged))
+    early, late = judged[:cut], judged[cut:]
+    if len(late) < min_pairs:
+        return None
+    background = _background(judged)
+    template = Head(weights=(0.0,) * FEATURES, bias=0.0, background=background)
+    rows = np.array([candidate_features(j.neighbours, template)[j.position] for j in early])
+    right = np.array([0.0 if j.wrong else 1.0 for j in early])
+    k = max(len(j.neighbours) for j in judged)
+    try:
+        head = fit_head(rows, right, k, background=background)
+    except InvalidRequestError:
+        return None  # all right or all wrong so far: nothing to learn from
+    fitted = FittedMatcher(head, name)
+    new = _served(fitted, late, target, min_pairs)
+    now = _served(current, late, target, min_pairs)
+    if new is None or (now is not None and new <= now):
+        return None
+    pairs = [(score_of(fitted, j), j.wrong) for j in judged]
+    return Proposal(fitted, len(early), len(late), new, now, pairs)
+
+
+def _served(
+    matcher: Matcher, judged: Sequence[Judged], target: float, min_pairs: int
+) -> int | None:
+    """How many of `judged` the certified point of `matcher` serves (None: no point)."""
+    scores = np.array([score_of(matcher, j) for j in judged])
+    wrong = np.array([j.wrong for j in judged], dtype=bool)
+    point = operating_point(scores, wrong, target, min_pairs)
+    return None if point.serving_at is None else int(np.sum(scores >= point.serving_at))
+
+
+class Packed(NamedTuple):
+    """Judgments as a few numpy arrays and the distinct answers: a refit in a worker process
+    sends its whole window, and pickling 5,000 judgments' named tuples holds this process's GIL
+    for hundreds of ms (arrays: well under one)."""
+
+    counts: npt.NDArray[np.int64]  # neighbours per judgment
+    similarities: npt.NDArray[np.float64]  # every neighbour, judgment after judgment
+    answer_codes: npt.NDArray[np.int64]  # index into `answers`
+    answers: list[str]
+    seen: npt.NDArray[np.int64]
+    positions: npt.NDArray[np.int64]
+    wrong: npt.NDArray[np.bool_]
+
+
+PACK_CHUNK = 200  # judgments packed between two yields of the GIL
+
+
+def pack(judged: Sequence[Judged]) -> Packed:
+    """Packed in chunks, yielding the GIL between them (`time.sleep(0)`): packing a full window
+    is ~20k attribute reads, tens of ms under load, and a request thread waiting for the
+    interpreter would otherwise wait up to the 5 ms switch interval at every step."""
+    codes: dict[str, int] = {}
+    counts: list[int] = []
+    similarities: list[float] = []
+    answer_codes: list[int] = []
+    seen: list[int] = []
+    for start in range(0, len(judged), PACK_CHUNK):
+        for j in judged[start : start + PACK_CHUNK]:
+            counts.append(len(j.neighbours))
+            for n in j.neighbours:
+                similarities.append(n.similarity)
+                answer_codes.append(codes.setdefault(n.answer, len(codes)))
+                seen.append(n.seen)
+        time.sleep(0)
+    return Packed(
+        np.array(counts, dtype=np.int64),
+        np.array(similarities, dtype=np.float64),
+        np.array(answer_codes, dtype=np.int64),
+        list(codes),
+        np.array(seen, dtype=np.int64),
+        np.array([j.position for j in judged], dtype=np.int64),
+        np.array([j.wrong for j in judged], dtype=np.bool_),
+    )
+
+
+def unpack(packed: Packed) -> list[Judged]:
+    similarities = packed.similarities.tolist()
+    answers = [packed.answers[c] for c in packed.answer_codes.tolist()]
+    seen = packed.seen.tolist()
+    out, start = [], 0
+    for count, position, wrong in zip(
+        packed.counts.tolist(), packed.positions.tolist(), packed.wrong.tolist(), strict=True
+    ):
+        neighbours = tuple(
+            NearbyAnswer(similarities[i], answers[i], seen[i]) for i in range(start, start + count)
+        )
+        out.append(Judged(neighbours, position, wrong))
+        start += count
+    return out
+
+
+def propose_packed(
+    packed: Packed,
+    current: Matcher,
+    fit_share: float,
+    target: float,
+    min_pairs: int,
+    name: str,
+) -> Proposal | None:
+    """`propose` on packed judgments (what the worker process runs)."""
+    return propose(unpack(packed), current, fit_share, target, min_pairs, name)
 
 
 def shadow_fit_for(
@@ -154,6 +275,7 @@ def shadow_fit_for(
         current=current,
         window=shadow.window,
         refit_every=shadow.refit_every,
+        compute=LowPriorityWorker(),
     )
 
 

@@ -127,6 +127,7 @@ def figures(analysis: Analysis, *, semantic_off: str | None = None) -> Figures:
         sweeps=_sweeps(analysis) if analysis.options.sweep else None,
         windows=_windows(analysis),
         cost_model=_cost_model(analysis),
+        provider_prompt_cache=analysis.prompt_caches.section(),
         inputs=_inputs(analysis),
         settings=_settings(analysis),
         observed_layers=dict(c.layers.most_common()),

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from infercache.analyze.recommend import Recommendation
 from infercache.analyze.replay_figures import Unavailable
 from infercache.analyze.report_tree import Figures, GroupFigures, NearDuplicateFigures
+from infercache.analyze.reports import prompt_cache_table
 from infercache.analyze.reports.document import Report
 from infercache.analyze.reports.plots import plots_for, png
 from infercache.analyze.reports.text import (
@@ -193,6 +194,18 @@ def _cost(f: Figures) -> str:
     return _table(["model", "rates from", "overhead", "prefill", "decode"], rows)
 
 
+def _prompt_cache(f: Figures) -> str:
+    section = f.provider_prompt_cache
+    if section is None:
+        return ""
+    header, note = list(prompt_cache_table.HEADER), prompt_cache_table.unpriced_note(section)
+    return "".join(
+        f"<h2>{_e(t.title)}</h2>{_table(header, t.rows)}"
+        + (f"<p class=warn>{_e(t.alarm)}</p>" if t.alarm else "")
+        for t in prompt_cache_table.tables(section)
+    ) + (f"<p class=note>{_e(note)}</p>" if note else "")
+
+
 def render_html(report: Report) -> str:
     f = report.figures
     figures = "".join(
@@ -216,6 +229,7 @@ def render_html(report: Report) -> str:
         f"{_windows(f)}"
         f"<h2>Upstream time</h2>{_cost(f)}"
         f"<h2>Prefix breakers</h2>{_breakers(f)}"
+        f"{_prompt_cache(f)}"
         f"<h2>By tenant</h2>{_groups(f.breakdown.tenant, 'tenant', f.tenant_names)}"
         f"<h2>By model</h2>{_groups(f.breakdown.model, 'model', {})}"
         f"<h2>Notes</h2><ul>{notes}</ul>"

@@ -25,6 +25,7 @@ from infercache.analyze.report_tree import (
     GroupFigures,
     NearDuplicatesUnmeasured,
 )
+from infercache.analyze.reports import prompt_cache_table
 from infercache.analyze.reports.document import Report
 from infercache.analyze.rules import dollars, duration, milliseconds, seconds
 from infercache.analyze.rules import pct as _pct
@@ -126,6 +127,7 @@ def render_text(report: Report, out: IO[str], *, color: bool | None = None) -> N
     _kv(console, f)
     _windows(console, f)
     _breakers(console, f.prefix_breakers, f.tenant_names)
+    _prompt_cache(console, f)
     _recommendation(console, report.recommendation)
     for note in f.notes:
         console.print(f"[dim]note: {escape(note)}[/dim]")
@@ -277,6 +279,24 @@ def _breakers(console: Console, breakers: tuple[BreakerRow, ...], names: Mapping
             f"reuse {b.tokens_lost:,} more tokens ({pct(b.token_share_lost)} of all)"
         )
         console.print(f"    {b.context}", markup=False, style="dim")
+
+
+def _prompt_cache(console: Console, f: Figures) -> None:
+    section = f.provider_prompt_cache
+    if section is None:
+        return
+    for found in prompt_cache_table.tables(section):
+        table = Table(title=found.title, title_justify="left")
+        for column in prompt_cache_table.HEADER:
+            table.add_column(column, justify="left" if column == "model" else "right")
+        for row in found.rows:
+            table.add_row(*row)
+        console.print(table)
+        if found.alarm is not None:
+            console.print(f"  alarm: {found.alarm}", markup=False, style="red")
+    note = prompt_cache_table.unpriced_note(section)
+    if note is not None:
+        console.print(f"  note: {note}", markup=False, style="dim")
 
 
 def _recommendation(console: Console, rec: Recommendation) -> None:

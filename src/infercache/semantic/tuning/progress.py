@@ -64,4 +64,4 @@ class ProgressBar:
         if stage not in self._tasks:
             label = {"embed": "embedding texts", "adapter": "training the adapter"}
             self._tasks[stage] = self._progress.add_task(label.get(stage, stage), total=total)
-        self._progress.update(self._tasks[stage], completed=done)
+        self._progress.update(self._tasks[stage], completed=done, total=total)  # a stage reruns
