@@ -37,3 +37,18 @@ def test_a_table_int8_would_round_is_held_dense_in_float16() -> None:
     assert isinstance(held, DenseTable)
     ids = torch.tensor([4, 0, 4])
     assert torch.equal(held.lookup(ids), table[ids].half().float())
+
+
+def test_a_table_longer_than_a_chunk_is_checked_in_every_chunk() -> None:
+    """The table is converted a chunk of rows at a time (weight_formats `_CHUNK_ROWS`): every
+    chunk is held bit for bit, and a single rounded value in the last chunk refuses it all."""
+    from infercache.engine import weight_formats
+
+    vocab = weight_formats._CHUNK_ROWS * 2 + 7
+    table = q8_0_table(vocab=vocab)
+    held = Int8BlockTable.exact(table)
+    assert held is not None
+    ids = torch.tensor([0, weight_formats._CHUNK_ROWS - 1, weight_formats._CHUNK_ROWS, vocab - 1])
+    assert torch.equal(held.lookup(ids), table[ids])
+    table[vocab - 1, 5] += table[vocab - 1, 5].abs().clamp(min=1e-3) * 1e-3  # off the int8 grid
+    assert Int8BlockTable.exact(table) is None

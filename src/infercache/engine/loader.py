@@ -12,8 +12,6 @@ metrics outlive the model, so they are passed in).
 
 from __future__ import annotations
 
-import ctypes
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -93,7 +91,6 @@ def load_model(
     model = LlamaModel(
         spec, checkpoint.tensors, dtype=dtype, max_positions=limit, weights=weights, packed=packed
     )
-    _return_freed_memory()
     # The model's identity: what every cache keys on, KV and the KV tiers' block names included
     # (a block one weight format computed is never loaded by another).
     version = served_version(resolved.checkpoint_version, weights.name, config.dtype)
@@ -112,15 +109,3 @@ def load_model(
         max_context_tokens=limit,
         created=int(clock.now_s()),
     )
-
-
-def _return_freed_memory() -> None:
-    """Give the heap pages that loading freed back to the OS (glibc's `malloc_trim`). Building a
-    format's copies frees float32 temporaries of several MB each (fused projections, FBGEMM's
-    saturated copies); once glibc has raised its mmap threshold past them they are freed into
-    the heap, where ~70 MB of the packaged model's stayed resident. Elsewhere, nothing."""
-    if not sys.platform.startswith("linux"):
-        return
-    trim = getattr(ctypes.CDLL(None), "malloc_trim", None)  # absent from musl: nothing to do
-    if trim is not None:
-        trim(0)

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from infercache.engine.heap import return_freed_memory
 from infercache.engine.kv import KVShape, KVWorkspace
 from infercache.engine.linear import Projection
 from infercache.engine.weight_formats import WeightFormat, weight_format
@@ -131,7 +132,10 @@ class LlamaModel:
             self._lm_head = self.weights.head(head, packed=packed)
             del embed, head
             self._final_norm = w.get("model.norm.weight").to(dtype)
-            self._layers = [self._load_layer(w, i) for i in range(spec.num_layers)]
+            self._layers: list[_Layer] = []
+            for i in range(spec.num_layers):
+                self._layers.append(self._load_layer(w, i))
+                return_freed_memory()  # this layer's float32 temporaries (heap.py)
             positions = torch.arange(self.max_positions, dtype=torch.float32)
             inv_freq = torch.tensor(spec.rope_inv_freq, dtype=torch.float32)
             freqs = positions[:, None] * inv_freq[None, :]

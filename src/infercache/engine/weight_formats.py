@@ -33,6 +33,7 @@ from infercache.engine.linear import Fp16Linear, Fp32Linear, Projection, can_pac
 from infercache.errors import ConfigError
 
 _BLOCK = 32  # GGUF Q8_0's block: 32 int8 values and one scale
+_CHUNK_ROWS = 4096  # rows of an embedding table converted at a time
 
 
 class EmbeddingTable(Protocol):
@@ -65,20 +66,38 @@ class Int8BlockTable:
     @classmethod
     def exact(cls, weight: torch.Tensor) -> Int8BlockTable | None:
         """The table of float32 `weight` `[vocab, hidden]`, or None unless it gives back every
-        value bit for bit."""
+        value bit for bit. Built `_CHUNK_ROWS` rows at a time, so its float32 temporaries stay
+        a few MB (whole, they were three copies of the table at once: 340 MB for the packaged
+        model's, the peak while loading it)."""
         vocab, hidden = weight.shape
         if hidden % _BLOCK:
             return None
-        blocks = weight.view(vocab, hidden // _BLOCK, _BLOCK)
-        scales = blocks.abs().amax(-1, keepdim=True) / 127
-        values = torch.round(blocks / torch.where(scales == 0, 1, scales)).clamp(-127, 127)
-        if not torch.equal(values * scales, blocks):
-            return None
-        return cls(values.to(torch.int8).view(vocab, hidden), scales.view(vocab, -1))
+        values = torch.empty((vocab, hidden), dtype=torch.int8)
+        scales = torch.empty((vocab, hidden // _BLOCK), dtype=torch.float32)
+        for start in range(0, vocab, _CHUNK_ROWS):
+            rows = slice(start, start + _CHUNK_ROWS)
+            if not _quantise_exactly(weight[rows], values[rows], scales[rows]):
+                return None
+        return cls(values, scales)
 
     def lookup(self, ids: torch.Tensor) -> torch.Tensor:
         values = F.embedding(ids, self._values).float().view(*ids.shape, -1, _BLOCK)
         return (values * F.embedding(ids, self._scales)[..., None]).flatten(-2)
+
+
+def _quantise_exactly(weight: torch.Tensor, values: torch.Tensor, scales: torch.Tensor) -> bool:
+    """Fill int8 `values` and float32 `scales` (one per block) from float32 `weight` rows;
+    whether they give back every value bit for bit."""
+    rows, hidden = weight.shape
+    blocks = weight.reshape(rows, hidden // _BLOCK, _BLOCK)
+    block_scales = blocks.abs().amax(-1, keepdim=True) / 127
+    rounded = torch.round(blocks / torch.where(block_scales == 0, 1, block_scales))
+    rounded.clamp_(-127, 127)
+    if not torch.equal(rounded * block_scales, blocks):
+        return False
+    values.copy_(rounded.view(rows, hidden))
+    scales.copy_(block_scales.view(rows, -1))
+    return True
 
 
 class WeightFormat(Protocol):
