@@ -5,7 +5,8 @@ front of a label-aware stand-in provider, asked one request at a time in time or
 usage, `system_fingerprint`, `/v1/models`) answering each question with its label's answer
 (answers.py: one phrasing, or one of three by a hash of the question). A question it has no
 label for is answered `unknown question` and recorded in `unknown` — a harness bug the scorer
-then counts as wrong, never as right.
+then counts as wrong, never as right. The gateway's own version probe
+(gateway/version_probe.py `probe_body`) is answered as the stand-in answers it, not recorded.
 
 `day_gateway(workdir, labels, phrasings=..., flags=...)` starts both and yields a `DayGateway`:
 `run(system, requests)` asks them in order and returns one `scoring.Outcome` each (layer from
@@ -30,6 +31,7 @@ from typing import Any
 
 import httpx
 
+from infercache.gateway.version_probe import probe_body
 from tests.conftest import free_port
 from tests.harness.processes import start
 from tests.harness.servers import serve
@@ -49,6 +51,8 @@ class LabelUpstream(FakeUpstream):
 
     def completion(self, body: dict[str, Any], n: int) -> dict[str, Any]:
         out = super().completion(body, n)
+        if _is_version_probe(body):
+            return out
         question = str(body["messages"][-1]["content"])
         label = self.labels.get(question)
         if label is None:
@@ -58,6 +62,11 @@ class LabelUpstream(FakeUpstream):
             answer = answer_for(label, question, self.phrasings)
         out["choices"][0]["message"]["content"] = answer
         return out
+
+
+def _is_version_probe(body: dict[str, Any]) -> bool:
+    probe = probe_body(str(body.get("model", "")))
+    return all(body.get(key) == value for key, value in probe.items())
 
 
 def chat_body(system: str, text: str) -> dict[str, Any]:
