@@ -41,6 +41,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -225,8 +226,10 @@ def dequantised(s: ort.InferenceSession, inp: int) -> np.ndarray:
 
 def exact(tensors: dict[str, np.ndarray]) -> None:
     print("\n## Exactness: weights dequantised by the session vs the checkpoint's float32\n")
-    print("| weight | shape | format | groups | groups not exact | weights equal "
-          "| max abs difference | max relative |")
+    print(
+        "| weight | shape | format | groups | groups not exact | weights equal "
+        "| max abs difference | max relative |"
+    )
     print("|---|---|---|---:|---:|---:|---:|---:|")
     for name, w in tensors.items():
         variants = (
@@ -238,9 +241,11 @@ def exact(tensors: dict[str, np.ndarray]) -> None:
             back = dequantised(session(q, 1), w.shape[1])
             diff = np.abs(back - w)
             rel = (diff / np.maximum(np.abs(w), F32(1e-30))).max()
-            print(f"| {name} | {w.shape[0]} × {w.shape[1]} | {label} | {q.scales.size:,} | "
-                  f"{q.unfit_groups:,} | {(back == w).mean():.4%} | {diff.max():.2e} | "
-                  f"{rel:.1e} |")
+            print(
+                f"| {name} | {w.shape[0]} × {w.shape[1]} | {label} | {q.scales.size:,} | "
+                f"{q.unfit_groups:,} | {(back == w).mean():.4%} | {diff.max():.2e} | "
+                f"{rel:.1e} |"
+            )
 
 
 def _best_ms(calls: dict[str, Callable[[], object]], rounds: int) -> dict[str, float]:
@@ -254,15 +259,22 @@ def _best_ms(calls: dict[str, Callable[[], object]], rounds: int) -> dict[str, f
 
 
 def speed(tensors: dict[str, np.ndarray], rounds: int, threads: list[int]) -> None:
-    shapes = {"up 576 → 1,536": "mlp.up_proj", "down 1,536 → 576": "mlp.down_proj",
-              "LM head 576 → 49,152": "lm_head"}
+    shapes = {
+        "up 576 → 1,536": "mlp.up_proj",
+        "down 1,536 → 576": "mlp.down_proj",
+        "LM head 576 → 49,152": "lm_head",
+    }
     rng = np.random.default_rng(0)
     for n in threads:
         torch.set_num_threads(n)
-        print(f"\n## Speed, {n} thread(s): ms a call, best of {rounds} (load "
-              f"{os.getloadavg()[0]:.1f})\n")
-        print("| projection | rows | oneDNN fp32 | FBGEMM fp16 | ORT 4/8-bit, run | "
-              "ORT, io_binding | ORT bound / fp32 | ORT bound / fp16 |")
+        print(
+            f"\n## Speed, {n} thread(s): ms a call, best of {rounds} (load "
+            f"{os.getloadavg()[0]:.1f})\n"
+        )
+        print(
+            "| projection | rows | oneDNN fp32 | FBGEMM fp16 | ORT 4/8-bit, run | "
+            "ORT, io_binding | ORT bound / fp32 | ORT bound / fp16 |"
+        )
         print("|---|---:|---:|---:|---:|---:|---:|---:|")
         for label, name in shapes.items():
             w = tensors[name]
@@ -276,47 +288,133 @@ def speed(tensors: dict[str, np.ndarray], rounds: int, threads: list[int]) -> No
                 with torch.inference_mode():
                     ms = _best_ms(
                         {
-                            "fp32": lambda: fp32(xt),
-                            "fp16": lambda: fp16(xt),
-                            "run": lambda: call(x),
+                            "fp32": partial(fp32, xt),
+                            "fp16": partial(fp16, xt),
+                            "run": partial(call, x),
                             "bound": bound_call(s, x, w.shape[0]),
                         },
                         rounds if rows < 512 or name != "lm_head" else max(3, rounds // 5),
                     )
-                print(f"| {label} | {rows} | {ms['fp32']:.3f} | {ms['fp16']:.3f} | "
-                      f"{ms['run']:.3f} | {ms['bound']:.3f} | {ms['bound'] / ms['fp32']:.2f} | "
-                      f"{ms['bound'] / ms['fp16']:.2f} |", flush=True)
+                print(
+                    f"| {label} | {rows} | {ms['fp32']:.3f} | {ms['fp16']:.3f} | "
+                    f"{ms['run']:.3f} | {ms['bound']:.3f} | {ms['bound'] / ms['fp32']:.2f} | "
+                    f"{ms['bound'] / ms['fp16']:.2f} |",
+                    flush=True,
+                )
 
 
 def rows(tensors: dict[str, np.ndarray], threads: list[int]) -> None:
     print(f"\n## Row independence: the first rows alone vs among {BATCH} (same call, bits)\n")
-    print("| weight | threads | " + " | ".join(f"{k} rows" for k in SUBSETS)
-          + f" | {SPREAD} rows each alone, doubled | max abs vs fp32 (F.linear) | max relative |")
-    print("|---|---:|" + "---|" * (len(SUBSETS) + 1) + "---:|---:|")
+    print(
+        "| weight | threads | "
+        + " | ".join(f"{k} rows" for k in SUBSETS)
+        + f" | {SPREAD} rows each alone, doubled | max abs vs fp32 (F.linear) | max relative "
+        "| FBGEMM fp16's max abs vs fp32 |"
+    )
+    print("|---|---:|" + "---|" * (len(SUBSETS) + 1) + "---:|---:|---:|")
     x = np.random.default_rng(1).standard_normal((BATCH, 1536), dtype=F32)
     for name in ("mlp.up_proj", "mlp.down_proj", "self_attn.q_proj", "lm_head"):
         w = tensors[name]
         xs = np.ascontiguousarray(x[:, : w.shape[1]])
         q = q8_0(w) if name == "lm_head" else q4_1(w)
-        ref = torch.nn.functional.linear(torch.from_numpy(xs), torch.from_numpy(w)).numpy()
+        with torch.inference_mode():
+            ref = torch.nn.functional.linear(torch.from_numpy(xs), torch.from_numpy(w)).numpy()
+            fp16 = Fp16Linear(torch.from_numpy(w), None)(torch.from_numpy(xs)).numpy()
+        fp16_diff = np.abs(fp16 - ref).max()
         for n in threads:
             call = ort_call(session(q, n))
             full = call(xs)
-            same = ["yes" if np.array_equal(call(xs[:k]), full[:k]) else "**no**"
-                    for k in SUBSETS]
+            same = ["yes" if np.array_equal(call(xs[:k]), full[:k]) else "**no**" for k in SUBSETS]
             picks = range(0, BATCH, BATCH // SPREAD)
             doubled = sum(np.array_equal(call(xs[[i, i]])[0], full[i]) for i in picks)
             same.append(f"{doubled}/{len(picks)}")
             diff = np.abs(full - ref)
-            print(f"| {name} | {n} | " + " | ".join(same)
-                  + f" | {diff.max():.2e} | {(diff.max() / np.abs(ref).max()):.1e} |", flush=True)
+            print(
+                f"| {name} | {n} | "
+                + " | ".join(same)
+                + f" | {diff.max():.2e} | {(diff.max() / np.abs(ref).max()):.1e} "
+                + f"| {fp16_diff:.2e} |",
+                flush=True,
+            )
+
+
+def model(tensors: dict[str, np.ndarray], layers: int, rounds: int, threads: list[int]) -> None:
+    """Every projection of a token summed: the engine's fused shapes (QKV 960 × 576, O, gate/up
+    3,072 × 576, down) of layer 0 timed and counted `layers` times, plus the LM head (fp16 in
+    the ORT column: its 8-bit `MatMulNBits` has no float32 fast kernel, above)."""
+    t = tensors
+    fused = {
+        "qkv": np.concatenate(
+            [t["self_attn.q_proj"], t["self_attn.k_proj"], t["self_attn.v_proj"]]
+        ),
+        "o": t["self_attn.o_proj"],
+        "gate_up": np.concatenate([t["mlp.gate_proj"], t["mlp.up_proj"]]),
+        "down": t["mlp.down_proj"],
+    }
+    rng = np.random.default_rng(2)
+    for n in threads:
+        torch.set_num_threads(n)
+        print(
+            f"\n## All projections of a step, {n} thread(s): ms, {layers} layers × layer 0's "
+            f"+ LM head, best of {rounds} (load {os.getloadavg()[0]:.1f})\n"
+        )
+        print(
+            "| rows | oneDNN fp32 | FBGEMM fp16 | ORT 4-bit, io_binding (head fp16) | ORT 4-bit, 1 row "
+            "doubled | fp32 / fp16 | fp32 / ORT | fp32 / ORT doubled |"
+        )
+        print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+        kernels = {
+            name: (
+                Fp32Linear(torch.from_numpy(w), None, packed=True),
+                Fp16Linear(torch.from_numpy(w), None),
+                session(q4_1(w), n),
+            )
+            for name, w in fused.items()
+        }
+        head = torch.from_numpy(t["lm_head"])
+        head32, head16 = Fp32Linear(head, None, packed=True), Fp16Linear(head, None)
+        for rows in (1, 16, 256):
+            x = rng.standard_normal((rows, 1536), dtype=F32)
+            total = dict.fromkeys(("fp32", "fp16", "ort", "doubled"), 0.0)
+            with torch.inference_mode():
+                for name, (k32, k16, s) in kernels.items():
+                    xs = np.ascontiguousarray(x[:, : fused[name].shape[1]])
+                    xt = torch.from_numpy(xs)
+                    calls: dict[str, Callable[[], object]] = {
+                        "fp32": partial(k32, xt),
+                        "fp16": partial(k16, xt),
+                        "ort": bound_call(s, xs, fused[name].shape[0]),
+                    }
+                    if rows == 1:
+                        twice = np.ascontiguousarray(np.repeat(xs, 2, axis=0))
+                        calls["doubled"] = bound_call(s, twice, fused[name].shape[0])
+                    for label, ms in _best_ms(calls, rounds).items():
+                        total[label] += layers * ms
+                if rows < 256:  # prefill computes the logits of its last row only
+                    xt = torch.from_numpy(np.ascontiguousarray(x[:, :576]))
+                    ms = _best_ms(
+                        {"fp32": partial(head32, xt), "fp16": partial(head16, xt)}, rounds
+                    )
+                    total["fp32"] += ms["fp32"]
+                    for label in ("fp16", "ort", "doubled"):
+                        total[label] += ms["fp16"]
+            doubled = f"{total['doubled']:.2f}" if rows == 1 else "—"
+            ratio = f"{total['fp32'] / total['doubled']:.2f}×" if rows == 1 else "—"
+            print(
+                f"| {rows} | {total['fp32']:.2f} | {total['fp16']:.2f} | {total['ort']:.2f} | "
+                f"{doubled} | {total['fp32'] / total['fp16']:.2f}× | "
+                f"{total['fp32'] / total['ort']:.2f}× | {ratio} |",
+                flush=True,
+            )
 
 
 def run(args: argparse.Namespace) -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    print(f"# bench/ort_linear.py: {platform.processor() or platform.machine()}, "
-          f"{os.cpu_count()} cores, torch {torch.__version__}, onnxruntime {ort.__version__}; "
-          f"load average {' '.join(f'{v:.1f}' for v in os.getloadavg())}")
+    print(
+        f"# bench/ort_linear.py: {platform.processor() or platform.machine()}, "
+        f"{os.cpu_count()} cores, torch {torch.__version__}, onnxruntime {ort.__version__}; "
+        f"load average {' '.join(f'{v:.1f}' for v in os.getloadavg())}"
+    )
     checkpoint = load_checkpoint(resolve_model(None, default_data_dir(os.environ)).directory)
     tensors = {p: checkpoint.tensors[f"{LAYER}{p}.weight"].float().numpy() for p in PROJECTIONS}
     tensors["lm_head"] = checkpoint.tensors["model.embed_tokens.weight"].float().numpy()
@@ -328,12 +426,14 @@ def run(args: argparse.Namespace) -> None:
         rows(tensors, threads)
     if "speed" in sections:
         speed(tensors, args.rounds, threads)
+    if "model" in sections:
+        model(tensors, checkpoint.spec.num_layers, args.rounds, threads)
     print(f"\nload average at the end {' '.join(f'{v:.1f}' for v in os.getloadavg())}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--sections", default="exact,rows,speed")
+    parser.add_argument("--sections", default="exact,rows,speed,model")
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--threads", default="1,2")
     parser.add_argument("--out", type=Path, default=Path("bench/out/ort_linear"))
