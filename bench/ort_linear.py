@@ -359,7 +359,7 @@ def model(tensors: dict[str, np.ndarray], layers: int, rounds: int, threads: lis
             f"+ LM head, best of {rounds} (load {os.getloadavg()[0]:.1f})\n"
         )
         print(
-            "| rows | oneDNN fp32 | FBGEMM fp16 | ORT 4-bit, io_binding (head fp16) | ORT 4-bit, 1 row "
+            "| rows | oneDNN fp32 | FBGEMM fp16 | ORT 4-bit, bound (head fp16) | ORT 4-bit, 1 row "
             "doubled | fp32 / fp16 | fp32 / ORT | fp32 / ORT doubled |"
         )
         print("|---:|---:|---:|---:|---:|---:|---:|---:|")
