@@ -52,7 +52,7 @@ from onnx import TensorProto, helper, numpy_helper
 from tee import Tee
 
 from infercache.engine.linear import Fp16Linear, Fp32Linear
-from infercache.engine.weights import load_checkpoint, resolve_model
+from infercache.engine.weights import Checkpoint, load_checkpoint, resolve_model
 from infercache.settings import default_data_dir
 
 GROUP = 32
@@ -360,9 +360,10 @@ def model(tensors: dict[str, np.ndarray], layers: int, rounds: int, threads: lis
         )
         print(
             "| rows | oneDNN fp32 | FBGEMM fp16 | ORT 4-bit, bound (head fp16) | ORT 4-bit, 1 row "
-            "doubled | fp32 / fp16 | fp32 / ORT | fp32 / ORT doubled |"
+            "doubled | fp32 / fp16 | fp32 / ORT | fp32 / ORT doubled | layers alone: fp32 / "
+            "fp16 / ORT | LM head: fp32 / fp16 |"
         )
-        print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+        print("|---:|---:|---:|---:|---:|---:|---:|---:|---|---|")
         kernels = {
             name: (
                 Fp32Linear(torch.from_numpy(w), None, packed=True),
@@ -376,6 +377,7 @@ def model(tensors: dict[str, np.ndarray], layers: int, rounds: int, threads: lis
         for rows in (1, 16, 256):
             x = rng.standard_normal((rows, 1536), dtype=F32)
             total = dict.fromkeys(("fp32", "fp16", "ort", "doubled"), 0.0)
+            head_ms = {"fp32": 0.0, "fp16": 0.0}
             with torch.inference_mode():
                 for name, (k32, k16, s) in kernels.items():
                     xs = np.ascontiguousarray(x[:, : fused[name].shape[1]])
@@ -392,18 +394,95 @@ def model(tensors: dict[str, np.ndarray], layers: int, rounds: int, threads: lis
                         total[label] += layers * ms
                 if rows < 256:  # prefill computes the logits of its last row only
                     xt = torch.from_numpy(np.ascontiguousarray(x[:, :576]))
-                    ms = _best_ms(
+                    head_ms = _best_ms(
                         {"fp32": partial(head32, xt), "fp16": partial(head16, xt)}, rounds
                     )
-                    total["fp32"] += ms["fp32"]
-                    for label in ("fp16", "ort", "doubled"):
-                        total[label] += ms["fp16"]
+            layers_ms = dict(total)
+            total["fp32"] += head_ms["fp32"]
+            for label in ("fp16", "ort", "doubled"):
+                total[label] += head_ms["fp16"]
             doubled = f"{total['doubled']:.2f}" if rows == 1 else "—"
             ratio = f"{total['fp32'] / total['doubled']:.2f}×" if rows == 1 else "—"
             print(
                 f"| {rows} | {total['fp32']:.2f} | {total['fp16']:.2f} | {total['ort']:.2f} | "
                 f"{doubled} | {total['fp32'] / total['fp16']:.2f}× | "
-                f"{total['fp32'] / total['ort']:.2f}× | {ratio} |",
+                f"{total['fp32'] / total['ort']:.2f}× | {ratio} | "
+                f"{layers_ms['fp32']:.2f} / {layers_ms['fp16']:.2f} / {layers_ms['ort']:.2f} | "
+                f"{head_ms['fp32']:.2f} / {head_ms['fp16']:.2f} |",
+                flush=True,
+            )
+
+
+def _each(calls: list[Callable[[], object]]) -> None:
+    for call in calls:
+        call()
+
+
+def stream(checkpoint: Checkpoint, rounds: int, threads: list[int]) -> None:
+    """What a decode step reads: every layer's own fused projections (QKV, O, gate/up, down of
+    all layers, each weight read once a step, as in the model: nothing stays in cache from one
+    step to the next) then the LM head, timed as one step, best of `rounds`."""
+    spec, t = checkpoint.spec, checkpoint.tensors
+
+    def fused(i: int) -> list[np.ndarray]:
+        g = lambda p: t[f"model.layers.{i}.{p}.weight"].float().numpy()  # noqa: E731
+        return [
+            np.concatenate([g(f"self_attn.{p}_proj") for p in "qkv"]),
+            g("self_attn.o_proj"),
+            np.concatenate([g("mlp.gate_proj"), g("mlp.up_proj")]),
+            g("mlp.down_proj"),
+        ]
+
+    weights = [w for i in range(spec.num_layers) for w in fused(i)]
+    head = t["model.embed_tokens.weight"].float()
+    rng = np.random.default_rng(3)
+    for n in threads:
+        torch.set_num_threads(n)
+        k32 = [Fp32Linear(torch.from_numpy(w), None, packed=True) for w in weights]
+        k16 = [Fp16Linear(torch.from_numpy(w), None) for w in weights]
+        sessions = [session(q4_1(w), n) for w in weights]
+        h32, h16 = Fp32Linear(head, None, packed=True), Fp16Linear(head, None)
+        print(
+            f"\n## A whole step's projections, weights streamed ({spec.num_layers} layers' "
+            f"own, then the LM head), {n} thread(s), ms, best of {rounds} (load "
+            f"{os.getloadavg()[0]:.1f})\n"
+        )
+        print(
+            "| rows | oneDNN fp32 | FBGEMM fp16 | ORT 4-bit, bound | ORT 4-bit, 1 row doubled "
+            "| LM head fp32 / fp16 | fp32 / fp16 | fp32 / ORT (head fp16) |"
+        )
+        print("|---:|---:|---:|---:|---:|---|---:|---:|")
+        for rows in (1, 16, 256):
+            x = rng.standard_normal((rows, 1536), dtype=F32)
+            xs = [np.ascontiguousarray(x[:, : w.shape[1]]) for w in weights]
+            xt = [torch.from_numpy(a) for a in xs]
+            bound = [
+                bound_call(s, a, w.shape[0]) for s, a, w in zip(sessions, xs, weights, strict=True)
+            ]
+            twice = [np.ascontiguousarray(np.repeat(a, 2, axis=0)) for a in xs]
+            doubled = [
+                bound_call(s, a, w.shape[0])
+                for s, a, w in zip(sessions, twice, weights, strict=True)
+            ]
+            x576 = torch.from_numpy(np.ascontiguousarray(x[:, :576]))
+            steps: dict[str, Callable[[], object]] = {
+                "fp32": partial(_each, [partial(k, a) for k, a in zip(k32, xt, strict=True)]),
+                "fp16": partial(_each, [partial(k, a) for k, a in zip(k16, xt, strict=True)]),
+                "ort": partial(_each, bound),
+                "h32": partial(h32, x576),
+                "h16": partial(h16, x576),
+            }
+            if rows == 1:
+                steps["doubled"] = partial(_each, doubled)
+            with torch.inference_mode():
+                ms = _best_ms(steps, rounds if rows < 256 else max(3, rounds // 4))
+            head32, head16 = (ms["h32"], ms["h16"]) if rows < 256 else (0.0, 0.0)
+            d = f"{ms['doubled']:.2f}" if rows == 1 else "—"
+            print(
+                f"| {rows} | {ms['fp32']:.2f} | {ms['fp16']:.2f} | {ms['ort']:.2f} | {d} | "
+                f"{head32:.2f} / {head16:.2f} | "
+                f"{(ms['fp32'] + head32) / (ms['fp16'] + head16):.2f}× | "
+                f"{(ms['fp32'] + head32) / (ms['ort'] + head16):.2f}× |",
                 flush=True,
             )
 
@@ -426,6 +505,8 @@ def run(args: argparse.Namespace) -> None:
         rows(tensors, threads)
     if "speed" in sections:
         speed(tensors, args.rounds, threads)
+    if "stream" in sections:
+        stream(checkpoint, args.rounds, threads)
     if "model" in sections:
         model(tensors, checkpoint.spec.num_layers, args.rounds, threads)
     print(f"\nload average at the end {' '.join(f'{v:.1f}' for v in os.getloadavg())}")
