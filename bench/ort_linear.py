@@ -3,33 +3,40 @@ hold the packaged checkpoint's weights exactly, is it faster than PyTorch's fp32
 kernels, and is a row's result independent of the other rows in the call?
 
     .venv/bin/pip install onnxruntime onnx        # not in requirements: measured, not adopted
-    .venv/bin/python bench/ort_linear.py [--sections exact,speed,rows] [--rounds 30]
-        [--threads 1,2] [--out bench/out/ort_linear]
+    .venv/bin/python bench/ort_linear.py [--sections exact,kernels,rows,speed,stream,model]
+        [--rounds 30] [--threads 1,2] [--out bench/out/ort_linear]
 
 The packaged SmolLM2-135M-Instruct was distributed as GGUF: every projection Q4_1 (groups of
 32 along the input, `w = q·d + m`, `q` in 0..15, fp16 `d` and `m`), the embedding table (the
 tied LM head) Q8_0 (`w = q·d`, `q` in −127..127). So its float32 weights are a dequantised
 4-bit model, recovered here per group by min/max: `m` = the group's minimum, `d` = (max −
-min) / 15, `q` = round((w − m) / d).
+min) / 15, `q` = round((w − m) / d); `q·d + m` in float32 gives every weight back bit for bit.
 
-`MatMulNBits` (com.microsoft contrib op; `accuracy_level` 1: float32 activations and sums)
-takes `q` packed two a byte, a float32 scale per group and a zero point per group. Measured
-here (`exact`): with zero points of the activations' type it dequantises a weight as
-`q·s − fl(zp·s)`, so `s = d` and a zero point with `fl(zp·d) = −m` give `q·d + m` bit for bit;
-such a float32 `zp` exists for most groups, not all (its product with `d` steps by more than
-`m`'s last bit). The LM head is held in 8 bits (`q + 128`, zero point 128): Q8_0 exactly.
+`MatMulNBits` (com.microsoft contrib op, `accuracy_level` 1: float32 activations and sums)
+takes `q` packed two a byte, a float32 scale per group and a zero point per group. Its fast
+kernels take only integer zero points (`(q − zp)·s`), which cannot express an arbitrary `m`;
+float zero points (measured: dequantised as `q·s − fl(zp·s)`) can for ~90% of groups, and run
+a slow path. The format measured here: `q` with scale `d` and zero point 0 in `MatMulNBits`,
+plus `groupsum(A) · m` (a float32 `[in / 32, out]` matrix, Reshape → ReduceSum → MatMul → Add
+in the same graph): `Y = A · (q·d + m)ᵀ`. The LM head, Q8_0, as 8 bits (`q + 128`, zero
+point 128) is exact too, but has no float32 fast kernel: the per-step estimates keep it fp16.
 
-Sections (every figure printed and written to `<out>/results.md`):
-- `exact`: layer 0's seven projections and the LM head dequantised by the kernel itself (an
-  identity matrix multiplied through the session) against the checkpoint's float32 weights.
-- `speed`: ms per call of up (576 → 1,536), down (1,536 → 576) and the LM head (576 →
-  49,152) at 1, 16 and 512 rows: oneDNN fp32 (the engine's prepacked `Fp32Linear`), FBGEMM
-  fp16 (`Fp16Linear`, the served format) and `MatMulNBits` called through `InferenceSession.run`
-  (numpy in and out, a new output each call) and through `run_with_iobinding` (input and output
-  `OrtValue`s bound once, reused); every kernel in turn each round, best of `--rounds`, at each
-  of `--threads` (torch's threads and the session's `intra_op_num_threads`).
-- `rows`: a row's result alone and among 2, 7, 16 and 300 rows (the same first rows of one
-  random batch), bit-identical or not, and the largest difference from fp32's result.
+Sections (`--sections`, every figure printed and written to `<out>/results.md`):
+- `exact`: layer 0's seven projections and the LM head dequantised by the session itself (an
+  identity matrix multiplied through it) against the checkpoint's float32 weights.
+- `kernels`: which inputs reach a fast kernel (float or integer zero points, `accuracy_level`).
+- `rows`: a row's result alone and among 2, 7, 16, 64, 256 and 300 rows (the first rows of one
+  random batch; and 20 rows of it each alone, doubled to a 2-row call), bit-identical or not;
+  the largest difference from fp32's `F.linear`, and FBGEMM fp16's for scale.
+- `speed`: ms a call of up (576 → 1,536), down (1,536 → 576) and the LM head (576 → 49,152)
+  at 1, 2, 16 and 512 rows: oneDNN fp32 (the engine's prepacked `Fp32Linear`), FBGEMM fp16
+  (`Fp16Linear`, the served format), `MatMulNBits` through `InferenceSession.run` (numpy in,
+  a new output each call) and through `run_with_iobinding` (input and output bound once);
+  every kernel in turn each round, best of `--rounds`, at each of `--threads` (torch's threads
+  and the session's `intra_op_num_threads`). The same weight each call: it stays in cache.
+- `stream`: a whole step's projections, every layer's own fused QKV, O, gate/up and down (so
+  the weights stream from memory as in decode) and the LM head, at 1, 16 and 256 rows.
+- `model`: the same sum from layer 0's weights timed alone ×30 (cache-hot; an upper bound).
 """
 
 from __future__ import annotations
@@ -164,7 +171,7 @@ def _offset_nodes(
     return nodes, inits
 
 
-def session(quantised: Quantised, threads: int) -> ort.InferenceSession:
+def session(quantised: Quantised, threads: int, accuracy: int = 1) -> ort.InferenceSession:
     """`Y = A · Wᵀ` by `MatMulNBits`, float32 compute (`accuracy_level` 1), plus the offsets'
     product when the format has them."""
     out, blocks, _ = quantised.packed.shape
@@ -179,7 +186,7 @@ def session(quantised: Quantised, threads: int) -> ort.InferenceSession:
         N=out,
         bits=quantised.bits,
         block_size=GROUP,
-        accuracy_level=1,
+        accuracy_level=accuracy,
     )
     extra_nodes, extra_inits = _offset_nodes(quantised, inp) if with_offsets else ([], [])
     graph = helper.make_graph(
@@ -487,6 +494,34 @@ def stream(checkpoint: Checkpoint, rounds: int, threads: list[int]) -> None:
             )
 
 
+def kernels(tensors: dict[str, np.ndarray], rounds: int) -> None:
+    """Which `MatMulNBits` inputs reach a fast kernel (1 thread, `run` with numpy)."""
+    up, head = tensors["mlp.up_proj"], np.ascontiguousarray(tensors["lm_head"][:6144])
+    exact4 = q4_1(up)
+    variants = {
+        "up, 4-bit + offsets (the exact format)": (exact4, 1),
+        "up, 4-bit alone, integer zero point (`q·d`, without the offsets)": (
+            Quantised(4, exact4.packed, exact4.scales, exact4.zero_points, 0),
+            1,
+        ),
+        "up, 4-bit, float zero points": (q4_1_float_zp(up), 1),
+        "up, 4-bit + offsets, `accuracy_level` 4 (int8 activations)": (exact4, 4),
+        "6,144 rows of the LM head, 8-bit": (q8_0(head), 1),
+        "6,144 rows of the LM head, 8-bit, `accuracy_level` 4": (q8_0(head), 4),
+    }
+    print(f"\n## Kernels: ms a call, 1 thread, best of {rounds} (load {os.getloadavg()[0]:.1f})\n")
+    print("| inputs | 1 row | 16 rows |")
+    print("|---|---:|---:|")
+    rng = np.random.default_rng(4)
+    for label, (q, accuracy) in variants.items():
+        call = ort_call(session(q, 1, accuracy))
+        ms = [
+            _best_ms({"x": partial(call, rng.standard_normal((r, 576), dtype=F32))}, rounds)["x"]
+            for r in (1, 16)
+        ]
+        print(f"| {label} | {ms[0]:.3f} | {ms[1]:.3f} |", flush=True)
+
+
 def run(args: argparse.Namespace) -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     print(
@@ -501,6 +536,8 @@ def run(args: argparse.Namespace) -> None:
     sections = args.sections.split(",")
     if "exact" in sections:
         exact(tensors)
+    if "kernels" in sections:
+        kernels(tensors, args.rounds)
     if "rows" in sections:
         rows(tensors, threads)
     if "speed" in sections:
@@ -514,7 +551,7 @@ def run(args: argparse.Namespace) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--sections", default="exact,rows,speed,model")
+    parser.add_argument("--sections", default="exact,kernels,rows,speed,stream,model")
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--threads", default="1,2")
     parser.add_argument("--out", type=Path, default=Path("bench/out/ort_linear"))
