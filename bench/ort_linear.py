@@ -35,7 +35,9 @@ Sections (`--sections`, every figure printed and written to `<out>/results.md`):
   every kernel in turn each round, best of `--rounds`, at each of `--threads` (torch's threads
   and the session's `intra_op_num_threads`). The same weight each call: it stays in cache.
 - `stream`: a whole step's projections, every layer's own fused QKV, O, gate/up and down (so
-  the weights stream from memory as in decode) and the LM head, at 1, 16 and 256 rows.
+  the weights stream from memory as in decode) and the LM head, at 1, 16 and 256 rows; 1
+  thread only: with 2, each of the 120 sessions keeps its own pool thread spinning between
+  calls (ORT's default), which took the shared machine's load to 60 in the run that found it.
 - `model`: the same sum from layer 0's weights timed alone ×30 (cache-hot; an upper bound).
 """
 
@@ -542,8 +544,8 @@ def run(args: argparse.Namespace) -> None:
         rows(tensors, threads)
     if "speed" in sections:
         speed(tensors, args.rounds, threads)
-    if "stream" in sections:
-        stream(checkpoint, args.rounds, threads)
+    if "stream" in sections:  # 1 thread: each session's own pool spins (below)
+        stream(checkpoint, args.rounds, [1])
     if "model" in sections:
         model(tensors, checkpoint.spec.num_layers, args.rounds, threads)
     print(f"\nload average at the end {' '.join(f'{v:.1f}' for v in os.getloadavg())}")
