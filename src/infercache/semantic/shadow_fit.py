@@ -41,8 +41,16 @@ from infercache.errors import InvalidRequestError
 from infercache.semantic.background_process import LowPriorityWorker
 from infercache.semantic.head_fit import fit_head
 from infercache.semantic.layer_config import ShadowConfig
-from infercache.semantic.matcher import FEATURES, FittedMatcher, Head, Matcher, NearbyAnswer
-from infercache.semantic.matcher import features as candidate_features
+from infercache.semantic.matcher import (
+    FEATURES,
+    Candidates,
+    CosineMatcher,
+    FittedMatcher,
+    Head,
+    Matcher,
+    NearbyAnswer,
+    features_at,
+)
 from infercache.semantic.shadow import operating_point
 from infercache.semantic.verify import Verifier
 
@@ -152,34 +160,60 @@ def propose(
     name: str,
 ) -> Proposal | None:
     """Steps 1–2 of the module docstring (pure: the CPU-heavy part of a refit)."""
-    cut = int(fit_share * len(judged))
-    early, late = judged[:cut], judged[cut:]
-    if len(late) < min_pairs:
+    return propose_packed(pack(judged), current, fit_share, target, min_pairs, name)
+
+
+def propose_packed(
+    packed: Packed,
+    current: Matcher,
+    fit_share: float,
+    target: float,
+    min_pairs: int,
+    name: str,
+) -> Proposal | None:
+    """`propose` on packed judgments (what the worker process runs). Vectorised: the judged
+    candidates' feature rows are computed once for the window in one numpy pass
+    (matcher.features_at), fitted on, and rescored by the fitted head from the same rows."""
+    wrong = packed.wrong
+    cut = int(fit_share * len(wrong))
+    if len(wrong) - cut < min_pairs:
         return None
-    background = _background(judged)
+    window = candidates(packed)
+    background = _background(window, wrong)
+    # fit_head keeps these feature parameters, so the fitted head's rows are these rows
     template = Head(weights=(0.0,) * FEATURES, bias=0.0, background=background)
-    rows = np.array([candidate_features(j.neighbours, template)[j.position] for j in early])
-    right = np.array([0.0 if j.wrong else 1.0 for j in early])
-    k = max(len(j.neighbours) for j in judged)
+    rows = features_at(window, template)
+    right = np.where(wrong[:cut], 0.0, 1.0)
     try:
-        head = fit_head(rows, right, k, background=background)
+        head = fit_head(rows[:cut], right, int(packed.counts.max()), background=background)
     except InvalidRequestError:
         return None  # all right or all wrong so far: nothing to learn from
     fitted = FittedMatcher(head, name)
-    new = _served(fitted, late, target, min_pairs)
-    now = _served(current, late, target, min_pairs)
+    scores = fitted.scores_of_rows(rows, window.seen[np.arange(len(wrong)), window.positions])
+    new = _served(scores[cut:], wrong[cut:], target, min_pairs)
+    now = _served(
+        _scores_at(current, window.since(cut), packed, cut), wrong[cut:], target, min_pairs
+    )
     if new is None or (now is not None and new <= now):
         return None
-    pairs = [(score_of(fitted, j), j.wrong) for j in judged]
-    return Proposal(fitted, len(early), len(late), new, now, pairs)
+    pairs = list(zip(scores.tolist(), wrong.tolist(), strict=True))
+    return Proposal(fitted, cut, len(wrong) - cut, new, now, pairs)
+
+
+def _scores_at(
+    matcher: Matcher, window: Candidates, packed: Packed, start: int
+) -> npt.NDArray[np.float64]:
+    """`matcher`'s score of each judged candidate of `window` (packed's judgments from `start`):
+    vectorised for the matchers this package has, judgment by judgment for any other."""
+    if isinstance(matcher, FittedMatcher | CosineMatcher):
+        return matcher.scores_at(window)
+    return np.array([score_of(matcher, j) for j in unpack(packed)[start:]], dtype=np.float64)
 
 
 def _served(
-    matcher: Matcher, judged: Sequence[Judged], target: float, min_pairs: int
+    scores: npt.NDArray[np.float64], wrong: npt.NDArray[np.bool_], target: float, min_pairs: int
 ) -> int | None:
-    """How many of `judged` the certified point of `matcher` serves (None: no point)."""
-    scores = np.array([score_of(matcher, j) for j in judged])
-    wrong = np.array([j.wrong for j in judged], dtype=bool)
+    """How many of the judgments the certified point of `scores` serves (None: no point)."""
     point = operating_point(scores, wrong, target, min_pairs)
     return None if point.serving_at is None else int(np.sum(scores >= point.serving_at))
 
@@ -245,16 +279,18 @@ def unpack(packed: Packed) -> list[Judged]:
     return out
 
 
-def propose_packed(
-    packed: Packed,
-    current: Matcher,
-    fit_share: float,
-    target: float,
-    min_pairs: int,
-    name: str,
-) -> Proposal | None:
-    """`propose` on packed judgments (what the worker process runs)."""
-    return propose(unpack(packed), current, fit_share, target, min_pairs, name)
+def candidates(packed: Packed) -> Candidates:
+    """The packed judgments as padded rows (matcher.Candidates), an unknown answer coded -1."""
+    counts = packed.counts
+    width = int(counts.max()) if len(counts) else 0
+    valid = np.arange(width) < counts[:, None]
+    at = np.where(valid, (np.cumsum(counts) - counts)[:, None] + np.arange(width), 0)
+    codes = packed.answer_codes[at] if len(packed.answer_codes) else np.zeros_like(at)
+    if "" in packed.answers:
+        codes = np.where(codes == packed.answers.index(""), -1, codes)
+    similarities = packed.similarities[at] if len(packed.similarities) else np.zeros(at.shape)
+    seen = packed.seen[at] if len(packed.seen) else np.zeros_like(at)
+    return Candidates(similarities, codes, seen, counts, packed.positions)
 
 
 def shadow_fit_for(
@@ -283,7 +319,7 @@ def score_of(matcher: Matcher, judged: Judged) -> float:
     return matcher.scores(judged.neighbours)[judged.position]
 
 
-def _background(judged: Sequence[Judged]) -> float:
+def _background(window: Candidates, wrong: npt.NDArray[np.bool_]) -> float:
     """How similar a wrong candidate gets: the 95th percentile of the judged-wrong ones."""
-    wrong = [j.neighbours[j.position].similarity for j in judged if j.wrong]
-    return float(np.quantile(wrong, 0.95)) if len(wrong) >= 20 else 0.5
+    judged = window.similarities[np.arange(len(wrong)), window.positions]
+    return float(np.quantile(judged[wrong], 0.95)) if int(wrong.sum()) >= 20 else 0.5
