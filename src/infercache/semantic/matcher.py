@@ -32,6 +32,10 @@ decision score per candidate; `decision.accept(score, ..., threshold, guards)` d
   Answers are compared by digest (`records.answer_digest`); an unknown answer ("") agrees with
   nothing. The score is a probability in (0, 1); the threshold is on that scale.
 
+`features_at` / `scores_at` compute the same features and scores for many queries at once, one
+padded row each (`Candidates`; shadow mode's refit scores its whole window so): the features to
+the bit, a fitted score to within a rounding (BLAS may sum the five terms in another order).
+
 Artefacts live in one directory: `matcher.json` (format below) and `adapter.npy` (the float32
 `(dim, dim)` map). `load_fitted` checks the base embedder is the one the matcher was fitted on.
 
@@ -153,7 +157,7 @@ def features(neighbours: Sequence[NearbyAnswer], head: Head) -> npt.NDArray[np.f
 class Candidates(NamedTuple):
     """Many queries' candidates at once, one row per query padded to the longest (shadow mode's
     refit scores its whole window this way): `features_at` and `scores_at` give for each row
-    what `features` and `scores` give for its candidate at `positions`, equal to the bit."""
+    what `features` and `scores` give for its candidate at `positions` (module docstring)."""
 
     similarities: npt.NDArray[np.float64]  # (m, width); padding past `counts` is ignored
     answers: npt.NDArray[np.int64]  # (m, width) codes: equal codes, one answer; -1: unknown
@@ -241,7 +245,8 @@ class FittedMatcher:
         ]
 
     def scores_at(self, c: Candidates) -> npt.NDArray[np.float64]:
-        """Per row of `c`, `scores(row)[position]` (to the bit)."""
+        """Per row of `c`, `scores(row)[position]` (to within a rounding: the logits' product
+        may sum its five terms in another order than the one-query product)."""
         return self.scores_of_rows(
             features_at(c, self.head), c.seen[np.arange(len(c.seen)), c.positions]
         )

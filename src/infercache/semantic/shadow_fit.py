@@ -4,12 +4,11 @@ In shadow the layer judges every miss's best candidate against the fresh answer 
 Each judgment is kept here with what the matcher saw — the candidates' similarities, answers
 and how many cached questions shared each answer (matcher.NearbyAnswer) — in time order, the
 last `window` of them. Every `refit_every` new judgments a background refit (on the verifier's
-executor, never on the request path; a logistic regression over at most `window` rows of five
-features, and every judgment rescored twice: about a second of one core at 5,000, run in a worker
-process at the lowest CPU priority in a gateway, background_process.py) does, in time order:
+executor, never on the request path; run in a worker process at the lowest CPU priority in a
+gateway, background_process.py) does, in time order:
   1. fit a head (head_fit.py) on the earlier `fit_share` of the judgments: the features of the
-     judged candidate (matcher.features, the background similarity being the 95th percentile
-     of the judged-wrong candidates' similarities), labelled right or wrong;
+     judged candidate (the background similarity being the 95th percentile of the judged-wrong
+     candidates' similarities), labelled right or wrong;
   2. rescore the later judgments with it and with the matcher served now, and certify an
      operating point on each by the fixed-sequence test shadow mode serves by
      (shadow.operating_point);
@@ -17,6 +16,12 @@ process at the lowest CPU priority in a gateway, background_process.py) does, in
      matcher's does (or the current one has none): the layer's matcher becomes the fitted head
      (`FittedMatcher` over the same embedder: no vector is re-embedded), and the live
      calibration is reset to every kept judgment rescored on the new scale (`on_switch`).
+Vectorised: the window is packed into a few numpy arrays (`pack`, which also crosses to the
+worker), padded into one row per judgment (matcher.Candidates), and the judged candidates'
+feature rows are computed once, in one numpy pass (matcher.features_at, equal to
+matcher.features to the bit); the fitted head rescores from those same rows (its feature
+parameters are the template's). A full window of 5,000 costs ~10–35 ms of one core
+(bench/semantic_refit_cost.py; the judgment-by-judgment loops it replaced: 0.3–1.6 s).
 Shadow mode's rule is unchanged: it serves at the certified point and returns to shadow when
 none meets the bound. A judgment made under one matcher and applied after a switch is rescored
 from its candidates, so scales never mix. Not persisted: after a restart the layer starts from
