@@ -1,5 +1,5 @@
 """The cost of one shadow-mode refit's computation (issue 23, acceptance 6): the vectorised refit
-(semantic/shadow_fit.py: pack the window, then `propose_packed`, one numpy pass for the
+(semantic/shadow_fit.py: pack the window, then `propose`, one numpy pass for the
 features) against the judgment-by-judgment refit it replaced (tests/semantic/refit_reference.py),
 in the same process, in alternating order, on the same windows.
 
@@ -32,7 +32,7 @@ sys.path.insert(0, str(HERE.parent))
 from semantic_refit_paired import judgments  # noqa: E402
 
 from infercache.semantic.matcher import CosineMatcher, FittedMatcher, Head, Matcher  # noqa: E402
-from infercache.semantic.shadow_fit import Judged, pack, propose_packed  # noqa: E402
+from infercache.semantic.shadow_fit import Judged, pack, propose  # noqa: E402
 from tests.semantic.refit_reference import propose_by_loops  # noqa: E402
 from tests.semantic.test_shadow_fit import mixed_judgments  # noqa: E402
 
@@ -57,7 +57,7 @@ def window_cost(judged: Sequence[Judged], current: Matcher, rounds: int) -> dict
                 figures["loops_cpu"].append(cpu)
                 continue
             packed, pack_ms, pack_cpu = timed(lambda: pack(judged))
-            new, wall, cpu = timed(lambda p=packed: propose_packed(p, current, *OPTIONS))
+            new, wall, cpu = timed(lambda p=packed: propose(p, current, *OPTIONS))
             figures["pack"].append(pack_ms)
             figures["propose"].append(wall)
             figures["vectorised_cpu"].append(pack_cpu + cpu)

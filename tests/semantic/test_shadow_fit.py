@@ -5,7 +5,7 @@ on the new head's scale."""
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, Future
 from typing import Any
 
@@ -140,7 +140,18 @@ def test_the_window_features_are_each_judgments_features_to_the_bit() -> None:
             )
 
 
+class HalfCosine:
+    """A matcher of no class the refit knows (it is scored judgment by judgment)."""
+
+    name = "half-cosine"
+    k: int | None = None
+
+    def scores(self, neighbours: Sequence[NearbyAnswer]) -> list[float]:
+        return [n.similarity / 2 for n in neighbours]
+
+
 CURRENT: dict[str, Matcher] = {
+    "other": HalfCosine(),
     "cosine": CosineMatcher(),
     "cosine, min_seen 2": CosineMatcher(min_seen=2),
     "fitted": FittedMatcher(Head((5.0, 0.0, 0.0, 0.5, 0.0), -4.0, background=0.4), "f"),
@@ -158,7 +169,7 @@ def test_the_vectorised_refit_decides_what_the_loops_decided(current: str, data:
         judged = [Judged(tuple(n), 0, w) for n, w in judgments(700 if data == "two" else 140, 6)]
     options = (0.6, 0.05, 60, "shadow-fit:1")
     loops = propose_by_loops(judged, CURRENT[current], *options)
-    vectorised = propose(judged, CURRENT[current], *options)
+    vectorised = propose(pack(judged), CURRENT[current], *options)
     if data == "few":
         assert loops is None
         assert vectorised is None

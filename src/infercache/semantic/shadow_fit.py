@@ -129,10 +129,11 @@ class ShadowFit:
         self.refits += 1
         name = f"shadow-fit:{self.refits}"
         options = (self._fit_share, self._target, self._min_pairs, name)
+        packed = pack(judged)
         if self._compute is None:
-            proposal = propose(judged, self._current(), *options)
+            proposal = propose(packed, self._current(), *options)
         else:
-            proposal = self._compute.run(propose_packed, pack(judged), self._current(), *options)
+            proposal = self._compute.run(propose, packed, self._current(), *options)
         if proposal is None:
             return False
         self.switches += 1
@@ -157,18 +158,6 @@ class Proposal(NamedTuple):
 
 
 def propose(
-    judged: Sequence[Judged],
-    current: Matcher,
-    fit_share: float,
-    target: float,
-    min_pairs: int,
-    name: str,
-) -> Proposal | None:
-    """Steps 1–2 of the module docstring (pure: the CPU-heavy part of a refit)."""
-    return propose_packed(pack(judged), current, fit_share, target, min_pairs, name)
-
-
-def propose_packed(
     packed: Packed,
     current: Matcher,
     fit_share: float,
@@ -176,9 +165,10 @@ def propose_packed(
     min_pairs: int,
     name: str,
 ) -> Proposal | None:
-    """`propose` on packed judgments (what the worker process runs). Vectorised: the judged
-    candidates' feature rows are computed once for the window in one numpy pass
-    (matcher.features_at), fitted on, and rescored by the fitted head from the same rows."""
+    """Steps 1–2 of the module docstring on packed judgments (pure: the CPU-heavy part of a
+    refit, what the worker process runs). Vectorised: the judged candidates' feature rows are
+    computed once for the window in one numpy pass (matcher.features_at), fitted on, and
+    rescored by the fitted head from the same rows."""
     wrong = packed.wrong
     cut = int(fit_share * len(wrong))
     if len(wrong) - cut < min_pairs:
