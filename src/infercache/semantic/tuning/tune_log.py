@@ -18,7 +18,7 @@ import hashlib
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from infercache.errors import ConfigError
 from infercache.semantic.embedder import Embedder
@@ -32,6 +32,9 @@ from infercache.semantic.judges import (
 from infercache.semantic.matcher import CosineMatcher, Matcher
 from infercache.semantic.tuning.config_file import PLAIN_MIN_SEEN
 from infercache.semantic.tuning.request_log import LoggedTexts, read_log
+
+if TYPE_CHECKING:
+    from infercache.semantic.tuning.fit_log import LogFitOptions
 
 LogProgress = Callable[[str, int, int], None]
 
@@ -57,7 +60,12 @@ def tune_log(
 ) -> dict[str, Any]:
     logged = read_log(files, log_judge(args, base))
     if args.fit:
-        report = _fit(args, logged, base, guards, target, ood, progress)
+        from infercache.semantic.tuning.fit_log import LogFitOptions
+
+        options = LogFitOptions(
+            target_false_hit=target, epochs=args.epochs, guards=tuple(guards), ood=tuple(ood)
+        )
+        report = _fit(args, logged, base, options, progress)
     else:
         matcher = CosineMatcher(min_seen=PLAIN_MIN_SEEN)
         report = replay_log(logged, base, matcher, guards, ood, progress, target=target)
@@ -116,17 +124,12 @@ def _fit(
     args: argparse.Namespace,
     logged: LoggedTexts,
     base: Embedder,
-    guards: list[Guard],
-    target: float,
-    ood: Sequence[str],
+    options: LogFitOptions,
     progress: LogProgress,
 ) -> dict[str, Any]:
-    from infercache.semantic.tuning.fit_log import LogFitOptions, fit_log
+    from infercache.semantic.tuning.fit_log import fit_log
 
     out = args.out or _default_out(logged, base, args.epochs)
-    options = LogFitOptions(
-        target_false_hit=target, epochs=args.epochs, guards=tuple(guards), ood=tuple(ood)
-    )
     result = fit_log(logged, base, out, base_kind=args.embedder, options=options, progress=progress)
     return {
         **result.report,
