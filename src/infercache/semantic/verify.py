@@ -136,22 +136,18 @@ class Verifier:
         fresh: Mapping[str, Any] | Fetch,
         then: Callable[[bool], None],
     ) -> None:
-        self.executor.submit(self._judge, dict(request), cached, fresh, then)
+        asked = dict(request)  # copied now, on the caller's thread
 
-    def _judge(
-        self,
-        request: dict[str, Any],
-        cached: Mapping[str, Any],
-        fresh: Mapping[str, Any] | Fetch,
-        then: Callable[[bool], None],
-    ) -> None:
-        try:
-            answer = fresh(request) if callable(fresh) else fresh
-            same = self.judge.same(request, cached, answer)
-        except Exception as exc:  # noqa: BLE001 - a background check must never take down serving
-            log.warning("semantic judgment failed (not counted): %r", exc)
-            return
-        then(not same)
+        def judge() -> None:
+            try:
+                answer = fresh(asked) if callable(fresh) else fresh
+                same = self.judge.same(asked, cached, answer)
+            except Exception as exc:  # noqa: BLE001 - a background check must never take down serving
+                log.warning("semantic judgment failed (not counted): %r", exc)
+                return
+            then(not same)
+
+        self.executor.submit(judge)
 
 
 class LiveThreshold:
