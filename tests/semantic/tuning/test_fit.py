@@ -28,6 +28,7 @@ from infercache.semantic.matcher import (
     load_fitted,
 )
 from infercache.semantic.tuning.cache_sim import (
+    Embedded,
     certify,
     evaluate_lookups,
     simulate_lookups,
@@ -114,7 +115,8 @@ def test_a_fitted_matcher_beats_the_plain_cosine_on_held_out_lookups(tmp_path: P
 def test_lookups_are_served_at_the_threshold_tuned_for_them() -> None:
     data = rows()
     vectors = HashingEmbedder(dim=128).embed([r.text for r in data])
-    cases = simulate_lookups(data, vectors, data, vectors, k=4)
+    held = Embedded(data, vectors)
+    cases = simulate_lookups(held, held, k=4)
     assert len(cases) == len(data)
     assert all(r.query not in [c for c, _ in r.candidates] for r in cases)
     tuned = tune_lookups(cases, CosineMatcher(), target_false_hit=0.2)

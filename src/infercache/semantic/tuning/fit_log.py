@@ -43,7 +43,13 @@ from infercache.errors import InvalidRequestError
 from infercache.semantic.embedder import Embedder, l2_normalise
 from infercache.semantic.guards import Guard
 from infercache.semantic.matcher import AdaptedEmbedder, FittedMatcher, save_fitted
-from infercache.semantic.tuning.cache_sim import LookupCase, ceilings, certify, simulate_lookups
+from infercache.semantic.tuning.cache_sim import (
+    Embedded,
+    LookupCase,
+    ceilings,
+    certify,
+    simulate_lookups,
+)
 from infercache.semantic.tuning.fit import (
     FitOptions,
     FitProgress,
@@ -210,11 +216,11 @@ def _head_lookups(
     rng = np.random.default_rng(o.seed)
     labels = sorted({r.label for r in part.rows})
     held = frozenset(labels[int(i)] for i in np.flatnonzero(rng.random(len(labels)) < 0.3))
-    own = vectors.of([r.text for r in part.rows], adapter)
+    own = Embedded(part.rows, vectors.of([r.text for r in part.rows], adapter))
     return [
         *replay_lookups(stream.texts, stream_vectors, k=o.k, scopes=stream.scopes),
         *replay_lookups(stream.texts, stream_vectors, k=o.k, scopes=stream.scopes, held_out=held),
-        *simulate_lookups(part.rows, own, part.rows, own, k=o.k),
+        *simulate_lookups(own, own, k=o.k),
     ]
 
 
@@ -253,8 +259,7 @@ def _floor(model: Fitted, logged: LoggedTexts, vectors: _Vectors, o: LogFitOptio
     return ood_floor(
         ood,
         vectors.of(ood, model.adapter),
-        domain,
-        vectors.of([r.text for r in domain], model.adapter),
+        Embedded(domain, vectors.of([r.text for r in domain], model.adapter)),
         model.matcher,
         o.guards,
         k=o.k,

@@ -232,6 +232,7 @@ def _pairs_floor(
     pairs: Sequence[Pair], base: Embedder, guards: list[Guard], ood: Sequence[str]
 ) -> float | None:
     """What the out-of-domain questions reach against the pairs' texts (replay.ood_floor)."""
+    from infercache.semantic.tuning.cache_sim import Embedded
     from infercache.semantic.tuning.fit import embed_all
     from infercache.semantic.tuning.replay import ood_floor
 
@@ -241,7 +242,8 @@ def _pairs_floor(
     domain = [LabelledText(t, str(i)) for i, t in enumerate(texts)]
     vectors = embed_all(base, [*texts, *ood], None)
     tail = vectors[len(texts) :]
-    return ood_floor(ood, tail, domain, vectors[: len(texts)], CosineMatcher(), guards, k=8)
+    head = Embedded(domain, vectors[: len(texts)])
+    return ood_floor(ood, tail, head, CosineMatcher(), guards, k=8)
 
 
 def _evaluate_pairs(
