@@ -87,15 +87,39 @@ class FitResult:
     report: dict[str, Any]
 
 
+@dataclass(frozen=True, slots=True)
+class FitBase:
+    """What a fit starts from and where it goes: the base embedder, its kind (written beside
+    the matcher, so the layer loads the same base) and the matcher's directory."""
+
+    embedder: Embedder
+    kind: str
+    out_dir: Path
+
+    def save(
+        self, adapter: npt.NDArray[np.float32], head: Head, report: dict[str, Any]
+    ) -> FittedMatcher:
+        """Writes the fitted matcher to `out_dir`; the matcher served, named for the adapted
+        base."""
+        save_fitted(
+            self.out_dir,
+            adapter=adapter,
+            head=head,
+            base=self.embedder,
+            base_kind=self.kind,
+            report=report,
+        )
+        return FittedMatcher(head, f"fitted:{AdaptedEmbedder(self.embedder, adapter).name}")
+
+
 def fit_matcher(
     rows: Sequence[LabelledText],
-    base: Embedder,
-    out_dir: Path,
+    fit_base: FitBase,
     *,
-    base_kind: str,
     options: FitOptions | None = None,
     progress: FitProgress | None = None,
 ) -> FitResult:
+    base = fit_base.embedder
     o = options or FitOptions()
     started = time.monotonic()
     fit_rows, head_rows, calib_rows = split_labelled(rows, o.shares, salt=f"fit{o.seed}")
@@ -135,9 +159,8 @@ def fit_matcher(
         "calibration": fitted.to_dict(),
         "plain_cosine": plain.to_dict() if plain is not None else None,
     }
-    save_fitted(out_dir, adapter=adapter, head=head, base=base, base_kind=base_kind, report=report)
-    name = f"fitted:{AdaptedEmbedder(base, adapter).name}"
-    return FitResult(out_dir, FittedMatcher(head, name), fitted, plain, report)
+    served = fit_base.save(adapter, head, report)
+    return FitResult(fit_base.out_dir, served, fitted, plain, report)
 
 
 def embed_all(

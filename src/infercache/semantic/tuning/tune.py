@@ -326,14 +326,14 @@ def _fit(
     target: float,
     bar: ProgressBar,
 ) -> dict[str, Any]:
-    from infercache.semantic.tuning.fit import FitOptions, fit_matcher
+    from infercache.semantic.tuning.fit import FitBase, FitOptions, fit_matcher
 
     out = args.out or _default_out(rows, base, args.epochs)
     options = FitOptions(
         target_false_hit=target, epochs=args.epochs, guards=tuple(guards), ood=tuple(_ood(args))
     )
     result = fit_matcher(
-        rows, base, out, base_kind=args.embedder, options=options, progress=bar.update
+        rows, FitBase(base, args.embedder, out), options=options, progress=bar.update
     )
     return {
         **result.fitted.to_dict(),

@@ -127,10 +127,12 @@ def _fit(
     options: LogFitOptions,
     progress: LogProgress,
 ) -> dict[str, Any]:
+    from infercache.semantic.tuning.fit import FitBase
     from infercache.semantic.tuning.fit_log import fit_log
 
     out = args.out or _default_out(logged, base, args.epochs)
-    result = fit_log(logged, base, out, base_kind=args.embedder, options=options, progress=progress)
+    fit_base = FitBase(base, args.embedder, out)
+    result = fit_log(logged, fit_base, options=options, progress=progress)
     return {
         **result.report,
         "scale": "fitted match probability",
