@@ -49,16 +49,26 @@ def log_judge(args: argparse.Namespace, base: Embedder) -> Judge:
     raise ConfigError(f"--judge must be exact, equality or embedding, got {args.judge!r}")
 
 
-def tune_log(
+def on_log(
     args: argparse.Namespace,
     files: Sequence[str],
+    embedder: Embedder,
+    report: Callable[[LoggedTexts], dict[str, Any]],
+) -> dict[str, Any]:
+    """`report` on the request log `files` (labels from `--judge`), and what was read."""
+    logged = read_log(files, log_judge(args, embedder))
+    return {**report(logged), **_provenance(args, logged)}
+
+
+def tune_log(
+    args: argparse.Namespace,
+    logged: LoggedTexts,
     base: Embedder,
     guards: list[Guard],
     target: float,
     ood: Sequence[str],
     progress: LogProgress,
 ) -> dict[str, Any]:
-    logged = read_log(files, log_judge(args, base))
     if args.fit:
         from infercache.semantic.tuning.fit_log import LogFitOptions
 
@@ -70,22 +80,7 @@ def tune_log(
         matcher = CosineMatcher(min_seen=PLAIN_MIN_SEEN)
         report = replay_log(logged, base, matcher, guards, ood, progress, target=target)
         report["min_seen"] = PLAIN_MIN_SEEN
-    return {**report, **_provenance(args, logged)}
-
-
-def evaluate_log(
-    args: argparse.Namespace,
-    files: Sequence[str],
-    embedder: Embedder,
-    matcher: Matcher,
-    guards: list[Guard],
-    threshold: float,
-    ood: Sequence[str],
-    progress: LogProgress,
-) -> dict[str, Any]:
-    logged = read_log(files, log_judge(args, embedder))
-    report = replay_log(logged, embedder, matcher, guards, ood, progress, threshold=threshold)
-    return {**report, **_provenance(args, logged)}
+    return report
 
 
 def replay_log(
