@@ -99,6 +99,9 @@ class Refits:
             self.durations_s.append(time.perf_counter() - started)
             self._stop.wait(max(0.0, self._every_s - (time.perf_counter() - started)))
 
+    def close(self) -> None:
+        self._fit.close()
+
     @contextmanager
     def running(self) -> Iterator[None]:
         self._stop.clear()
@@ -218,7 +221,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 for text, layer_name in ((CACHED, "exact-hit"), (PARAPHRASE, "semantic-hit")):
                     reply = client.post("/v1/chat/completions", json=body(text))
                     assert reply.headers["x-infercache"] == layer_name, (text, reply.headers)
-            rounds = measure(url, variants, args.rounds, args.seconds)
+            try:
+                rounds = measure(url, variants, args.rounds, args.seconds)
+            finally:
+                for refits in variants.values():
+                    refits.close()  # the worker process, before interpreter exit
     results = report(rounds, variants, args.window)
     (args.out / "refit.json").write_text(json.dumps(results, indent=2))
     return 0

@@ -51,8 +51,8 @@ from infercache.semantic.guards import default_guards
 from infercache.semantic.judges import ExactAnswerJudge
 from infercache.semantic.layer import SemanticConfig, ShadowConfig
 from infercache.semantic.matcher import CosineMatcher, Matcher
-from infercache.semantic.tuning.cache_sim import simulate_lookups, tune_lookups
-from infercache.semantic.tuning.fit import FitOptions, fit_matcher
+from infercache.semantic.tuning.cache_sim import Embedded, simulate_lookups, tune_lookups
+from infercache.semantic.tuning.fit import FitBase, FitOptions, fit_matcher
 from infercache.semantic.tuning.intents import LabelledText, split_labelled
 from infercache.semantic.verify import FalseHitMonitor, Verifier
 from infercache.settings import Settings
@@ -227,7 +227,8 @@ def plain_threshold(day: Day, embedder: Embedder, target: float) -> float | None
     """The plain cosine threshold `tune` picks (without --fit) on the same labelled texts."""
     rows = day.tune_rows
     vectors = embedder.embed([r.text for r in rows])
-    cases = simulate_lookups(rows, vectors, rows, vectors, k=8)
+    held = Embedded(rows, vectors)
+    cases = simulate_lookups(held, held, k=8)
     try:
         return tune_lookups(
             cases, CosineMatcher(), target_false_hit=target, guards=default_guards()
@@ -243,9 +244,7 @@ def configurations(
     started = time.perf_counter()
     fitted = fit_matcher(
         day.tune_rows,
-        base,
-        out,
-        base_kind="minilm",
+        FitBase(base, "minilm", out),
         options=FitOptions(target_false_hit=target, seed=seed, guards=tuple(default_guards())),
     )
     print(f"  fitted in {time.perf_counter() - started:.0f} s: {json.dumps(fitted.report)}")

@@ -34,7 +34,7 @@ from infercache.semantic.embedder import MiniLMEmbedder
 from infercache.semantic.guards import default_guards
 from infercache.semantic.matcher import CosineMatcher, load_fitted
 from infercache.semantic.tuning.calibrate import ScoredPair, evaluate
-from infercache.semantic.tuning.fit import FitOptions, fit_matcher
+from infercache.semantic.tuning.fit import FitBase, FitOptions, fit_matcher
 from infercache.semantic.tuning.intents import LabelledText
 from infercache.semantic.tuning.pairs import Pair, read_pairs
 from infercache.semantic.tuning.tune import Served, score_pairs_with
@@ -93,7 +93,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     guards = default_guards()
     started = time.perf_counter()
     fitted = fit_matcher(
-        labelled, base, args.out / "matcher", base_kind="minilm",
+        labelled, FitBase(base, "minilm", args.out / "matcher"),
         options=FitOptions(target_false_hit=args.target, guards=tuple(guards)),
     )  # fmt: skip
     print(f"fitted on {len(labelled)} labelled texts in {time.perf_counter() - started:.0f} s: "

@@ -5,12 +5,25 @@ on the new head's scale."""
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, Future
 from typing import Any
 
-from infercache.semantic.matcher import CosineMatcher, FittedMatcher, Matcher, NearbyAnswer
-from infercache.semantic.shadow_fit import ShadowFit, score_of
+import numpy as np
+import pytest
+
+from infercache.semantic.matcher import (
+    CosineMatcher,
+    FittedMatcher,
+    Head,
+    Matcher,
+    NearbyAnswer,
+    features,
+    features_at,
+    numpy_sums,
+)
+from infercache.semantic.shadow_fit import Judged, ShadowFit, candidates, pack, propose, score_of
+from tests.semantic.refit_reference import propose_by_loops
 
 
 class Inline(Executor):
@@ -68,7 +81,6 @@ def test_no_switch_when_the_cosine_already_does_as_well() -> None:
         on_switch=lambda m, _: switched.append(m), current=CosineMatcher, refit_every=10_000,
     )  # fmt: skip
     rng = random.Random(2)
-    from infercache.semantic.shadow_fit import Judged
 
     judged = []
     for _ in range(400):  # the cosine alone separates them
@@ -78,3 +90,99 @@ def test_no_switch_when_the_cosine_already_does_as_well() -> None:
     assert fit.refit(judged) is False
     assert switched == []
     assert score_of(CosineMatcher(), judged[0]) == judged[0].neighbours[0].similarity
+
+
+POOL = ["", "a", "b", "c"]  # "": an unknown answer
+
+
+def mixed_judgments(n: int, seed: int) -> list[Judged]:
+    """`judgments` with 0–11 more neighbours below the judged pair (answers from a small pool,
+    some unknown, counts 0–5) and the judged one not always first: rows of every width."""
+    rng = random.Random(seed)
+    out = []
+    for neighbours, wrong in judgments(n, seed):
+        low = neighbours[-1].similarity
+        extra = [
+            NearbyAnswer(low - rng.uniform(0.0, 0.3), rng.choice(POOL), rng.randint(0, 5))
+            for _ in range(rng.randint(0, 11))
+        ]
+        if rng.random() < 0.2:  # the judged candidate second, after a closer one
+            first = NearbyAnswer(neighbours[0].similarity + 0.01, rng.choice(["", "a", "z"]), 2)
+            out.append(Judged((first, *neighbours, *extra), 1, wrong))
+        else:
+            out.append(Judged((*neighbours, *extra), 0, wrong))
+    return out
+
+
+@pytest.mark.parametrize("width", [1, 3, 7, 8, 9, 16, 23, 40])
+def test_numpy_sums_are_numpys_own_sums_to_the_bit(width: int) -> None:
+    rng = np.random.default_rng(width)
+    values = np.exp(3.0 * rng.normal(size=(500, width)))
+    mask = rng.random((500, width)) < rng.random((500, 1))
+    expected = [row[m].sum() for row, m in zip(values, mask, strict=True)]
+    assert numpy_sums(values, mask).tolist() == [float(x) for x in expected]
+
+
+def test_the_window_features_are_each_judgments_features_to_the_bit() -> None:
+    judged = mixed_judgments(600, seed=5)
+    window = candidates(pack(judged))
+    assert int(window.counts.max()) >= 12
+    assert -1 in window.answers
+    for background in (0.0, 0.62):
+        head = Head(weights=(0.3, 1.0, 0.5, 2.0, 0.4), bias=-1.0, background=background)
+        rows = features_at(window, head)
+        one_by_one = [features(j.neighbours, head)[j.position].tolist() for j in judged]
+        assert rows.tolist() == one_by_one
+        for matcher in (FittedMatcher(head, "f"), CosineMatcher(min_seen=2)):
+            scores = matcher.scores_at(window)
+            np.testing.assert_allclose(
+                scores, [score_of(matcher, j) for j in judged], rtol=0.0, atol=1e-15
+            )
+
+
+class HalfCosine:
+    """A matcher of no class the refit knows (it is scored judgment by judgment)."""
+
+    name = "half-cosine"
+    k: int | None = None
+
+    def scores(self, neighbours: Sequence[NearbyAnswer]) -> list[float]:
+        return [n.similarity / 2 for n in neighbours]
+
+
+CURRENT: dict[str, Matcher] = {
+    "other": HalfCosine(),
+    "cosine": CosineMatcher(),
+    "cosine, min_seen 2": CosineMatcher(min_seen=2),
+    "fitted": FittedMatcher(Head((5.0, 0.0, 0.0, 0.5, 0.0), -4.0, background=0.4), "f"),
+}
+
+
+@pytest.mark.parametrize("current", list(CURRENT))
+@pytest.mark.parametrize("data", ["two", "mixed", "few"])
+def test_the_vectorised_refit_decides_what_the_loops_decided(current: str, data: str) -> None:
+    """The same proposal (head, rescored pairs, served counts) as the judgment-by-judgment
+    refit it replaced (refit_reference.py), or the same absence of one."""
+    if data == "mixed":
+        judged = mixed_judgments(700, seed=6)
+    else:  # "few": later judgments fewer than min_pairs, no proposal
+        judged = [Judged(tuple(n), 0, w) for n, w in judgments(700 if data == "two" else 140, 6)]
+    options = (0.6, 0.05, 60, "shadow-fit:1")
+    loops = propose_by_loops(judged, CURRENT[current], *options)
+    vectorised = propose(pack(judged), CURRENT[current], *options)
+    if data == "few":
+        assert loops is None
+        assert vectorised is None
+        return
+    assert loops is not None
+    assert vectorised is not None
+    assert vectorised[1:5] == loops[1:5]  # fitted on, scored on, served, served now
+    new, old = vectorised.matcher.head, loops.matcher.head
+    np.testing.assert_allclose(new.weights, old.weights, rtol=0, atol=1e-12)
+    assert (new.bias, new.k, new.background) == pytest.approx(
+        (old.bias, old.k, old.background), rel=0, abs=1e-12
+    )
+    assert [w for _, w in vectorised.pairs] == [w for _, w in loops.pairs]
+    np.testing.assert_allclose(
+        [s for s, _ in vectorised.pairs], [s for s, _ in loops.pairs], rtol=0, atol=1e-12
+    )

@@ -23,7 +23,7 @@ from infercache.errors import InvalidRequestError
 from infercache.semantic.embedder import MiniLMEmbedder
 from infercache.semantic.guards import default_guards
 from infercache.semantic.ood_set import ood_texts
-from infercache.semantic.tuning.fit import FitOptions, fit_matcher
+from infercache.semantic.tuning.fit import FitBase, FitOptions, fit_matcher
 from tests.harness.embedders import Remembered
 
 pytestmark = pytest.mark.slow
@@ -52,4 +52,4 @@ def test_tune_fit_refuses_one_percent_on_this_slice_and_says_what_it_needs(
         ood=tuple(ood),
     )  # fmt: skip
     with pytest.raises(InvalidRequestError, match="more served answers per wrong one"):
-        fit_matcher(day.tune_rows, embedder, tmp_path / "m", base_kind="minilm", options=options)
+        fit_matcher(day.tune_rows, FitBase(embedder, "minilm", tmp_path / "m"), options=options)

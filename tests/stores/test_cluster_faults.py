@@ -78,11 +78,18 @@ def timed(call: Callable[[], Any]) -> tuple[float, Any]:
 def seeded(
     store: RedisClusterStore, clock: ManualClock
 ) -> tuple[RedisClusterStore, GuardedBackend]:
-    """`store` with meta and every key of KEYS written, and its guard."""
+    """`store` with meta and every key of KEYS written and read back with the meta, and its
+    guard. Read back on the healthy cluster: a bucket's meta copy that the store's start left
+    to repair later (a node slow to answer on a loaded box) is repaired now, so every test
+    starts from a complete layout."""
     guard = GuardedBackend(store, clock=clock, budget_s=BUDGET_S)
     store.write_meta("model:m", "1:v1")
     for key in KEYS:
-        guard.put(key, entry(clock, key))
+        store.put(key, entry(clock, key))
+    for key in KEYS:
+        found, meta = store.get_with_meta(key, META)
+        assert found is not None, key
+        assert meta == {"model:m": "1:v1"}, (key, meta)
     return store, guard
 
 

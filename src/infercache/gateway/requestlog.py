@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import json
 import threading
+from dataclasses import KW_ONLY, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, TextIO
 
@@ -137,38 +138,28 @@ def _prompt_cache(response: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+@dataclass(eq=False, repr=False, slots=True)
 class LogEntry:
     """One request's record, closed once by `close`; a second close does nothing."""
 
-    __slots__ = (
-        "_clock", "_closed", "_log", "_span", "_traffic", "answered_by", "body", "layer",
-        "operation", "started_mono_s", "started_s", "tenant", "version",
-    )  # fmt: skip
+    log: RequestLog | None
+    traffic: RequestMetrics
+    span: RequestSpan
+    clock: Clock
+    _: KW_ONLY
+    operation: str
+    tenant: str
+    body: dict[str, Any]
+    started_s: float = field(init=False)
+    started_mono_s: float = field(init=False)
+    layer: str | None = field(default=None, init=False)  # which layer answered, once known
+    version: str | None = field(default=None, init=False)  # the version it was looked up under
+    answered_by: Answerer | None = field(default=None, init=False)  # who fetched it, on a miss
+    _closed: bool = field(default=False, init=False)
 
-    def __init__(
-        self,
-        log: RequestLog | None,
-        traffic: RequestMetrics,
-        span: RequestSpan,
-        clock: Clock,
-        *,
-        operation: str,
-        tenant: str,
-        body: dict[str, Any],
-    ) -> None:
-        self._log = log
-        self._traffic = traffic
-        self._span = span
-        self._clock = clock
-        self.operation = operation
-        self.tenant = tenant
-        self.body = body
-        self.started_s = clock.now_s() if log is not None else 0.0
-        self.started_mono_s = clock.monotonic_s()
-        self.layer: str | None = None  # which layer answered, once known
-        self.version: str | None = None  # the model version it was looked up under
-        self.answered_by: Answerer | None = None  # who fetched its answer, when it missed
-        self._closed = False
+    def __post_init__(self) -> None:
+        self.started_s = self.clock.now_s() if self.log is not None else 0.0
+        self.started_mono_s = self.clock.monotonic_s()
 
     def close(
         self,
@@ -181,11 +172,11 @@ class LogEntry:
         if self._closed:
             return
         self._closed = True
-        latency_s = self._clock.monotonic_s() - self.started_mono_s
+        latency_s = self.clock.monotonic_s() - self.started_mono_s
         layer = self.layer
-        self._traffic.record(
+        self.traffic.record(
             self.operation, self.tenant, self.body.get("model"), status, layer, response, latency_s
         )
-        self._span.end(status=status, layer=layer, response=response)
-        if self._log is not None:
-            self._log._record(self, status, response, upstream_s, latency_s)
+        self.span.end(status=status, layer=layer, response=response)
+        if self.log is not None:
+            self.log._record(self, status, response, upstream_s, latency_s)

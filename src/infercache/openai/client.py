@@ -49,9 +49,9 @@ def wrap(client: ClientT, cache: Cache) -> ClientT:
     inner = client._client  # the SDK's http client: it has no public accessor
     caching: Any
     if isinstance(client, openai.AsyncOpenAI):
-        caching = _async_caching_client(inner, cache)
+        caching = _caching_client(inner, cache, _ASYNC)
     elif isinstance(client, openai.OpenAI):
-        caching = _sync_caching_client(inner, cache)
+        caching = _caching_client(inner, cache, _SYNC)
     else:
         raise TypeError(f"wrap() takes an openai.OpenAI or openai.AsyncOpenAI, got {client!r}")
     wrapped: ClientT = client.with_options(http_client=caching)
@@ -132,17 +132,18 @@ class _AsyncHttpxCaching(_AsyncCaching, httpx.AsyncClient):
     pass
 
 
-def _sync_caching_client(inner: object, cache: Cache) -> httpx2.Client | httpx.Client:
-    if isinstance(inner, httpx2.Client):
-        return _Httpx2Caching(inner, CachingRouter(cache, httpx2))
-    if isinstance(inner, httpx.Client):
-        return _HttpxCaching(inner, CachingRouter(cache, httpx))
-    raise TypeError(f"the client's http client is neither httpx2 nor httpx: {inner!r}")
+# (the SDK's http client class, the caching client for it, their library), per SDK client kind
+_Kinds = tuple[tuple[type, type[_Wrapping], Any], ...]
+_SYNC: _Kinds = ((httpx2.Client, _Httpx2Caching, httpx2), (httpx.Client, _HttpxCaching, httpx))
+_ASYNC: _Kinds = (
+    (httpx2.AsyncClient, _AsyncHttpx2Caching, httpx2),
+    (httpx.AsyncClient, _AsyncHttpxCaching, httpx),
+)
 
 
-def _async_caching_client(inner: object, cache: Cache) -> httpx2.AsyncClient | httpx.AsyncClient:
-    if isinstance(inner, httpx2.AsyncClient):
-        return _AsyncHttpx2Caching(inner, CachingRouter(cache, httpx2))
-    if isinstance(inner, httpx.AsyncClient):
-        return _AsyncHttpxCaching(inner, CachingRouter(cache, httpx))
+def _caching_client(inner: object, cache: Cache, kinds: _Kinds) -> _Wrapping:
+    """The caching client of `inner`'s library, around it."""
+    for wrapped, caching, http in kinds:
+        if isinstance(inner, wrapped):
+            return caching(inner, CachingRouter(cache, http))
     raise TypeError(f"the client's http client is neither httpx2 nor httpx: {inner!r}")

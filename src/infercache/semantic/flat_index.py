@@ -13,37 +13,23 @@ every call.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterable, Sequence
 
 import numpy as np
 import numpy.typing as npt
 
-from infercache.semantic.vectors import (
-    Hit,
-    as_matrix,
-    as_vector,
-    check_dim,
-    check_ids,
-    check_k,
-    top_k,
-)
+from infercache.semantic.vectors import CheckedIndex, Hit, as_matrix, check_ids, top_k
 
 
-class FlatIndex:
+class FlatIndex(CheckedIndex):
     """Exact cosine search over a contiguous numpy matrix (see the module docstring)."""
 
     def __init__(self, dim: int, *, initial_capacity: int = 1024) -> None:
-        self._dim = check_dim(dim)
+        super().__init__(dim)
         capacity = max(1, initial_capacity)
         self._vectors = np.zeros((capacity, dim), dtype=np.float32)
         self._ids = np.zeros(capacity, dtype=np.int64)
         self._row_of: dict[int, int] = {}
-        self._lock = threading.Lock()
-
-    @property
-    def dim(self) -> int:
-        return self._dim
 
     def __len__(self) -> int:
         return len(self._row_of)
@@ -89,12 +75,7 @@ class FlatIndex:
             n = len(self._row_of)
             return self._ids[:n].copy(), self._vectors[:n].copy()
 
-    def search(self, vector: npt.ArrayLike, k: int) -> list[Hit]:
-        return self.search_many(as_vector(vector, self._dim), k)[0]
-
-    def search_many(self, vectors: npt.ArrayLike, k: int) -> list[list[Hit]]:
-        check_k(k)
-        queries = as_matrix(vectors, self._dim)
+    def _search_rows(self, queries: npt.NDArray[np.float32], k: int) -> list[list[Hit]]:
         with self._lock:
             n = len(self._row_of)
             if n == 0:

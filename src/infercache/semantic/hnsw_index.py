@@ -26,19 +26,18 @@ concurrent add and search).
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterable, Sequence
 from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
 
-from infercache.semantic.vectors import Hit, as_matrix, as_vector, check_dim, check_ids, check_k
+from infercache.semantic.vectors import CheckedIndex, Hit, as_matrix, check_ids
 
 StoredType = Literal["f32", "f16", "i8"]
 
 
-class HNSWIndex:
+class HNSWIndex(CheckedIndex):
     def __init__(
         self,
         dim: int,
@@ -62,7 +61,7 @@ class HNSWIndex:
                 raise ValueError(f"{name} must be at least 1, got {value}")
         if threads < 0 or exact_below < 0:
             raise ValueError(f"threads and exact_below must be >= 0, got {threads}, {exact_below}")
-        self._dim = check_dim(dim)
+        super().__init__(dim)
         self._index: Any = Index(
             ndim=dim,
             metric="cos",
@@ -73,11 +72,6 @@ class HNSWIndex:
         )
         self._exact_below = exact_below
         self._threads = threads
-        self._lock = threading.Lock()
-
-    @property
-    def dim(self) -> int:
-        return self._dim
 
     def __len__(self) -> int:
         with self._lock:
@@ -105,12 +99,7 @@ class HNSWIndex:
                 self._index.remove(present)
         return len(present)
 
-    def search(self, vector: npt.ArrayLike, k: int) -> list[Hit]:
-        return self.search_many(as_vector(vector, self._dim), k)[0]
-
-    def search_many(self, vectors: npt.ArrayLike, k: int) -> list[list[Hit]]:
-        check_k(k)
-        queries = as_matrix(vectors, self._dim)
+    def _search_rows(self, queries: npt.NDArray[np.float32], k: int) -> list[list[Hit]]:
         with self._lock:
             size = int(self._index.size)
             if size == 0 or len(queries) == 0:

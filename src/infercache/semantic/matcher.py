@@ -32,6 +32,10 @@ decision score per candidate; `decision.accept(score, ..., threshold, guards)` d
   Answers are compared by digest (`records.answer_digest`); an unknown answer ("") agrees with
   nothing. The score is a probability in (0, 1); the threshold is on that scale.
 
+`features_at` / `scores_at` compute the same features and scores for many queries at once, one
+padded row each (`Candidates`; shadow mode's refit scores its whole window so): the features to
+the bit, a fitted score to within a rounding (BLAS may sum the five terms in another order).
+
 Artefacts live in one directory: `matcher.json` (format below) and `adapter.npy` (the float32
 `(dim, dim)` map). `load_fitted` checks the base embedder is the one the matcher was fitted on.
 
@@ -61,6 +65,7 @@ ADAPTER_FILE = "adapter.npy"
 FORMAT = 2
 READABLE_FORMATS = (1, 2)
 FEATURES = 5
+PAIRWISE_BLOCK = 128  # numpy's pairwise sum splits longer runs in halves
 
 
 class NearbyAnswer(NamedTuple):
@@ -104,6 +109,12 @@ class CosineMatcher:
     def scores(self, neighbours: Sequence[NearbyAnswer]) -> list[float]:
         return [n.similarity if n.seen >= self.min_seen else -1.0 for n in neighbours]
 
+    def scores_at(self, c: Candidates) -> npt.NDArray[np.float64]:
+        """Per row of `c`, `scores(row)[position]`."""
+        rows = np.arange(len(c.positions))
+        seen = c.seen[rows, c.positions]
+        return np.where(seen >= self.min_seen, c.similarities[rows, c.positions], -1.0)
+
 
 @dataclass(frozen=True, slots=True)
 class Head:
@@ -143,6 +154,78 @@ def features(neighbours: Sequence[NearbyAnswer], head: Head) -> npt.NDArray[np.f
     return out
 
 
+class Candidates(NamedTuple):
+    """Many queries' candidates at once, one row per query padded to the longest (shadow mode's
+    refit scores its whole window this way): `features_at` and `scores_at` give for each row
+    what `features` and `scores` give for its candidate at `positions` (module docstring)."""
+
+    similarities: npt.NDArray[np.float64]  # (m, width); padding past `counts` is ignored
+    answers: npt.NDArray[np.int64]  # (m, width) codes: equal codes, one answer; -1: unknown
+    seen: npt.NDArray[np.int64]  # (m, width)
+    counts: npt.NDArray[np.int64]  # (m,) candidates in each row
+    positions: npt.NDArray[np.int64]  # (m,) the candidate each row is scored at
+
+    def since(self, start: int) -> Candidates:
+        """The rows from `start` on."""
+        c = self
+        return Candidates(
+            c.similarities[start:], c.answers[start:], c.seen[start:], c.counts[start:],
+            c.positions[start:],
+        )  # fmt: skip
+
+
+def features_at(c: Candidates, head: Head) -> npt.NDArray[np.float64]:
+    """The `(m, FEATURES)` rows of `features` at each query's position, in one numpy pass."""
+    m, width = c.similarities.shape
+    if m == 0:
+        return np.zeros((0, FEATURES))
+    rows, columns = np.arange(m), np.arange(width)
+    valid = columns < c.counts[:, None]
+    sims = np.where(valid, c.similarities, -np.inf)
+    s, code = c.similarities[rows, c.positions], c.answers[rows, c.positions]
+    known = code >= 0
+    same = valid & (
+        ((c.answers == code[:, None]) & known[:, None]) | (columns == c.positions[:, None])
+    )
+    rival = np.maximum(np.where(same, -np.inf, sims).max(axis=1), head.background)
+    top = np.maximum(sims.max(axis=1), head.background)
+    votes = np.where(valid, np.exp((sims - top[:, None]) / head.temperature), 0.0)
+    unseen = [math.exp((head.background - t) / head.temperature) for t in top.tolist()]
+    total = numpy_sums(votes, valid) + np.array(unseen)
+    agree = np.sum(same & (sims >= (s - head.agree_band)[:, None]), axis=1) - 1
+    seen = np.where(known, np.clip(c.seen[rows, c.positions] - 1, 0, 3), 0)
+    vote = numpy_sums(votes, same) / total
+    return np.column_stack([s, s - rival, np.minimum(agree, 3), vote, seen]).astype(np.float64)
+
+
+def numpy_sums(
+    values: npt.NDArray[np.float64], mask: npt.NDArray[np.bool_]
+) -> npt.NDArray[np.float64]:
+    """Per row, `values[row][mask[row]].sum()` as numpy computes it, to the bit: its pairwise
+    sum (sequential below 8 terms; eight running sums, combined as a tree, then the rest)."""
+    counts = mask.sum(axis=1)
+    order = np.argsort(~mask, axis=1, kind="stable")  # the masked terms first, in order
+    terms = np.where(np.take_along_axis(mask, order, 1), np.take_along_axis(values, order, 1), 0.0)
+    width = terms.shape[1]
+    if width > PAIRWISE_BLOCK:  # numpy recurses on halves there: its own sum, row by row
+        return np.array([row[:n].sum() for row, n in zip(terms, counts.tolist(), strict=True)])
+    sequential = np.zeros(len(terms))
+    for i in range(width):  # zeros past a row's count add nothing
+        sequential = sequential + terms[:, i]
+    if width < 8:
+        return sequential
+    blocked = 8 * (counts // 8)
+    running = [terms[:, j].copy() for j in range(8)]
+    for i in range(8, width - 7, 8):
+        for j in range(8):
+            running[j] += np.where(i + 8 <= blocked, terms[:, i + j], 0.0)
+    r = running
+    tree = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]))
+    for i in range(8, width):
+        tree = tree + np.where((i >= blocked) & (i < counts), terms[:, i], 0.0)
+    return np.where(counts < 8, sequential, tree)
+
+
 class FittedMatcher:
     """Scores with a fitted logistic head (module docstring). Pure and thread-safe."""
 
@@ -160,6 +243,24 @@ class FittedMatcher:
             1.0 / (1.0 + math.exp(-float(z))) if n.seen >= self.head.min_seen else 0.0
             for z, n in zip(np.clip(logits, -60.0, 60.0), neighbours, strict=True)
         ]
+
+    def scores_at(self, c: Candidates) -> npt.NDArray[np.float64]:
+        """Per row of `c`, `scores(row)[position]` (to within a rounding: the logits' product
+        may sum its five terms in another order than the one-query product)."""
+        return self.scores_of_rows(
+            features_at(c, self.head), c.seen[np.arange(len(c.seen)), c.positions]
+        )
+
+    def scores_of_rows(
+        self, rows: npt.NDArray[np.float64], seen: npt.NDArray[np.int64]
+    ) -> npt.NDArray[np.float64]:
+        """The scores of candidates whose feature rows (`features_at` with this head's feature
+        parameters) and answer counts are given."""
+        logits = np.clip(rows @ self._w + self.head.bias, -60.0, 60.0).tolist()
+        return np.array([
+            1.0 / (1.0 + math.exp(-z)) if n >= self.head.min_seen else 0.0
+            for z, n in zip(logits, seen.tolist(), strict=True)
+        ], dtype=np.float64)  # fmt: skip
 
 
 class AdaptedEmbedder:

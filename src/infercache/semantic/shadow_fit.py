@@ -4,12 +4,11 @@ In shadow the layer judges every miss's best candidate against the fresh answer 
 Each judgment is kept here with what the matcher saw — the candidates' similarities, answers
 and how many cached questions shared each answer (matcher.NearbyAnswer) — in time order, the
 last `window` of them. Every `refit_every` new judgments a background refit (on the verifier's
-executor, never on the request path; a logistic regression over at most `window` rows of five
-features, and every judgment rescored twice: about a second of one core at 5,000, run in a worker
-process at the lowest CPU priority in a gateway, background_process.py) does, in time order:
+executor, never on the request path; run in a worker process at the lowest CPU priority in a
+gateway, background_process.py) does, in time order:
   1. fit a head (head_fit.py) on the earlier `fit_share` of the judgments: the features of the
-     judged candidate (matcher.features, the background similarity being the 95th percentile
-     of the judged-wrong candidates' similarities), labelled right or wrong;
+     judged candidate (the background similarity being the 95th percentile of the judged-wrong
+     candidates' similarities), labelled right or wrong;
   2. rescore the later judgments with it and with the matcher served now, and certify an
      operating point on each by the fixed-sequence test shadow mode serves by
      (shadow.operating_point);
@@ -17,6 +16,12 @@ process at the lowest CPU priority in a gateway, background_process.py) does, in
      matcher's does (or the current one has none): the layer's matcher becomes the fitted head
      (`FittedMatcher` over the same embedder: no vector is re-embedded), and the live
      calibration is reset to every kept judgment rescored on the new scale (`on_switch`).
+Vectorised: the window is packed into a few numpy arrays (`pack`, which also crosses to the
+worker), padded into one row per judgment (matcher.Candidates), and the judged candidates'
+feature rows are computed once, in one numpy pass (matcher.features_at, equal to
+matcher.features to the bit); the fitted head rescores from those same rows (its feature
+parameters are the template's). A full window of 5,000 costs ~10–35 ms of one core
+(bench/semantic_refit_cost.py; the judgment-by-judgment loops it replaced: 0.3–1.6 s).
 Shadow mode's rule is unchanged: it serves at the certified point and returns to shadow when
 none meets the bound. A judgment made under one matcher and applied after a switch is rescored
 from its candidates, so scales never mix. Not persisted: after a restart the layer starts from
@@ -41,8 +46,16 @@ from infercache.errors import InvalidRequestError
 from infercache.semantic.background_process import LowPriorityWorker
 from infercache.semantic.head_fit import fit_head
 from infercache.semantic.layer_config import ShadowConfig
-from infercache.semantic.matcher import FEATURES, FittedMatcher, Head, Matcher, NearbyAnswer
-from infercache.semantic.matcher import features as candidate_features
+from infercache.semantic.matcher import (
+    FEATURES,
+    Candidates,
+    CosineMatcher,
+    FittedMatcher,
+    Head,
+    Matcher,
+    NearbyAnswer,
+    features_at,
+)
 from infercache.semantic.shadow import operating_point
 from infercache.semantic.verify import Verifier
 
@@ -116,10 +129,11 @@ class ShadowFit:
         self.refits += 1
         name = f"shadow-fit:{self.refits}"
         options = (self._fit_share, self._target, self._min_pairs, name)
+        packed = pack(judged)
         if self._compute is None:
-            proposal = propose(judged, self._current(), *options)
+            proposal = propose(packed, self._current(), *options)
         else:
-            proposal = self._compute.run(propose_packed, pack(judged), self._current(), *options)
+            proposal = self._compute.run(propose, packed, self._current(), *options)
         if proposal is None:
             return False
         self.switches += 1
@@ -144,42 +158,57 @@ class Proposal(NamedTuple):
 
 
 def propose(
-    judged: Sequence[Judged],
+    packed: Packed,
     current: Matcher,
     fit_share: float,
     target: float,
     min_pairs: int,
     name: str,
 ) -> Proposal | None:
-    """Steps 1–2 of the module docstring (pure: the CPU-heavy part of a refit)."""
-    cut = int(fit_share * len(judged))
-    early, late = judged[:cut], judged[cut:]
-    if len(late) < min_pairs:
+    """Steps 1–2 of the module docstring on packed judgments (pure: the CPU-heavy part of a
+    refit, what the worker process runs). Vectorised: the judged candidates' feature rows are
+    computed once for the window in one numpy pass (matcher.features_at), fitted on, and
+    rescored by the fitted head from the same rows."""
+    wrong = packed.wrong
+    cut = int(fit_share * len(wrong))
+    if len(wrong) - cut < min_pairs:
         return None
-    background = _background(judged)
+    window = candidates(packed)
+    background = _background(window, wrong)
+    # fit_head keeps these feature parameters, so the fitted head's rows are these rows
     template = Head(weights=(0.0,) * FEATURES, bias=0.0, background=background)
-    rows = np.array([candidate_features(j.neighbours, template)[j.position] for j in early])
-    right = np.array([0.0 if j.wrong else 1.0 for j in early])
-    k = max(len(j.neighbours) for j in judged)
+    rows = features_at(window, template)
+    right = np.where(wrong[:cut], 0.0, 1.0)
     try:
-        head = fit_head(rows, right, k, background=background)
+        head = fit_head(rows[:cut], right, int(packed.counts.max()), background=background)
     except InvalidRequestError:
         return None  # all right or all wrong so far: nothing to learn from
     fitted = FittedMatcher(head, name)
-    new = _served(fitted, late, target, min_pairs)
-    now = _served(current, late, target, min_pairs)
+    scores = fitted.scores_of_rows(rows, window.seen[np.arange(len(wrong)), window.positions])
+    new = _served(scores[cut:], wrong[cut:], target, min_pairs)
+    now = _served(
+        _scores_at(current, window.since(cut), packed, cut), wrong[cut:], target, min_pairs
+    )
     if new is None or (now is not None and new <= now):
         return None
-    pairs = [(score_of(fitted, j), j.wrong) for j in judged]
-    return Proposal(fitted, len(early), len(late), new, now, pairs)
+    pairs = list(zip(scores.tolist(), wrong.tolist(), strict=True))
+    return Proposal(fitted, cut, len(wrong) - cut, new, now, pairs)
+
+
+def _scores_at(
+    matcher: Matcher, window: Candidates, packed: Packed, start: int
+) -> npt.NDArray[np.float64]:
+    """`matcher`'s score of each judged candidate of `window` (packed's judgments from `start`):
+    vectorised for the matchers this package has, judgment by judgment for any other."""
+    if isinstance(matcher, FittedMatcher | CosineMatcher):
+        return matcher.scores_at(window)
+    return np.array([score_of(matcher, j) for j in unpack(packed)[start:]], dtype=np.float64)
 
 
 def _served(
-    matcher: Matcher, judged: Sequence[Judged], target: float, min_pairs: int
+    scores: npt.NDArray[np.float64], wrong: npt.NDArray[np.bool_], target: float, min_pairs: int
 ) -> int | None:
-    """How many of `judged` the certified point of `matcher` serves (None: no point)."""
-    scores = np.array([score_of(matcher, j) for j in judged])
-    wrong = np.array([j.wrong for j in judged], dtype=bool)
+    """How many of the judgments the certified point of `scores` serves (None: no point)."""
     point = operating_point(scores, wrong, target, min_pairs)
     return None if point.serving_at is None else int(np.sum(scores >= point.serving_at))
 
@@ -245,16 +274,18 @@ def unpack(packed: Packed) -> list[Judged]:
     return out
 
 
-def propose_packed(
-    packed: Packed,
-    current: Matcher,
-    fit_share: float,
-    target: float,
-    min_pairs: int,
-    name: str,
-) -> Proposal | None:
-    """`propose` on packed judgments (what the worker process runs)."""
-    return propose(unpack(packed), current, fit_share, target, min_pairs, name)
+def candidates(packed: Packed) -> Candidates:
+    """The packed judgments as padded rows (matcher.Candidates), an unknown answer coded -1."""
+    counts = packed.counts
+    width = int(counts.max()) if len(counts) else 0
+    valid = np.arange(width) < counts[:, None]
+    at = np.where(valid, (np.cumsum(counts) - counts)[:, None] + np.arange(width), 0)
+    codes = packed.answer_codes[at] if len(packed.answer_codes) else np.zeros_like(at)
+    if "" in packed.answers:
+        codes = np.where(codes == packed.answers.index(""), -1, codes)
+    similarities = packed.similarities[at] if len(packed.similarities) else np.zeros(at.shape)
+    seen = packed.seen[at] if len(packed.seen) else np.zeros_like(at)
+    return Candidates(similarities, codes, seen, counts, packed.positions)
 
 
 def shadow_fit_for(
@@ -283,7 +314,7 @@ def score_of(matcher: Matcher, judged: Judged) -> float:
     return matcher.scores(judged.neighbours)[judged.position]
 
 
-def _background(judged: Sequence[Judged]) -> float:
+def _background(window: Candidates, wrong: npt.NDArray[np.bool_]) -> float:
     """How similar a wrong candidate gets: the 95th percentile of the judged-wrong ones."""
-    wrong = [j.neighbours[j.position].similarity for j in judged if j.wrong]
-    return float(np.quantile(wrong, 0.95)) if len(wrong) >= 20 else 0.5
+    judged = window.similarities[np.arange(len(wrong)), window.positions]
+    return float(np.quantile(judged[wrong], 0.95)) if int(wrong.sum()) >= 20 else 0.5

@@ -1,5 +1,6 @@
 """Vectors and ids at the vector-index boundary: the `Hit` an index returns and the checks every
-index applies to what it is given (the contract is drawn in `index.py`).
+index applies to what it is given (the contract is drawn in `index.py`), and `CheckedIndex`, the
+part the exact and the graph index share (dimension, lock, a query's checks).
 
 The checks guard internal invariants (the embedder and the layer produce these values, never a
 client), so they raise `ValueError` (bad shape or value) and `TypeError` (not integers), naming
@@ -8,6 +9,7 @@ the bad value. Pure numpy, no other dependency: every index module imports this 
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -83,3 +85,26 @@ def top_k(similarities: npt.NDArray[np.float32], ids: npt.NDArray[np.int64], k: 
     order = np.lexsort((ids, -similarities))[:k]
     clipped = np.clip(similarities[order], -1.0, 1.0)
     return [Hit(int(i), float(s)) for i, s in zip(ids[order], clipped, strict=True)]
+
+
+class CheckedIndex:
+    """An index's dimension and lock, and its searches' checks: `search` is `search_many` of one
+    row, and `search_many` checks `k` and the matrix before the index's own `_search_rows`."""
+
+    def __init__(self, dim: int) -> None:
+        self._dim = check_dim(dim)
+        self._lock = threading.Lock()
+
+    @property
+    def dim(self) -> int:
+        return self._dim
+
+    def search(self, vector: npt.ArrayLike, k: int) -> list[Hit]:
+        return self.search_many(as_vector(vector, self._dim), k)[0]
+
+    def search_many(self, vectors: npt.ArrayLike, k: int) -> list[list[Hit]]:
+        check_k(k)
+        return self._search_rows(as_matrix(vectors, self._dim), k)
+
+    def _search_rows(self, queries: npt.NDArray[np.float32], k: int) -> list[list[Hit]]:
+        raise NotImplementedError

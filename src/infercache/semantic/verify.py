@@ -27,7 +27,7 @@ import random
 import threading
 from collections.abc import Callable, Mapping
 from concurrent.futures import Executor
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
 from infercache.errors import StoreError
@@ -99,6 +99,7 @@ class FalseHitMonitor:
 Fetch = Callable[[dict[str, Any]], dict[str, Any]]
 
 
+@dataclass(eq=False, repr=False)
 class Verifier:
     """Judges cached answers against fresh ones, in the background on `executor`: a sampled
     share of hits (`sampled`, then `judge_later` with a fetch: the client already has its
@@ -106,28 +107,22 @@ class Verifier:
     `then(wrong)` hears each verdict on the executor's thread; a judge or fetch that fails
     gives no verdict (logged)."""
 
-    def __init__(
-        self,
-        judge: Judge,
-        monitor: FalseHitMonitor,
-        *,
-        sample_rate: float,
-        rng: random.Random,
-        executor: Executor,
-    ) -> None:
-        if not 0 <= sample_rate <= 1:
-            raise ValueError(f"sample_rate must be in [0, 1], got {sample_rate}")
-        self.judge = judge
-        self.monitor = monitor
-        self.sample_rate = sample_rate
-        self._rng = rng
-        self._rng_lock = threading.Lock()
-        self.executor = executor  # where judgments (and shadow refits) run
+    judge: Judge
+    monitor: FalseHitMonitor
+    _: KW_ONLY
+    sample_rate: float
+    rng: random.Random
+    executor: Executor  # where judgments (and shadow refits) run
+    _rng_lock: threading.Lock = field(default_factory=threading.Lock, init=False)
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.sample_rate <= 1:
+            raise ValueError(f"sample_rate must be in [0, 1], got {self.sample_rate}")
 
     def sampled(self) -> bool:
         """Whether to verify this hit (true with probability `sample_rate`)."""
         with self._rng_lock:
-            return self._rng.random() < self.sample_rate
+            return self.rng.random() < self.sample_rate
 
     def judge_later(
         self,
@@ -136,22 +131,18 @@ class Verifier:
         fresh: Mapping[str, Any] | Fetch,
         then: Callable[[bool], None],
     ) -> None:
-        self.executor.submit(self._judge, dict(request), cached, fresh, then)
+        asked = dict(request)  # copied now, on the caller's thread
 
-    def _judge(
-        self,
-        request: dict[str, Any],
-        cached: Mapping[str, Any],
-        fresh: Mapping[str, Any] | Fetch,
-        then: Callable[[bool], None],
-    ) -> None:
-        try:
-            answer = fresh(request) if callable(fresh) else fresh
-            same = self.judge.same(request, cached, answer)
-        except Exception as exc:  # noqa: BLE001 - a background check must never take down serving
-            log.warning("semantic judgment failed (not counted): %r", exc)
-            return
-        then(not same)
+        def judge() -> None:
+            try:
+                answer = fresh(asked) if callable(fresh) else fresh
+                same = self.judge.same(asked, cached, answer)
+            except Exception as exc:  # noqa: BLE001 - a background check must never take down serving
+                log.warning("semantic judgment failed (not counted): %r", exc)
+                return
+            then(not same)
+
+        self.executor.submit(judge)
 
 
 class LiveThreshold:

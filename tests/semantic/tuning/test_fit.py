@@ -28,12 +28,13 @@ from infercache.semantic.matcher import (
     load_fitted,
 )
 from infercache.semantic.tuning.cache_sim import (
+    Embedded,
     certify,
     evaluate_lookups,
     simulate_lookups,
     tune_lookups,
 )
-from infercache.semantic.tuning.fit import FitOptions, fit_matcher, train_adapter
+from infercache.semantic.tuning.fit import FitBase, FitOptions, fit_matcher, train_adapter
 from infercache.semantic.tuning.intents import LabelledText
 from infercache.settings import Settings
 from tests.semantic.support_bot import IntentUpstream, answer_of, ask, day, texts_by_intent
@@ -96,7 +97,7 @@ def test_the_adapter_pulls_each_label_together() -> None:
 def test_a_fitted_matcher_beats_the_plain_cosine_on_held_out_lookups(tmp_path: Path) -> None:
     data = rows()
     result = fit_matcher(
-        data, HashingEmbedder(dim=128), tmp_path / "m", base_kind="hashing",
+        data, FitBase(HashingEmbedder(dim=128), "hashing", tmp_path / "m"),
         options=FitOptions(target_false_hit=0.1, epochs=20),
     )  # fmt: skip
     assert result.fitted.evaluation.false_hit_upper is not None
@@ -114,7 +115,8 @@ def test_a_fitted_matcher_beats_the_plain_cosine_on_held_out_lookups(tmp_path: P
 def test_lookups_are_served_at_the_threshold_tuned_for_them() -> None:
     data = rows()
     vectors = HashingEmbedder(dim=128).embed([r.text for r in data])
-    cases = simulate_lookups(data, vectors, data, vectors, k=4)
+    held = Embedded(data, vectors)
+    cases = simulate_lookups(held, held, k=4)
     assert len(cases) == len(data)
     assert all(r.query not in [c for c, _ in r.candidates] for r in cases)
     tuned = tune_lookups(cases, CosineMatcher(), target_false_hit=0.2)

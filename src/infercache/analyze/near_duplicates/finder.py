@@ -38,7 +38,7 @@ from infercache.analyze.near_duplicates.scoped_texts import Neighbour, ScopedTex
 from infercache.analyze.prepared_request import PreparedRequest
 from infercache.clock import Clock
 from infercache.semantic.decision import Reason, accept
-from infercache.semantic.embedder import Embedder, Matrix
+from infercache.semantic.embedder import Embedder, EmbedderWrapper, Matrix
 from infercache.semantic.guards import Guard
 from infercache.semantic.index import IndexFactory
 from infercache.semantic.scope import Query
@@ -72,14 +72,14 @@ def first_accepted(
     return None
 
 
-class PrimedEmbedder:
+class PrimedEmbedder(EmbedderWrapper):
     """An `Embedder` that answers from a primed window, and asks `inner` for anything else.
     `keep` > 0 also remembers up to that many vectors across windows (least recent out).
     `inner` is not touched until a text is to be embedded (a lazy model never loads for a
     log without text)."""
 
     def __init__(self, inner: Embedder, *, keep: int = 0) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self._keep = keep
         self._primed: OrderedDict[str, np.ndarray] = OrderedDict()
         self.embedded = 0  # texts the model embedded
@@ -100,14 +100,6 @@ class PrimedEmbedder:
         self._primed.update(zip(missing, vectors, strict=True))
         while len(self._primed) > self._keep:
             self._primed.popitem(last=False)
-
-    @property
-    def dim(self) -> int:
-        return self.inner.dim
-
-    @property
-    def name(self) -> str:
-        return self.inner.name
 
     def _embed(self, texts: list[str]) -> Matrix:
         if not texts:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import datetime
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from infercache.analyze.analysis import Analysis
@@ -219,21 +219,14 @@ def _distances(analysis: Analysis) -> ReuseDistances:
 
 
 def _breakers(analysis: Analysis) -> tuple[BreakerRow, ...]:
+    """Each breaker's row: its own figures by name, and the share of all prompt tokens it loses."""
     prompt_tokens = analysis.census.total.prompt_tokens
+    own = [f.name for f in fields(BreakerRow) if f.name not in ("examples", "token_share_lost")]
     return tuple(
         BreakerRow(
-            tenant=b.tenant,
-            model=b.model,
-            role=b.role,
-            kind=b.kind,
-            break_char=b.break_char,
-            break_tokens=b.break_tokens,
-            tail_tokens=b.tail_tokens,
-            requests=b.requests,
-            tokens_lost=b.tokens_lost,
-            token_share_lost=b.tokens_lost / prompt_tokens if prompt_tokens else 0.0,
+            **{name: getattr(b, name) for name in own},
             examples=tuple(b.examples),
-            context=b.context,
+            token_share_lost=b.tokens_lost / prompt_tokens if prompt_tokens else 0.0,
         )
         for b in analysis.breakers
     )

@@ -92,20 +92,32 @@ class LookupEvaluation:
         }
 
 
+@dataclass(frozen=True, slots=True)
+class Embedded:
+    """Labelled texts and their vectors, row i for text i: one side of simulated lookups (the
+    queries, or the cache they look in)."""
+
+    texts: Sequence[LabelledText]
+    vectors: npt.NDArray[np.float32]
+
+    def __post_init__(self) -> None:
+        if len(self.texts) != len(self.vectors):
+            raise ValueError("texts and vectors must have the same length")
+
+    def rows(self, kept: Sequence[int] | npt.NDArray[np.intp]) -> Embedded:
+        """The texts at positions `kept`, with their vectors."""
+        at = np.asarray(kept, dtype=np.intp)
+        return Embedded([self.texts[int(i)] for i in at], self.vectors[at])
+
+
 def simulate_lookups(
-    queries: Sequence[LabelledText],
-    query_vectors: npt.NDArray[np.float32],
-    cache: Sequence[LabelledText],
-    cache_vectors: npt.NDArray[np.float32],
-    *,
-    k: int,
-    without_own_label: bool = False,
+    asked: Embedded, held: Embedded, *, k: int, without_own_label: bool = False
 ) -> list[LookupCase]:
-    """Each query's k nearest cache texts (the query itself excluded when cached too).
-    `without_own_label`: leave out every text of the query's label too — the lookup of a
-    question whose answer is not cached yet, where every candidate is wrong."""
-    if len(queries) != len(query_vectors) or len(cache) != len(cache_vectors):
-        raise ValueError("texts and vectors must have the same length")
+    """Each query of `asked`'s k nearest texts of the cache `held` (the query itself excluded
+    when cached too). `without_own_label`: leave out every text of the query's label too — the
+    lookup of a question whose answer is not cached yet, where every candidate is wrong."""
+    queries, query_vectors = asked.texts, asked.vectors
+    cache, cache_vectors = held.texts, held.vectors
     labels = np.array([c.label for c in cache])
     own = {label: labels == label for label in {q.label for q in queries}}
     counts: dict[str, int] = {}

@@ -251,6 +251,14 @@ def curve(
     return out
 
 
+# Each curve's lines: the CurvePoint field drawn, its line style, what its legend says.
+_CURVE_LINES = (
+    ("hit_rate", "-", "hit rate"),
+    ("false_hit_rate", "--", "false-hit rate"),
+    ("false_hit_upper", ":", "false-hit 95% upper"),
+)
+
+
 def plot(
     curves: Mapping[str, Sequence[CurvePoint]],
     path: str | Path,
@@ -269,21 +277,9 @@ def plot(
     for index, (label, points) in enumerate(curves.items()):
         colour = f"C{index}"
         xs = [p.threshold for p in points]
-        axes.plot(xs, [_nan(p.hit_rate) for p in points], color=colour, label=f"{label}: hit rate")
-        axes.plot(
-            xs,
-            [_nan(p.false_hit_rate) for p in points],
-            color=colour,
-            linestyle="--",
-            label=f"{label}: false-hit rate",
-        )
-        axes.plot(
-            xs,
-            [_nan(p.false_hit_upper) for p in points],
-            color=colour,
-            linestyle=":",
-            label=f"{label}: false-hit 95% upper",
-        )
+        for field_name, linestyle, what in _CURVE_LINES:
+            ys = [_nan(getattr(p, field_name)) for p in points]
+            axes.plot(xs, ys, color=colour, linestyle=linestyle, label=f"{label}: {what}")
     if target_false_hit is not None:
         axes.axhline(
             target_false_hit, color="grey", linewidth=0.8, label=f"target {target_false_hit}"

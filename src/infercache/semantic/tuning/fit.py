@@ -54,7 +54,7 @@ from infercache.semantic.matcher import (
     features,
     save_fitted,
 )
-from infercache.semantic.tuning.cache_sim import LookupCase, simulate_lookups
+from infercache.semantic.tuning.cache_sim import Embedded, LookupCase, simulate_lookups
 from infercache.semantic.tuning.intents import LabelledText, split_labelled
 from infercache.semantic.tuning.replay import ReplayCalibration, ReplayPlan, replay_calibration
 
@@ -87,15 +87,39 @@ class FitResult:
     report: dict[str, Any]
 
 
+@dataclass(frozen=True, slots=True)
+class FitBase:
+    """What a fit starts from and where it goes: the base embedder, its kind (written beside
+    the matcher, so the layer loads the same base) and the matcher's directory."""
+
+    embedder: Embedder
+    kind: str
+    out_dir: Path
+
+    def save(
+        self, adapter: npt.NDArray[np.float32], head: Head, report: dict[str, Any]
+    ) -> FittedMatcher:
+        """Writes the fitted matcher to `out_dir`; the matcher served, named for the adapted
+        base."""
+        save_fitted(
+            self.out_dir,
+            adapter=adapter,
+            head=head,
+            base=self.embedder,
+            base_kind=self.kind,
+            report=report,
+        )
+        return FittedMatcher(head, f"fitted:{AdaptedEmbedder(self.embedder, adapter).name}")
+
+
 def fit_matcher(
     rows: Sequence[LabelledText],
-    base: Embedder,
-    out_dir: Path,
+    fit_base: FitBase,
     *,
-    base_kind: str,
     options: FitOptions | None = None,
     progress: FitProgress | None = None,
 ) -> FitResult:
+    base = fit_base.embedder
     o = options or FitOptions()
     started = time.monotonic()
     fit_rows, head_rows, calib_rows = split_labelled(rows, o.shares, salt=f"fit{o.seed}")
@@ -110,7 +134,8 @@ def fit_matcher(
     # as cached candidates alike.
     adapted = l2_normalise(rest_v[: len(head_rows)] @ adapter.T)
     background = background_similarity(adapted, [r.label for r in head_rows], o.seed)
-    head_cases = training_lookups(head_rows, adapted, head_rows, adapted, o)
+    head_part = Embedded(head_rows, adapted)
+    head_cases = training_lookups(head_part, head_part, o)
     head = train_head(head_cases_rows(head_cases, background), o.k, background=background)
     matcher = FittedMatcher(head, "fitted:candidate")
     known = dict(zip(texts, vectors, strict=True))
@@ -134,9 +159,8 @@ def fit_matcher(
         "calibration": fitted.to_dict(),
         "plain_cosine": plain.to_dict() if plain is not None else None,
     }
-    save_fitted(out_dir, adapter=adapter, head=head, base=base, base_kind=base_kind, report=report)
-    name = f"fitted:{AdaptedEmbedder(base, adapter).name}"
-    return FitResult(out_dir, FittedMatcher(head, name), fitted, plain, report)
+    served = fit_base.save(adapter, head, report)
+    return FitResult(fit_base.out_dir, served, fitted, plain, report)
 
 
 def embed_all(
@@ -209,29 +233,20 @@ def background_similarity(
     return float(np.quantile(cosines, 0.95))
 
 
-def training_lookups(
-    queries: Sequence[LabelledText],
-    query_vectors: npt.NDArray[np.float32],
-    cache: Sequence[LabelledText],
-    cache_vectors: npt.NDArray[np.float32],
-    o: FitOptions,
-) -> list[LookupCase]:
+def training_lookups(queries: Embedded, cache: Embedded, o: FitOptions) -> list[LookupCase]:
     """The head's examples: each query looked up in the whole cache, in the cache without its
     own label (its answer not cached yet), and in sparser caches (a quarter and a twentieth of
     the texts, as a live cache is early in the day), so agreement among few neighbours is not
     mistaken for certainty."""
     rng = np.random.default_rng(o.seed)
     cases = [
-        *simulate_lookups(queries, query_vectors, cache, cache_vectors, k=o.k),
-        *simulate_lookups(
-            queries, query_vectors, cache, cache_vectors, k=o.k, without_own_label=True
-        ),
+        *simulate_lookups(queries, cache, k=o.k),
+        *simulate_lookups(queries, cache, k=o.k, without_own_label=True),
     ]
     for share in (0.25, 0.05):
-        keep = np.flatnonzero(rng.random(len(cache)) < share)
+        keep = np.flatnonzero(rng.random(len(cache.texts)) < share)
         if len(keep):
-            subset = [cache[int(i)] for i in keep]
-            cases += simulate_lookups(queries, query_vectors, subset, cache_vectors[keep], k=o.k)
+            cases += simulate_lookups(queries, cache.rows(keep), k=o.k)
     return cases
 
 

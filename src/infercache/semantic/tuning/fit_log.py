@@ -42,9 +42,16 @@ import numpy.typing as npt
 from infercache.errors import InvalidRequestError
 from infercache.semantic.embedder import Embedder, l2_normalise
 from infercache.semantic.guards import Guard
-from infercache.semantic.matcher import AdaptedEmbedder, FittedMatcher, save_fitted
-from infercache.semantic.tuning.cache_sim import LookupCase, ceilings, certify, simulate_lookups
+from infercache.semantic.matcher import FittedMatcher
+from infercache.semantic.tuning.cache_sim import (
+    Embedded,
+    LookupCase,
+    ceilings,
+    certify,
+    simulate_lookups,
+)
 from infercache.semantic.tuning.fit import (
+    FitBase,
     FitOptions,
     FitProgress,
     background_similarity,
@@ -133,10 +140,8 @@ class _Vectors:
 
 def fit_log(
     logged: LoggedTexts,
-    base: Embedder,
-    out_dir: Path,
+    fit_base: FitBase,
     *,
-    base_kind: str,
     options: LogFitOptions | None = None,
     progress: FitProgress | None = None,
 ) -> LogFitResult:
@@ -149,7 +154,7 @@ def fit_log(
         raise InvalidRequestError(
             f"a log of {len(logged.rows)} usable requests is too short to fit and calibrate on"
         )
-    vectors = _Vectors(base, progress)
+    vectors = _Vectors(fit_base.embedder, progress)
     vectors.need([r.text for r in logged.rows])
     model_a = fit_part(early, vectors, o, progress)
     parts = [calibration_outcomes(model_a, late, vectors, o, seed=o.seed)]
@@ -166,16 +171,8 @@ def fit_log(
         fitted=True,
     )
     report = _report(logged, early, late, parts, threshold, floor, o, started)
-    save_fitted(
-        out_dir,
-        adapter=model_a.adapter,
-        head=model_a.matcher.head,
-        base=base,
-        base_kind=base_kind,
-        report=report,
-    )
-    name = f"fitted:{AdaptedEmbedder(base, model_a.adapter).name}"
-    return LogFitResult(out_dir, FittedMatcher(model_a.matcher.head, name), threshold, report)
+    served = fit_base.save(model_a.adapter, model_a.matcher.head, report)
+    return LogFitResult(fit_base.out_dir, served, threshold, report)
 
 
 def fit_part(
@@ -210,11 +207,11 @@ def _head_lookups(
     rng = np.random.default_rng(o.seed)
     labels = sorted({r.label for r in part.rows})
     held = frozenset(labels[int(i)] for i in np.flatnonzero(rng.random(len(labels)) < 0.3))
-    own = vectors.of([r.text for r in part.rows], adapter)
+    own = Embedded(part.rows, vectors.of([r.text for r in part.rows], adapter))
     return [
         *replay_lookups(stream.texts, stream_vectors, k=o.k, scopes=stream.scopes),
         *replay_lookups(stream.texts, stream_vectors, k=o.k, scopes=stream.scopes, held_out=held),
-        *simulate_lookups(part.rows, own, part.rows, own, k=o.k),
+        *simulate_lookups(own, own, k=o.k),
     ]
 
 
@@ -253,8 +250,7 @@ def _floor(model: Fitted, logged: LoggedTexts, vectors: _Vectors, o: LogFitOptio
     return ood_floor(
         ood,
         vectors.of(ood, model.adapter),
-        domain,
-        vectors.of([r.text for r in domain], model.adapter),
+        Embedded(domain, vectors.of([r.text for r in domain], model.adapter)),
         model.matcher,
         o.guards,
         k=o.k,

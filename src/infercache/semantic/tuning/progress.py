@@ -8,7 +8,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from infercache.semantic.embedder import Embedder
+from infercache.semantic.embedder import Embedder, EmbedderWrapper
 
 
 def progress_bar() -> ProgressBar:
@@ -16,25 +16,17 @@ def progress_bar() -> ProgressBar:
     return ProgressBar(enabled=sys.stderr.isatty())
 
 
-class Reporting:
+class Reporting(EmbedderWrapper):
     """An embedder that embeds in batches and reports each one (`embed` stage)."""
 
     def __init__(self, inner: Embedder, progress: Callable[[str, int, int], None]) -> None:
-        self._inner = inner
+        super().__init__(inner)
         self._progress = progress
-
-    @property
-    def dim(self) -> int:
-        return self._inner.dim
-
-    @property
-    def name(self) -> str:
-        return self._inner.name
 
     def embed(self, texts: Sequence[str]) -> Any:
         from infercache.semantic.tuning.fit import embed_all
 
-        return embed_all(self._inner, texts, self._progress)
+        return embed_all(self.inner, texts, self._progress)
 
 
 class ProgressBar:

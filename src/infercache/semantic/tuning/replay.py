@@ -37,6 +37,7 @@ import numpy.typing as npt
 from infercache.semantic.guards import Guard
 from infercache.semantic.matcher import Matcher
 from infercache.semantic.tuning.cache_sim import (
+    Embedded,
     LookupCase,
     LookupEvaluation,
     ceilings,
@@ -149,8 +150,7 @@ def replay_lookups(
 def ood_floor(
     ood: Sequence[str],
     ood_vectors: npt.NDArray[np.float32],
-    domain: Sequence[LabelledText],
-    domain_vectors: npt.NDArray[np.float32],
+    domain: Embedded,
     matcher: Matcher,
     guards: Sequence[Guard],
     *,
@@ -158,10 +158,10 @@ def ood_floor(
     quantile: float = 0.999,
 ) -> float | None:
     """The score unrelated text reaches (module docstring, step 5); None without OOD texts."""
-    if not ood or not domain:
+    if not ood or not domain.texts:
         return None
     queries = [LabelledText(text, f"{OOD_LABEL}floor{i}") for i, text in enumerate(ood)]
-    cases = simulate_lookups(queries, ood_vectors, domain, domain_vectors, k=k)
+    cases = simulate_lookups(Embedded(queries, ood_vectors), domain, k=k)
     reached = [score for score, _ in ceilings(cases, matcher, guards)]
     if not reached:
         return None
@@ -231,8 +231,7 @@ def replay_calibration(
     floor = ood_floor(
         stream.ood_left,
         left_vectors,
-        [stream.texts[i] for i in recurring(stream.texts, domain)],
-        stream_vectors[recurring(stream.texts, domain)],
+        Embedded(stream.texts, stream_vectors).rows(recurring(stream.texts, domain)),
         matcher,
         guards,
         k=k,

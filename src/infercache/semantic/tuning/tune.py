@@ -27,6 +27,8 @@ from infercache.semantic.tuning.config_file import PLAIN_MIN_SEEN, write_config
 from infercache.semantic.tuning.intents import FileKind, LabelledText, file_kind, read_labelled
 from infercache.semantic.tuning.pairs import Pair
 from infercache.semantic.tuning.progress import ProgressBar, Reporting, progress_bar
+from infercache.semantic.tuning.request_log import LoggedTexts
+from infercache.semantic.tuning.tune_log import on_log, replay_log, tune_log
 
 if TYPE_CHECKING:
     from infercache.semantic.tuning.calibrate import ScoredPair
@@ -44,9 +46,11 @@ def tune_files(args: argparse.Namespace, files: list[str]) -> dict[str, Any]:
         raise ConfigError("--fit needs intent-labelled texts (text,label) or a log, not pairs")
     with progress_bar() as bar:
         if kind == "log":
-            from infercache.semantic.tuning.tune_log import tune_log
 
-            report = tune_log(args, files, base, guards, target, _ood(args), bar.update)
+            def tuned(logged: LoggedTexts) -> dict[str, Any]:
+                return tune_log(args, logged, base, guards, target, _ood(args), bar.update)
+
+            report = on_log(args, files, base, tuned)
         elif kind == "pairs":
             report = _tune_pairs(args, files, Reporting(base, bar.update), guards, target)
         elif args.fit:
@@ -81,12 +85,14 @@ def evaluate_files(args: argparse.Namespace, files: list[str]) -> dict[str, Any]
     embedder_kind = args.embedder if args.config is None else served_kind(args.config)
     with progress_bar() as bar:
         if kind == "log":
-            from infercache.semantic.tuning.tune_log import evaluate_log
 
-            ood = _ood(args)
-            report = evaluate_log(
-                args, files, embedder, matcher, guards, threshold, ood, bar.update
-            )
+            def replayed(logged: LoggedTexts) -> dict[str, Any]:
+                ood = _ood(args)
+                return replay_log(
+                    logged, embedder, matcher, guards, ood, bar.update, threshold=threshold
+                )
+
+            report = on_log(args, files, embedder, replayed)
         elif kind == "pairs":
             reporting = Reporting(embedder, bar.update)
             report = _evaluate_pairs(args, files, reporting, matcher, guards, threshold)
@@ -232,6 +238,7 @@ def _pairs_floor(
     pairs: Sequence[Pair], base: Embedder, guards: list[Guard], ood: Sequence[str]
 ) -> float | None:
     """What the out-of-domain questions reach against the pairs' texts (replay.ood_floor)."""
+    from infercache.semantic.tuning.cache_sim import Embedded
     from infercache.semantic.tuning.fit import embed_all
     from infercache.semantic.tuning.replay import ood_floor
 
@@ -241,7 +248,8 @@ def _pairs_floor(
     domain = [LabelledText(t, str(i)) for i, t in enumerate(texts)]
     vectors = embed_all(base, [*texts, *ood], None)
     tail = vectors[len(texts) :]
-    return ood_floor(ood, tail, domain, vectors[: len(texts)], CosineMatcher(), guards, k=8)
+    head = Embedded(domain, vectors[: len(texts)])
+    return ood_floor(ood, tail, head, CosineMatcher(), guards, k=8)
 
 
 def _evaluate_pairs(
@@ -324,14 +332,14 @@ def _fit(
     target: float,
     bar: ProgressBar,
 ) -> dict[str, Any]:
-    from infercache.semantic.tuning.fit import FitOptions, fit_matcher
+    from infercache.semantic.tuning.fit import FitBase, FitOptions, fit_matcher
 
     out = args.out or _default_out(rows, base, args.epochs)
     options = FitOptions(
         target_false_hit=target, epochs=args.epochs, guards=tuple(guards), ood=tuple(_ood(args))
     )
     result = fit_matcher(
-        rows, base, out, base_kind=args.embedder, options=options, progress=bar.update
+        rows, FitBase(base, args.embedder, out), options=options, progress=bar.update
     )
     return {
         **result.fitted.to_dict(),

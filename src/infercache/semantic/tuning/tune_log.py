@@ -18,7 +18,7 @@ import hashlib
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from infercache.errors import ConfigError
 from infercache.semantic.embedder import Embedder
@@ -33,6 +33,9 @@ from infercache.semantic.matcher import CosineMatcher, Matcher
 from infercache.semantic.tuning.config_file import PLAIN_MIN_SEEN
 from infercache.semantic.tuning.request_log import LoggedTexts, read_log
 
+if TYPE_CHECKING:
+    from infercache.semantic.tuning.fit_log import LogFitOptions
+
 LogProgress = Callable[[str, int, int], None]
 
 
@@ -46,38 +49,38 @@ def log_judge(args: argparse.Namespace, base: Embedder) -> Judge:
     raise ConfigError(f"--judge must be exact, equality or embedding, got {args.judge!r}")
 
 
-def tune_log(
+def on_log(
     args: argparse.Namespace,
     files: Sequence[str],
+    embedder: Embedder,
+    report: Callable[[LoggedTexts], dict[str, Any]],
+) -> dict[str, Any]:
+    """`report` on the request log `files` (labels from `--judge`), and what was read."""
+    logged = read_log(files, log_judge(args, embedder))
+    return {**report(logged), **_provenance(args, logged)}
+
+
+def tune_log(
+    args: argparse.Namespace,
+    logged: LoggedTexts,
     base: Embedder,
     guards: list[Guard],
     target: float,
     ood: Sequence[str],
     progress: LogProgress,
 ) -> dict[str, Any]:
-    logged = read_log(files, log_judge(args, base))
     if args.fit:
-        report = _fit(args, logged, base, guards, target, ood, progress)
+        from infercache.semantic.tuning.fit_log import LogFitOptions
+
+        options = LogFitOptions(
+            target_false_hit=target, epochs=args.epochs, guards=tuple(guards), ood=tuple(ood)
+        )
+        report = _fit(args, logged, base, options, progress)
     else:
         matcher = CosineMatcher(min_seen=PLAIN_MIN_SEEN)
         report = replay_log(logged, base, matcher, guards, ood, progress, target=target)
         report["min_seen"] = PLAIN_MIN_SEEN
-    return {**report, **_provenance(args, logged)}
-
-
-def evaluate_log(
-    args: argparse.Namespace,
-    files: Sequence[str],
-    embedder: Embedder,
-    matcher: Matcher,
-    guards: list[Guard],
-    threshold: float,
-    ood: Sequence[str],
-    progress: LogProgress,
-) -> dict[str, Any]:
-    logged = read_log(files, log_judge(args, embedder))
-    report = replay_log(logged, embedder, matcher, guards, ood, progress, threshold=threshold)
-    return {**report, **_provenance(args, logged)}
+    return report
 
 
 def replay_log(
@@ -116,18 +119,15 @@ def _fit(
     args: argparse.Namespace,
     logged: LoggedTexts,
     base: Embedder,
-    guards: list[Guard],
-    target: float,
-    ood: Sequence[str],
+    options: LogFitOptions,
     progress: LogProgress,
 ) -> dict[str, Any]:
-    from infercache.semantic.tuning.fit_log import LogFitOptions, fit_log
+    from infercache.semantic.tuning.fit import FitBase
+    from infercache.semantic.tuning.fit_log import fit_log
 
     out = args.out or _default_out(logged, base, args.epochs)
-    options = LogFitOptions(
-        target_false_hit=target, epochs=args.epochs, guards=tuple(guards), ood=tuple(ood)
-    )
-    result = fit_log(logged, base, out, base_kind=args.embedder, options=options, progress=progress)
+    fit_base = FitBase(base, args.embedder, out)
+    result = fit_log(logged, fit_base, options=options, progress=progress)
     return {
         **result.report,
         "scale": "fitted match probability",
