@@ -13,10 +13,13 @@ and, for the combined head (scorer d), also
     vote       the k-nearest posterior of l (matcher.py's feature 4: exp(s/tau) summed over l's
                questions among the k nearest, over all k plus one unseen rival at background).
 The candidates of a lookup are the `top` answers by centroid plus the answers among the k
-nearest questions; an answer with fewer than `min_seen` cached questions is never served. The
-layer's rule is kept: candidates are tried by score (then similarity) and the first whose
-answer has a cached question (the most similar first, up to k of them) that every guard
-passes (`decision.accept`) is served — so each lookup has one serving ceiling.
+nearest questions, the rivals every other cached answer; with `top` 0 (the layer's view, which
+finds only the k nearest questions) the candidates and rivals are the answers among the k
+nearest, each served only from its questions among them. An answer with fewer than
+`min_seen` cached questions is never served. The layer's rule is kept: candidates are tried by
+score (then similarity) and the first whose answer has a cached question (the most similar
+first, up to k of them) that every guard passes (`decision.accept`) is served — so each lookup
+has one serving ceiling.
 
 Vectors may change as the day goes (an adapter refitted online): `segments` gives, per block
 of the stream, the vectors every text has in that block; the cache's sums are recomputed in the
@@ -26,7 +29,7 @@ new space at each block's start (the stored vectors re-projected).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -38,7 +41,11 @@ from infercache.semantic.guards import Guard
 from infercache.semantic.tuning.intents import LabelledText
 
 Array = npt.NDArray[np.float64]
-CENTROID = 3  # features of the centroid head; the combined head has 6
+HEADS = {  # the features each head reads
+    "centroid": (0, 1, 2),
+    "combined": (0, 1, 2, 3, 4, 5),
+    "nearest": (2, 3, 4, 5),  # no centroid: the nearest-neighbour features and log(seen)
+}
 TEMPERATURE = 0.05
 
 
@@ -61,6 +68,7 @@ class Lookup:
     index: int  # position in the stream
     query: LabelledText
     candidates: tuple[Candidate, ...]
+    answerable: bool  # an answer of the query's label is cached: a same-answer paraphrase
 
 
 class _Cache:
@@ -99,11 +107,14 @@ def lookups(
     k: int = 8,
     top: int = 3,
     min_seen: int = 2,
+    serves: Callable[[Lookup], bool] | None = None,
 ) -> list[Lookup]:
     """Every first asking of a text, replayed in order from an empty cache (module docstring).
     `segments`: per block, its start (ascending from 0), the vectors of every stream text in
-    that block's space, and the background cosine of that space."""
-    asked: set[str] = set()
+    that block's space, and the background cosine of that space. `serves`: as the gateway
+    stores, a lookup it answers is not cached (its text is looked up again when repeated);
+    None caches every lookup (the replay of replay.py)."""
+    stored: set[str] = set()
     cache = _Cache(segments[0][1].shape[1])
     out: list[Lookup] = []
     bounds = [segment.start for segment in segments[1:]] + [len(stream)]
@@ -113,14 +124,16 @@ def lookups(
             cache.reproject(vectors64)
         for i in range(start, end):
             row = stream[i]
-            if row.text in asked:
+            if row.text in stored:
                 continue  # an exact repeat: the exact layer's
-            asked.add(row.text)
+            found = None
             if cache.rows:
-                out.append(
-                    _lookup(i, stream, vectors64, cache, guards, background, (k, top, min_seen))
-                )
-            cache.add(i, row.label, vectors64[i])
+                sizes = (k, top, min_seen)
+                found = _lookup(i, stream, vectors64, cache, guards, background, sizes)
+                out.append(found)
+            if serves is None or found is None or not serves(found):
+                stored.add(row.text)
+                cache.add(i, row.label, vectors64[i])
     return out
 
 
@@ -142,28 +155,32 @@ def _lookup(
     np.maximum.at(best_nn, ids, sims)
     nearest = np.argsort(-sims, kind="stable")[:k]
     chosen = list(dict.fromkeys([*np.argsort(-centroid, kind="stable")[:top], *ids[nearest]]))
+    among = np.array(chosen) if top == 0 else np.arange(len(cache.labels))
     peak = max(float(sims[nearest].max()), background)
     votes = np.exp((sims[nearest] - peak) / TEMPERATURE)
     total = float(votes.sum()) + math.exp((background - peak) / TEMPERATURE)
     candidates = []
     for a in chosen:
-        rival_c = max(float(np.delete(centroid, a).max(initial=-1.0)), background)
-        rival_nn = max(float(np.delete(best_nn, a).max(initial=-1.0)), background)
+        others = among[among != a]
+        rival_c = max(float(centroid[others].max(initial=-1.0)), background)
+        rival_nn = max(float(best_nn[others].max(initial=-1.0)), background)
         vote = float(votes[ids[nearest] == a].sum()) / total
         members = cache.members[a]
+        if top == 0:  # the layer's view: only the answer's questions among the k nearest
+            members = [cache.rows[p] for p in nearest if ids[p] == a]
         feats = np.array([
-            centroid[a], centroid[a] - rival_c, math.log(len(members)),
+            centroid[a], centroid[a] - rival_c, math.log(len(cache.members[a])),
             best_nn[a], best_nn[a] - rival_nn, vote,
         ])  # fmt: skip
         served = (
             _served_text(
                 stream[i].text, [stream[j] for j in members], list(vectors[members] @ q), guards, k
             )
-            if len(members) >= min_seen
+            if len(cache.members[a]) >= min_seen
             else None
         )
-        candidates.append(Candidate(feats, cache.labels[a], served, len(members)))
-    return Lookup(i, stream[i], tuple(candidates))
+        candidates.append(Candidate(feats, cache.labels[a], served, len(cache.members[a])))
+    return Lookup(i, stream[i], tuple(candidates), stream[i].label in cache.index)
 
 
 def _served_text(
@@ -184,23 +201,23 @@ def _served_text(
 class LogisticHead:
     weights: Array
     bias: float
-    columns: int  # the first `columns` features
+    columns: tuple[int, ...]  # the features it reads
 
     def score(self, features: Array) -> float:
-        z = float(features[: self.columns] @ self.weights + self.bias)
+        z = float(features[list(self.columns)] @ self.weights + self.bias)
         return 1.0 / (1.0 + math.exp(-max(-60.0, min(60.0, z))))
 
 
 def fit_head(
-    found: Sequence[Lookup], columns: int, min_seen: int, l2: float = 1e-3
+    found: Sequence[Lookup], columns: tuple[int, ...], min_seen: int, l2: float = 1e-3
 ) -> LogisticHead:
-    """Logistic regression (Newton steps) from the candidates' first `columns` features to
+    """Logistic regression (Newton steps) from the candidates' features at `columns` to
     "this answer is the query's", on the candidates that could be served."""
     x, y = [], []
     for lookup in found:
         for c in lookup.candidates:
             if c.seen >= min_seen:
-                x.append(c.features[:columns])
+                x.append(c.features[list(columns)])
                 y.append(float(c.label == lookup.query.label))
     design = np.hstack([np.array(x), np.ones((len(x), 1))])
     target = np.array(y)
@@ -240,3 +257,9 @@ def ceilings(found: Sequence[Lookup], head: LogisticHead, min_seen: int) -> list
                 out.append(Served(score, right, lookup.query, c.label, c.served_text))
                 break
     return out
+
+
+def served_at(lookup: Lookup, head: LogisticHead, min_seen: int, threshold: float) -> Served | None:
+    """What the lookup is served at `threshold` (None: a miss)."""
+    found = ceilings([lookup], head, min_seen)
+    return found[0] if found and found[0].score >= threshold else None
