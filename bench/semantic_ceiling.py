@@ -3,7 +3,8 @@ many of day 2's same-answer paraphrases a semantic cache can answer with at most
 answers wrong, in process (no gateway).
 
     .venv/bin/python bench/semantic_ceiling.py [--bots banking77,hwu64] [--requests 3000]
-        [--segment 250] [--target 0.01] [--vectors /tmp/semceiling] [--out DIR]
+        [--segment 250] [--target 0.01] [--only cosine,cosine-seen2,fitted,answers,local]
+        [--top 150] [--vectors /tmp/semceiling] [--out DIR]
 
 Days: tests/semantic/days (seed 0, one phrasing: the label is the answer, as the exact judge
 makes it). Day 2 is replayed in time order from an empty cache as the layer serves it: an exact
@@ -17,12 +18,21 @@ itself (hindsight: a ceiling, not a configuration), and day 2's recall / wrong a
 chosen on day 1's outcomes by point estimate (the lowest whose wrong share is <= target) and
 by the 95% upper bound (cache_sim.certify, `tune`'s fixed-sequence rule).
 
+`as_stored` (semantic_ceiling_stored.py): day 2 replayed as the gateway stores it — an
+answered request is not cached and, asked again, is a lookup again that the days' scorer
+counts again — which is what acceptance 2 measures through a gateway (checked against one by
+bench/semantic_ceiling_gateway.py: the same counts). For the per-question matchers: the best
+recall at <= target over a sweep of thresholds, at day 1's point estimate, and (`fitted`) at the
+threshold `tune`'s walk certifies on day 1's cross-fitted halves replayed the same way; for the
+answer scorers, at their hindsight and day-1 point thresholds only (each replay is slow).
+
 Scorers:
 - `cosine`, `cosine-seen2`: the plain MiniLM cosine (matcher.CosineMatcher, min_seen 1 and 2);
   day-1 outcomes from day 1 replayed the same way.
 - `fitted`: today's matcher as `tune LOG --fit` fits it on day 1 (fit_log's fit_part on each
   half, the served model A on the first; day-1 outcomes = the pooled cross-fitted calibration,
-  thresholds never below fit_log's out-of-domain floor).
+  thresholds never below fit_log's out-of-domain floor). `fitted-whole`: the same day-1
+  outcomes, day 2 under the model fit_part fits on the whole of day 1.
 - `centroid-*` and `combined-*` (semantic_ceiling_answers.py): an adapter (fit.py's SupCon) on
   the log's own same-answer labels, answers scored by a logistic head over answer-centroid
   features (`centroid`: 3 features) or centroid and nearest-neighbour features together
@@ -33,7 +43,9 @@ Scorers:
   labels of day 2's requests as they arrive, the stored vectors re-projected); `-plain`: no
   adapter at all. `-cross`: day 2 as `-static`, but the head and the day-1 outcomes come from
   day 1 cross-fitted in halves (an adapter on one half, the other half replayed from an empty
-  cache under it), which is how day 2 meets its adapter.
+  cache under it), which is how day 2 meets its adapter. `nearest-*`: the same with a head over
+  the nearest-neighbour features and log(seen) only. `local-*` (`--only local`): the answer
+  scorers as the layer could compute them, from the k nearest questions alone.
 Embeddings are computed once into VECTORS (bench/semantic_vectors.py); torch on one thread.
 Figures to stdout and OUT/results.json (default bench/out/semantic_ceiling). The wrong answers
 among each scorer's `--top` highest-scored answers of day 2 go to OUT/wrong-BOT-SCORER.json,
