@@ -75,16 +75,22 @@ sys.path.insert(0, str(HERE))
 
 import semantic_ceiling_answers as answers  # noqa: E402
 import semantic_ceiling_stored as storing  # noqa: E402
+from semantic_ceiling_points import (  # noqa: E402
+    at,
+    bound_threshold,
+    hindsight,
+    kind_of,
+    point_threshold,
+)
 from semantic_vectors import RememberingEmbedder  # noqa: E402
 
-from infercache.errors import InvalidRequestError  # noqa: E402
 from infercache.semantic.decision import accept, ranked  # noqa: E402
 from infercache.semantic.embedder import Embedder, MiniLMEmbedder, l2_normalise  # noqa: E402
 from infercache.semantic.guards import Guard, default_guards  # noqa: E402
 from infercache.semantic.matcher import CosineMatcher, Matcher  # noqa: E402
 from infercache.semantic.ood_set import ood_texts  # noqa: E402
 from infercache.semantic.tuning import fit_log as fl  # noqa: E402
-from infercache.semantic.tuning.cache_sim import LookupCase, certify  # noqa: E402
+from infercache.semantic.tuning.cache_sim import LookupCase  # noqa: E402
 from infercache.semantic.tuning.fit import (  # noqa: E402
     FitBase,
     FitOptions,
@@ -138,60 +144,6 @@ def detailed(
 
 def judged(served: Sequence[Served]) -> list[tuple[float, bool]]:
     return [(s.score, s.right) for s in served]
-
-
-# --- operating points -----------------------------------------------------------------------
-
-
-def walk(outcomes: Sequence[tuple[float, bool]]) -> list[tuple[float, int, int]]:
-    """(threshold, served, wrong) at every distinct score, strictest first."""
-    ordered = sorted(outcomes, key=lambda c: -c[0])
-    points, wrong = [], 0
-    for index, (score, right) in enumerate(ordered):
-        wrong += not right
-        if index + 1 == len(ordered) or ordered[index + 1][0] < score:
-            points.append((score, index + 1, wrong))
-    return points
-
-
-def hindsight(outcomes: Sequence[tuple[float, bool]], asked: int, target: float) -> dict[str, Any]:
-    best: tuple[float, int, int] | None = None
-    for t, served, wrong in walk(outcomes):
-        if wrong <= target * served and (best is None or served - wrong > best[1] - best[2]):
-            best = (t, served, wrong)
-    if best is None:
-        return {"recall": 0.0, "threshold": None, "served": 0, "wrong": 0}
-    t, served, wrong = best
-    return {"recall": (served - wrong) / asked, "threshold": t, "served": served, "wrong": wrong}
-
-
-def point_threshold(outcomes: Sequence[tuple[float, bool]], target: float) -> float | None:
-    """The lowest threshold whose wrong share on `outcomes` is <= target."""
-    passing = [t for t, served, wrong in walk(outcomes) if wrong <= target * served]
-    return min(passing) if passing else None
-
-
-def bound_threshold(
-    outcomes: Sequence[tuple[float, bool]], target: float, floor: float | None
-) -> float | None:
-    try:
-        return certify(outcomes, target_false_hit=target, floor=floor, fitted=True)
-    except InvalidRequestError:
-        return None
-
-
-def at(served: Sequence[Served], threshold: float | None, asked: int) -> dict[str, Any]:
-    if threshold is None:
-        return {"threshold": None}
-    kept = [s.right for s in served if s.score >= threshold]
-    wrong = len(kept) - sum(kept)
-    return {
-        "threshold": threshold,
-        "recall": sum(kept) / asked,
-        "served": len(kept),
-        "wrong": wrong,
-        "wrong_share": wrong / len(kept) if kept else None,
-    }
 
 
 # --- scorers --------------------------------------------------------------------------------
@@ -402,28 +354,6 @@ def summarise(run: Run, asked: int, target: float) -> dict[str, Any]:
         "floor": floor,
         "as_stored": stored,
     }
-
-
-def _parse(label: str) -> tuple[str, dict[str, str]]:
-    intent, _, slots = label.partition("[")
-    pairs = [p.split("=", 1) for p in slots.rstrip("]").split(";") if "=" in p]
-    return intent, {key: value for key, value in pairs}
-
-
-def kind_of(asked: str, served: str) -> str:
-    """What separates a wrong answer's label from the query's (module docstring)."""
-    if asked.startswith("ood:"):
-        return "out-of-domain question"
-    (intent, slots), (other, other_slots) = _parse(asked), _parse(served)
-    if intent != other:
-        return "another intent"
-    if slots.keys() != other_slots.keys():
-        return "a slot one side lacks"
-    for key, value in slots.items():
-        theirs = other_slots[key]
-        if value != theirs and not (value in theirs or theirs in value or value[:4] == theirs[:4]):
-            return "another slot value"
-    return "same slot value, another surface form"
 
 
 def wrong_answers(run: Run, top: int) -> list[dict[str, Any]]:
