@@ -4,19 +4,29 @@
     Upstream            chat completions, whole or streamed, and its `/v1/models`
     TextCompletions     the legacy `/v1/completions` too (prompt → text)
     EmbeddingsUpstream  `/v1/embeddings` (an HTTP upstream, or the packaged embedder)
-    PassThrough         any request as is, for paths the gateway does not cache (`Forwarded`:
-                        the answer, its body still streaming)
+    PassThrough         any request as is (a `PassedRequest`), for paths the gateway does not
+                        cache (`Forwarded`: the answer, its body still streaming)
     ProviderAPI         any API's call in its own shape (the Messages and Responses adapters'
-                        way to a provider that speaks them natively)
+                        way to a provider that speaks them natively), for an `UpstreamCall`:
+                        who the call is for
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 from infercache.chat import StreamChunk
+
+
+class UpstreamCall(NamedTuple):
+    """Who a call is for: the tenant (the KV salt, the derived prompt-cache key), the caller's
+    bearer (sent only when configured) and an Anthropic client's beta header."""
+
+    tenant: str
+    api_key: str | None  # the caller's bearer: sent upstream only when configured to
+    beta: str | None = None  # an Anthropic client's `anthropic-beta`, sent on
 
 
 class Upstream(Protocol):
@@ -67,6 +77,21 @@ class EmbeddingsUpstream(Protocol):
 
 
 @dataclass(frozen=True, slots=True)
+class PassedRequest:
+    """A request to pass through: `headers` and `query` as the client sent them (the upstream
+    keeps only what forwarding.py allows and no value holding one of `secrets`), its body still
+    streaming in, and the caller's bearer."""
+
+    method: str
+    path: str
+    query: str
+    headers: Mapping[str, str]
+    body: AsyncIterator[bytes]
+    bearer: str | None
+    secrets: Sequence[str]
+
+
+@dataclass(frozen=True, slots=True)
 class Forwarded:
     """An upstream's answer to a passed-through request, its body still streaming."""
 
@@ -81,19 +106,7 @@ class PassThrough(Protocol):
 
     name: str
 
-    async def forward(
-        self,
-        method: str,
-        path: str,
-        *,
-        query: str,
-        headers: Mapping[str, str],
-        body: AsyncIterator[bytes],
-        bearer: str | None,
-        secrets: Sequence[str],
-    ) -> Forwarded:
-        """`headers` and `query` as the client sent them: the upstream keeps only what
-        forwarding.py allows and no value holding one of `secrets`."""
+    async def forward(self, request: PassedRequest) -> Forwarded: ...
 
 
 @runtime_checkable
@@ -104,21 +117,17 @@ class ProviderAPI(Protocol):
     kind: str
 
     async def post_json(
-        self,
-        path: str,
-        body: dict[str, Any],
-        *,
-        tenant: str,
-        api_key: str | None,
-        headers: Mapping[str, str] | None = None,
-    ) -> dict[str, Any]: ...
+        self, path: str, body: dict[str, Any], call: UpstreamCall
+    ) -> dict[str, Any]:
+        """One call of any API at `path` (`/messages`, `/responses`), its JSON answer."""
 
     def post_events(
-        self,
-        path: str,
-        body: dict[str, Any],
-        *,
-        tenant: str,
-        api_key: str | None,
-        headers: Mapping[str, str] | None = None,
-    ) -> AsyncIterator[StreamChunk]: ...
+        self, path: str, body: dict[str, Any], call: UpstreamCall
+    ) -> AsyncIterator[StreamChunk]:
+        """One streamed call of any API at `path`: each server-sent event's JSON data."""
+
+
+def native_api(upstream: Upstream, kind: str) -> ProviderAPI | None:
+    """`upstream` when it carries `kind`'s own API (a `ProviderAPI` of that kind): the Messages
+    adapter's way to an anthropic upstream, the Responses adapter's to an openai one."""
+    return upstream if isinstance(upstream, ProviderAPI) and upstream.kind == kind else None
