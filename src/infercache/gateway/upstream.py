@@ -48,7 +48,12 @@ from infercache.chat import StreamChunk
 from infercache.errors import UpstreamError
 from infercache.gateway.forwarding import forwarded_headers, forwarded_query
 from infercache.gateway.upstream_errors import map_aiohttp_errors, raise_for_status
-from infercache.gateway.upstream_protocols import Forwarded, PassedRequest, UpstreamCall
+from infercache.gateway.upstream_protocols import (
+    CompletionRoutes,
+    Forwarded,
+    PassedRequest,
+    UpstreamCall,
+)
 from infercache.prompt_cache.cache_key import with_prompt_cache_key
 from infercache.urls import mask_credentials, split_credentials
 
@@ -77,7 +82,7 @@ def cache_salt(secret: bytes, tenant: str, version: str | None = None) -> str:
     return hmac.digest(secret, message, "sha256").hex()[:32]
 
 
-class HTTPUpstream:
+class HTTPUpstream(CompletionRoutes):
     records_prefix_metrics = False
 
     def __init__(
@@ -181,26 +186,6 @@ class HTTPUpstream:
             raise UpstreamError("the upstream sent a non-object answer")
         return result
 
-    async def complete(
-        self, body: dict[str, Any], *, tenant: str, api_key: str | None
-    ) -> dict[str, Any]:
-        return await self.post_json("/chat/completions", body, UpstreamCall(tenant, api_key))
-
-    def stream(
-        self, body: dict[str, Any], *, tenant: str, api_key: str | None
-    ) -> AsyncIterator[StreamChunk]:
-        return self.post_events("/chat/completions", body, UpstreamCall(tenant, api_key))
-
-    async def complete_text(
-        self, body: dict[str, Any], *, tenant: str, api_key: str | None
-    ) -> dict[str, Any]:
-        return await self.post_json("/completions", body, UpstreamCall(tenant, api_key))
-
-    def stream_text(
-        self, body: dict[str, Any], *, tenant: str, api_key: str | None
-    ) -> AsyncIterator[StreamChunk]:
-        return self.post_events("/completions", body, UpstreamCall(tenant, api_key))
-
     async def post_json(
         self, path: str, body: dict[str, Any], call: UpstreamCall
     ) -> dict[str, Any]:
@@ -238,6 +223,10 @@ class HTTPUpstream:
                     yield chunk
         finally:
             response.release()
+
+    # Chat and legacy completions are POSTs at their paths, as any API's call.
+    _answer = post_json
+    _events = post_events
 
     async def embeddings(
         self, body: dict[str, Any], *, tenant: str, api_key: str | None

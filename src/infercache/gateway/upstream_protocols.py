@@ -9,10 +9,14 @@
     ProviderAPI         any API's call in its own shape (the Messages and Responses adapters'
                         way to a provider that speaks them natively), for an `UpstreamCall`:
                         who the call is for
+
+`CompletionRoutes` is what both implementations share: `Upstream`'s and `TextCompletions`' four
+calls as one call at the API's OpenAI path (`CHAT_PATH`, `TEXT_PATH`), whole or streamed.
 """
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol, runtime_checkable
@@ -61,6 +65,49 @@ class TextCompletions(Protocol):
     def stream_text(
         self, body: dict[str, Any], *, tenant: str, api_key: str | None
     ) -> AsyncIterator[StreamChunk]: ...
+
+
+CHAT_PATH = "/chat/completions"
+TEXT_PATH = "/completions"
+
+
+class CompletionRoutes(ABC):
+    """`Upstream.complete`/`stream` and `TextCompletions.complete_text`/`stream_text` for an
+    upstream that serves chat and legacy completions alike: each is one call at the API's path,
+    whole (`_answer`) or streamed (`_events`), as the subclass makes it (HTTPUpstream posts it,
+    EngineUpstream awaits the engine's entry point for it)."""
+
+    async def complete(
+        self, body: dict[str, Any], *, tenant: str, api_key: str | None
+    ) -> dict[str, Any]:
+        return await self._answer(CHAT_PATH, body, UpstreamCall(tenant, api_key))
+
+    def stream(
+        self, body: dict[str, Any], *, tenant: str, api_key: str | None
+    ) -> AsyncIterator[StreamChunk]:
+        return self._events(CHAT_PATH, body, UpstreamCall(tenant, api_key))
+
+    async def complete_text(
+        self, body: dict[str, Any], *, tenant: str, api_key: str | None
+    ) -> dict[str, Any]:
+        return await self._answer(TEXT_PATH, body, UpstreamCall(tenant, api_key))
+
+    def stream_text(
+        self, body: dict[str, Any], *, tenant: str, api_key: str | None
+    ) -> AsyncIterator[StreamChunk]:
+        return self._events(TEXT_PATH, body, UpstreamCall(tenant, api_key))
+
+    @abstractmethod
+    async def _answer(
+        self, path: str, body: dict[str, Any], call: UpstreamCall
+    ) -> dict[str, Any]: ...
+
+    @abstractmethod
+    def _events(
+        self, path: str, body: dict[str, Any], call: UpstreamCall
+    ) -> AsyncIterator[StreamChunk]:
+        """The chunks; raises before the first one when the call is refused (the engine's
+        full queue: at the call)."""
 
 
 class EmbeddingsUpstream(Protocol):
