@@ -44,6 +44,12 @@ def for_client(chunk: StreamChunk, include_usage: bool) -> StreamChunk | None:
     return {k: v for k, v in chunk.items() if k != "usage"}
 
 
+def translated_id(prefix: str, chat_id: object) -> str:
+    """The id of an answer translated from a chat completion (`msg_`, `resp_`): its chat
+    completion's, unique per answer, under the other API's prefix."""
+    return prefix + str(chat_id or "").removeprefix("chatcmpl-")
+
+
 def sse_event(obj: dict[str, Any]) -> bytes:
     return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
 

@@ -15,9 +15,8 @@ import errno
 import logging
 import socket
 
-import uvicorn
-
 from infercache.errors import ConfigError
+from infercache.server_exit import DrainingServer
 
 
 def bind_listener(host: str, port: int, *, flag: str = "--port") -> socket.socket:
@@ -43,7 +42,7 @@ def bind_listener(host: str, port: int, *, flag: str = "--port") -> socket.socke
     return sock
 
 
-class BoundServer(uvicorn.Server):
+class BoundServer(DrainingServer):
     """uvicorn's server on sockets bound beforehand, logging where it listens as uvicorn does
     for a socket it binds itself (it logs nothing when handed sockets)."""
 

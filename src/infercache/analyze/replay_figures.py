@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from infercache.analyze.kv_sweep import TieredPoint
+from infercache.analyze.kv_sweep import SweepPoint, TieredPoint
 from infercache.analyze.report_json import OMIT_NONE
 
 
@@ -111,15 +111,6 @@ class SimulationFigures:
 
 
 @dataclass(frozen=True, slots=True)
-class KvPoint:
-    """One budget of the KV sweep and what it reuses."""
-
-    budget_tokens: int
-    token_share: float
-    hit_share: float
-
-
-@dataclass(frozen=True, slots=True)
 class KvKnee:
     """Where the KV sweep's gains flatten."""
 
@@ -145,7 +136,7 @@ class KvSweepFigures:
     """Prefix reuse against the KV budget (an LRU pass over the census's tree); with
     `disk_tokens`, also over a disk tier of that size (`--capacity disk=`)."""
 
-    curve: tuple[KvPoint, ...]
+    curve: tuple[SweepPoint, ...]  # one budget of the sweep and what it reuses
     knee: KvKnee | None
     unbounded_token_share: float
     working_set_tokens: int

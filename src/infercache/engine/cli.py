@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -17,6 +16,7 @@ from infercache.engine.config import DEFAULT_WEIGHTS, WEIGHTS_NAMES
 from infercache.errors import ConfigError
 from infercache.extras import require
 from infercache.listen import BoundServer, bind_listener
+from infercache.server_exit import exit_on_signals
 
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:
@@ -177,10 +177,6 @@ def _help(parser: argparse.ArgumentParser) -> int:
     return 2
 
 
-def _exit(_signum: int, _frame: object) -> None:
-    raise SystemExit(0)
-
-
 def _serve(args: argparse.Namespace) -> int:
     # Never reach for a model hub, whatever transformers would otherwise try.
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -222,10 +218,7 @@ def _serve(args: argparse.Namespace) -> int:
     from infercache.engine.engine import Engine
     from infercache.engine.server import create_app
 
-    # uvicorn shuts down gracefully on SIGTERM/SIGINT, then re-raises the signal to the handler
-    # it found: make that an ordinary exit, so the engine below is closed and the status is 0.
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, _exit)
+    exit_on_signals()  # a signal while the model loads: the engine below is closed, status 0
     with listener, Engine(config) as engine:
         url = f"http://{args.host}:{args.port}/v1"
         line = ready_line(url, engine.model_id, engine.weights, engine.model_version)

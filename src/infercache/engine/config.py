@@ -104,6 +104,11 @@ class BatchLimits:
             raise ConfigError(f"max_running_tokens must be >= 1, got {self.max_running_tokens}")
 
 
+# EngineConfig's batching and `kv_*` defaults are these classes' own (one answer per default).
+_BATCH_DEFAULTS = BatchLimits()
+_TIER_DEFAULTS = TierSettings()
+
+
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
     data_dir: Path
@@ -117,16 +122,16 @@ class EngineConfig:
     share_prefix_across_tenants: bool = False
     dtype: DType = "float32"
     weights: WeightsName = DEFAULT_WEIGHTS
-    max_batch: int = 16
-    max_queue: int = 64
-    max_step_tokens: int = 256
+    max_batch: int = _BATCH_DEFAULTS.max_batch
+    max_queue: int = _BATCH_DEFAULTS.max_queue
+    max_step_tokens: int = _BATCH_DEFAULTS.max_step_tokens
     max_running_kv_bytes: int = DEFAULT_MAX_KV_BYTES
-    kv_disk_bytes: int = 0
-    kv_disk_dir: Path | None = None
-    kv_shared_url: str | None = None
-    kv_shared_bytes: int = 1 << 30
-    kv_shared_ttl_s: float = 3600.0
-    kv_block_tokens: int = DEFAULT_KV_BLOCK_TOKENS
+    kv_disk_bytes: int = _TIER_DEFAULTS.disk_bytes
+    kv_disk_dir: Path | None = _TIER_DEFAULTS.disk_dir
+    kv_shared_url: str | None = _TIER_DEFAULTS.shared_url
+    kv_shared_bytes: int = _TIER_DEFAULTS.shared_bytes
+    kv_shared_ttl_s: float = _TIER_DEFAULTS.shared_ttl_s
+    kv_block_tokens: int = _TIER_DEFAULTS.block_tokens
 
     def __post_init__(self) -> None:
         if self.max_kv_bytes < 0:

@@ -130,10 +130,6 @@ class KVPool:
     def free_tokens(self) -> int:
         return self._free_count
 
-    @property
-    def used_tokens(self) -> int:
-        return self.capacity_tokens - self._free_count
-
     def alloc(self, tokens: int) -> SlotSpan:
         if tokens > self._free_count:
             raise ValueError(f"KV pool has {self._free_count} free slots, {tokens} asked")

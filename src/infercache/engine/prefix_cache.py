@@ -19,7 +19,8 @@ shared Redis) continue a lookup that RAM ends, and keep what RAM computed.
 A tier that fails in a way it did not foresee (a bug, not a fault it counts) is logged and
 skipped: the request recomputes, as it would without tiers.
 
-Invariant: `tree.total_bytes == pool.used_tokens * bytes_per_token <= max_kv_bytes`.
+Invariant: `tree.stats().total_bytes == (pool.capacity_tokens - pool.free_tokens) *
+bytes_per_token <= max_kv_bytes`.
 Parameters: `max_kv_bytes` (rounded down to whole tokens), the eviction `policy`.
 Not thread-safe: one owner (the engine's worker thread).
 """

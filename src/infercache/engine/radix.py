@@ -369,10 +369,6 @@ class RadixTree(Generic[P]):
         return dict(self._roots)
 
     @property
-    def total_bytes(self) -> int:
-        return self._total_bytes
-
-    @property
     def free_bytes(self) -> int:
         return self.max_kv_bytes - self._total_bytes
 

@@ -87,11 +87,10 @@ def serve_settings(args: argparse.Namespace) -> Settings:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
     from infercache.engine.config import EngineConfig
     from infercache.gateway.build import build
     from infercache.gateway.http_server import make_config
+    from infercache.server_exit import DrainingServer, exit_on_signals
 
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -109,6 +108,7 @@ def _serve(args: argparse.Namespace) -> int:
                 if getattr(args, name) is not None
             },
         )
+        exit_on_signals()  # Ctrl-C while the model loads: an ordinary exit, no traceback
         listener = bind_listener(config.host, config.port)  # a port in use: before any load
         try:
             built = build(settings, config, engine_config=engine_config)
@@ -135,7 +135,7 @@ def _serve(args: argparse.Namespace) -> int:
         f"{_engine_weights(built.gateway.upstreams) if not config.upstreams else ''})"
     )
 
-    class Server(uvicorn.Server):
+    class Server(DrainingServer):
         async def startup(self, sockets: list[Any] | None = None) -> None:
             await super().startup(sockets=sockets)
             if self.started:  # listening: say so only now, so scripts can wait on this line

@@ -23,8 +23,9 @@ same for all.
       observe(request, answer)    what the endpoint keeps of a fetched answer (store I/O, run
                                   with the store write): Responses keeps the conversation
 
-`UpstreamCall` carries who a call is for: the tenant (the KV salt, the derived prompt-cache
-key), the caller's bearer (sent only when configured) and an Anthropic client's beta header.
+`UpstreamCall` (upstream_protocols.py) carries who a call is for: the tenant (the KV salt, the
+derived prompt-cache key), the caller's bearer (sent only when configured) and an Anthropic
+client's beta header.
 Chat and legacy completions share OpenAI's framing (`ChatStreamWriter`: `data: {json}` events,
 usage only with `stream_options.include_usage`, then `data: [DONE]`). An upstream that does not
 serve an endpoint is a 404 naming it.
@@ -34,7 +35,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, NamedTuple, Protocol
+from typing import Any, Protocol
 
 from infercache.chat import (
     SSE_DONE,
@@ -46,17 +47,11 @@ from infercache.chat import (
     sse_event,
 )
 from infercache.errors import InfercacheError, NotFoundError
-from infercache.gateway.upstream_protocols import TextCompletions, Upstream
+from infercache.gateway.upstream_protocols import TextCompletions, Upstream, UpstreamCall
 from infercache.hit_usage import HitUsage, served_hit
 from infercache.request import ChatRequest, Endpoint
 
 Body = dict[str, Any]
-
-
-class UpstreamCall(NamedTuple):
-    tenant: str
-    api_key: str | None  # the caller's bearer: sent upstream only when configured to
-    beta: str | None = None  # an Anthropic client's `anthropic-beta`, sent on
 
 
 Complete = Callable[[Upstream, Body, UpstreamCall], Awaitable[Body]]

@@ -14,34 +14,27 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from infercache.engine.engine import Engine
+from infercache.gateway.upstream_protocols import CHAT_PATH, CompletionRoutes, UpstreamCall
 
 
-class EngineUpstream:
+class EngineUpstream(CompletionRoutes):
     records_prefix_metrics = True
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self.name = f"engine:{engine.model_id}"
 
-    async def complete(
-        self, body: dict[str, Any], *, tenant: str, api_key: str | None
-    ) -> dict[str, Any]:
-        return await self.engine.achat(body, tenant)
+    async def _answer(self, path: str, body: dict[str, Any], call: UpstreamCall) -> dict[str, Any]:
+        answer = self.engine.achat if path == CHAT_PATH else self.engine.atext_completion
+        return await answer(body, call.tenant)
 
-    def stream(
-        self, body: dict[str, Any], *, tenant: str, api_key: str | None
+    def _events(
+        self, path: str, body: dict[str, Any], call: UpstreamCall
     ) -> AsyncIterator[dict[str, Any]]:
-        return self.engine.achat_stream({**body, "stream": True}, tenant)
-
-    async def complete_text(
-        self, body: dict[str, Any], *, tenant: str, api_key: str | None
-    ) -> dict[str, Any]:
-        return await self.engine.atext_completion(body, tenant)
-
-    def stream_text(
-        self, body: dict[str, Any], *, tenant: str, api_key: str | None
-    ) -> AsyncIterator[dict[str, Any]]:
-        return self.engine.atext_completion_stream({**body, "stream": True}, tenant)
+        chunks = (
+            self.engine.achat_stream if path == CHAT_PATH else self.engine.atext_completion_stream
+        )
+        return chunks({**body, "stream": True}, call.tenant)
 
     async def models(self) -> list[dict[str, Any]]:
         return self.engine.models()

@@ -31,11 +31,11 @@ from typing import Any
 
 from infercache.anthropic.events import ChatToMessageEvents, MessageAssembler, message_events, sse
 from infercache.anthropic.translate import chat_to_message, messages_to_chat
-from infercache.chat import StreamChunk
+from infercache.chat import StreamChunk, translated_id
 from infercache.clock import Clock
 from infercache.errors import InfercacheError
-from infercache.gateway.endpoints import Body, CachedEndpoint, UpstreamCall
-from infercache.gateway.upstream_protocols import ProviderAPI, Upstream
+from infercache.gateway.endpoints import Body, CachedEndpoint
+from infercache.gateway.upstream_protocols import Upstream, UpstreamCall, native_api
 from infercache.hit_usage import HitUsage, served_hit
 from infercache.prompt_cache.breakpoints import BreakpointPolicy, SeenPrefixes, apply_policy
 from infercache.request import Endpoint
@@ -70,22 +70,6 @@ class Breakpoints:
             return apply_policy(policy, tenant, body, self._seen, self._clock.monotonic_s())
 
 
-def _anthropic(upstream: Upstream) -> ProviderAPI | None:
-    """The upstream when it speaks Anthropic's API natively."""
-    if isinstance(upstream, ProviderAPI) and upstream.kind == "anthropic":
-        return upstream
-    return None
-
-
-def _beta(call: UpstreamCall) -> dict[str, str]:
-    return {"anthropic-beta": call.beta} if call.beta else {}
-
-
-def _message_id(chat_id: object) -> str:
-    """A translated answer's id, from its chat completion's (unique per answer)."""
-    return "msg_" + str(chat_id or "").removeprefix("chatcmpl-")
-
-
 class MessagesCalls:
     """How an answer is fetched, native or translated (module docstring)."""
 
@@ -93,25 +77,21 @@ class MessagesCalls:
         self.breakpoints = breakpoints
 
     async def complete(self, upstream: Upstream, body: Body, call: UpstreamCall) -> Body:
-        native = _anthropic(upstream)
+        native = native_api(upstream, "anthropic")
         if native is not None:
             sent = self.breakpoints.body(call.tenant, body)
-            return await native.post_json(
-                "/messages", sent, tenant=call.tenant, api_key=call.api_key, headers=_beta(call)
-            )
+            return await native.post_json("/messages", sent, call)
         chat = messages_to_chat(body)
         completion = await upstream.complete(chat, tenant=call.tenant, api_key=call.api_key)
-        return chat_to_message(completion, message_id=_message_id(completion.get("id")))
+        return chat_to_message(completion, message_id=translated_id("msg_", completion.get("id")))
 
     async def stream(
         self, upstream: Upstream, body: Body, call: UpstreamCall
     ) -> AsyncIterator[StreamChunk]:
-        native = _anthropic(upstream)
+        native = native_api(upstream, "anthropic")
         if native is not None:
             sent = self.breakpoints.body(call.tenant, body)
-            events = native.post_events(
-                "/messages", sent, tenant=call.tenant, api_key=call.api_key, headers=_beta(call)
-            )
+            events = native.post_events("/messages", sent, call)
             async for event in events:
                 if event.get("type") != "ping":
                     yield event
@@ -120,7 +100,9 @@ class MessagesCalls:
         translator: ChatToMessageEvents | None = None
         async for chunk in upstream.stream(chat, tenant=call.tenant, api_key=call.api_key):
             if translator is None:
-                translator = ChatToMessageEvents(_message_id(chunk.get("id")), body["model"])
+                translator = ChatToMessageEvents(
+                    translated_id("msg_", chunk.get("id")), body["model"]
+                )
             for event in translator.feed(chunk):
                 yield event
         if translator is not None and translator.finished:  # else cut off: never stored

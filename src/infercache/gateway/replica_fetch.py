@@ -35,13 +35,13 @@ from typing import Any
 from infercache.completion import Response
 from infercache.errors import UpstreamAbortedError, UpstreamError, UpstreamUnavailableError
 from infercache.gateway.across_replicas import AcrossReplicas
-from infercache.gateway.endpoints import CachedEndpoint, UpstreamCall
+from infercache.gateway.endpoints import CachedEndpoint
 from infercache.gateway.live_breakers import LiveBreakers
 from infercache.gateway.placement import ANYWHERE, Placement
 from infercache.gateway.prefix_usage import UpstreamPrefixUsage
 from infercache.gateway.router import PrefixRouter
 from infercache.gateway.upstream_errors import closed_before_answering
-from infercache.gateway.upstream_protocols import Upstream
+from infercache.gateway.upstream_protocols import Upstream, UpstreamCall
 from infercache.gateway.versions import ModelVersionTracker
 from infercache.miss import Miss
 from infercache.miss_flight import ChunkSink, Fetched

@@ -27,11 +27,11 @@ import logging
 from collections.abc import AsyncIterator, Iterator, Mapping
 from typing import Any
 
-from infercache.chat import CompletionAssembler, StreamChunk
+from infercache.chat import CompletionAssembler, StreamChunk, translated_id
 from infercache.errors import InfercacheError, StoreError, UpstreamError
-from infercache.gateway.endpoints import Body, CachedEndpoint, UpstreamCall
+from infercache.gateway.endpoints import Body, CachedEndpoint
 from infercache.gateway.response_conversations import ResponseConversations
-from infercache.gateway.upstream_protocols import ProviderAPI, Upstream
+from infercache.gateway.upstream_protocols import Upstream, UpstreamCall, native_api
 from infercache.hit_usage import HitUsage, served_hit
 from infercache.request import ChatRequest, Endpoint
 from infercache.responses.events import (
@@ -45,41 +45,29 @@ from infercache.responses.translate import chat_to_response, input_items, respon
 log = logging.getLogger(__name__)
 
 
-def _native(upstream: Upstream) -> ProviderAPI | None:
-    """The upstream when it serves the Responses API itself (OpenAI)."""
-    if isinstance(upstream, ProviderAPI) and upstream.kind == "openai":
-        return upstream
-    return None
-
-
-def _response_id(chat_id: object) -> str:
-    """A translated answer's id, from its chat completion's (unique per answer)."""
-    return "resp_" + str(chat_id or "").removeprefix("chatcmpl-")
-
-
 def _translated(completion: Mapping[str, Any], body: Body) -> Body:
     created = completion.get("created")
     return chat_to_response(
         completion,
         body,
-        response_id=_response_id(completion.get("id")),
+        response_id=translated_id("resp_", completion.get("id")),
         created_at=float(created) if isinstance(created, int | float) else 0.0,
     )
 
 
 async def _complete(upstream: Upstream, body: Body, call: UpstreamCall) -> Body:
-    native = _native(upstream)
+    native = native_api(upstream, "openai")
     if native is not None:
-        return await native.post_json("/responses", body, tenant=call.tenant, api_key=call.api_key)
+        return await native.post_json("/responses", body, call)
     chat = responses_to_chat(body, input_items(body["input"]))
     completion = await upstream.complete(chat, tenant=call.tenant, api_key=call.api_key)
     return _translated(completion, body)
 
 
 async def _stream(upstream: Upstream, body: Body, call: UpstreamCall) -> AsyncIterator[StreamChunk]:
-    native = _native(upstream)
+    native = native_api(upstream, "openai")
     if native is not None:
-        events = native.post_events("/responses", body, tenant=call.tenant, api_key=call.api_key)
+        events = native.post_events("/responses", body, call)
         async for event in events:
             if event.get("type") == "error":  # the stream failed: nothing to store
                 message = str(event.get("message") or "the upstream's stream failed")

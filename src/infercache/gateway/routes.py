@@ -25,7 +25,7 @@ from infercache.gateway.replies import JSONReply, StreamReply
 from infercache.gateway.response_conversations import ResponseConversations
 from infercache.gateway.service import Gateway
 from infercache.gateway.stats import gateway_stats
-from infercache.gateway.upstream_protocols import PassThrough
+from infercache.gateway.upstream_protocols import PassedRequest, PassThrough
 from infercache.header_controls import apply_header_controls
 from infercache.http_errors import json_object, read_json
 from infercache.metrics import MissReason
@@ -163,15 +163,9 @@ async def passed_through(
     passthrough.miss(MissReason.UNCACHEABLE)
     passthrough.count(resource if resource in RESOURCES else "other")
     headers = header_map(request)
-    forwarded = await targets[0].forward(
-        request.method,
-        path,
-        query=request.url.query,
-        headers=headers,
-        body=body,
-        bearer=bearer,
-        secrets=[*presented_secrets(headers), *state.auth.secrets()],
-    )
+    secrets = [*presented_secrets(headers), *state.auth.secrets()]
+    sent = PassedRequest(request.method, path, request.url.query, headers, body, bearer, secrets)
+    forwarded = await targets[0].forward(sent)
     return StreamingResponse(
         forwarded.body,
         status_code=forwarded.status,

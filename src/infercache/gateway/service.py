@@ -39,7 +39,7 @@ from infercache.embeddings.embedding_cache import EmbeddingCache
 from infercache.embeddings.embedding_miss import AsyncEmbeddingFunction
 from infercache.errors import InfercacheError, NotFoundError
 from infercache.gateway.across_replicas import AcrossReplicas
-from infercache.gateway.endpoints import ENDPOINTS, CachedEndpoint, UpstreamCall
+from infercache.gateway.endpoints import ENDPOINTS, CachedEndpoint
 from infercache.gateway.placement import Placement
 from infercache.gateway.prefix_usage import UpstreamPrefixUsage
 from infercache.gateway.replica_fetch import ReplicaFetch
@@ -49,7 +49,7 @@ from infercache.gateway.requestlog import LogEntry, RequestLog
 from infercache.gateway.router import PrefixRouter, RouterConfig
 from infercache.gateway.tracing import NoTracer, RequestTracer
 from infercache.gateway.traffic import RequestMetrics
-from infercache.gateway.upstream_protocols import EmbeddingsUpstream, Upstream
+from infercache.gateway.upstream_protocols import EmbeddingsUpstream, Upstream, UpstreamCall
 from infercache.gateway.version_probe import VersionProber
 from infercache.gateway.version_steps import VersionSteps
 from infercache.gateway.versions import ModelVersionTracker

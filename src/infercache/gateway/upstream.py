@@ -28,9 +28,9 @@ secret (prompt_cache/cache_key.py), so the provider routes a
 tenant's requests that share a prompt to where it is cached. Nothing else in the body changes.
 
 An `anthropic` upstream (api.anthropic.com) takes its key as `x-api-key` and an
-`anthropic-version`; it serves `/v1/messages` only (`post_json`, `post_events` carry any API's
-call, the Messages and Responses adapters' way in: gateway/messages_endpoint.py,
-responses_endpoint.py).
+`anthropic-version`, and a client's `anthropic-beta` on; it serves `/v1/messages` only
+(`post_json`, `post_events` carry any API's call, the Messages and Responses adapters' way in:
+gateway/messages_endpoint.py, responses_endpoint.py).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from __future__ import annotations
 import base64
 import hmac
 import logging
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import aiohttp
@@ -48,7 +48,12 @@ from infercache.chat import StreamChunk
 from infercache.errors import UpstreamError
 from infercache.gateway.forwarding import forwarded_headers, forwarded_query
 from infercache.gateway.upstream_errors import map_aiohttp_errors, raise_for_status
-from infercache.gateway.upstream_protocols import Forwarded
+from infercache.gateway.upstream_protocols import (
+    CompletionRoutes,
+    Forwarded,
+    PassedRequest,
+    UpstreamCall,
+)
 from infercache.prompt_cache.cache_key import with_prompt_cache_key
 from infercache.urls import mask_credentials, split_credentials
 
@@ -77,7 +82,7 @@ def cache_salt(secret: bytes, tenant: str, version: str | None = None) -> str:
     return hmac.digest(secret, message, "sha256").hex()[:32]
 
 
-class HTTPUpstream:
+class HTTPUpstream(CompletionRoutes):
     records_prefix_metrics = False
 
     def __init__(
@@ -156,6 +161,13 @@ class HTTPUpstream:
             headers["authorization"] = self._auth
         return headers
 
+    def _call_headers(self, call: UpstreamCall) -> dict[str, str]:
+        """`_headers`, and an Anthropic client's `anthropic-beta` on to an anthropic upstream."""
+        headers = self._headers(call.tenant, call.api_key)
+        if call.beta and self.kind == "anthropic":
+            headers["anthropic-beta"] = call.beta
+        return headers
+
     async def _json(
         self, method: str, path: str, headers: dict[str, str], data: bytes | None = None
     ) -> dict[str, Any]:
@@ -174,76 +186,24 @@ class HTTPUpstream:
             raise UpstreamError("the upstream sent a non-object answer")
         return result
 
-    async def complete(
-        self, body: dict[str, Any], *, tenant: str, api_key: str | None
-    ) -> dict[str, Any]:
-        return await self._complete("/chat/completions", body, tenant, api_key)
-
-    def stream(
-        self, body: dict[str, Any], *, tenant: str, api_key: str | None
-    ) -> AsyncIterator[StreamChunk]:
-        return self._stream("/chat/completions", body, tenant, api_key)
-
-    async def complete_text(
-        self, body: dict[str, Any], *, tenant: str, api_key: str | None
-    ) -> dict[str, Any]:
-        return await self._complete("/completions", body, tenant, api_key)
-
-    def stream_text(
-        self, body: dict[str, Any], *, tenant: str, api_key: str | None
-    ) -> AsyncIterator[StreamChunk]:
-        return self._stream("/completions", body, tenant, api_key)
-
     async def post_json(
-        self,
-        path: str,
-        body: dict[str, Any],
-        *,
-        tenant: str,
-        api_key: str | None,
-        headers: Mapping[str, str] | None = None,
+        self, path: str, body: dict[str, Any], call: UpstreamCall
     ) -> dict[str, Any]:
-        """One call of any API at `path` (`/messages`, `/responses`), its JSON answer."""
-        return await self._complete(path, body, tenant, api_key, headers)
+        """One call of any API at `path` (`/chat/completions`, `/messages`, `/responses`), its
+        JSON answer."""
+        data = orjson.dumps(self._body(body, call.tenant))
+        return await self._json("POST", path, self._call_headers(call), data)
 
-    def post_events(
-        self,
-        path: str,
-        body: dict[str, Any],
-        *,
-        tenant: str,
-        api_key: str | None,
-        headers: Mapping[str, str] | None = None,
+    async def post_events(
+        self, path: str, body: dict[str, Any], call: UpstreamCall
     ) -> AsyncIterator[StreamChunk]:
         """One streamed call of any API at `path`: each server-sent event's JSON data."""
-        return self._stream(path, body, tenant, api_key, headers)
-
-    async def _complete(
-        self,
-        path: str,
-        body: dict[str, Any],
-        tenant: str,
-        api_key: str | None,
-        extra: Mapping[str, str] | None = None,
-    ) -> dict[str, Any]:
-        headers = {**self._headers(tenant, api_key), **(extra or {})}
-        data = orjson.dumps(self._body(body, tenant))
-        return await self._json("POST", path, headers, data)
-
-    async def _stream(
-        self,
-        path: str,
-        body: dict[str, Any],
-        tenant: str,
-        api_key: str | None,
-        extra: Mapping[str, str] | None = None,
-    ) -> AsyncIterator[StreamChunk]:
         url = f"{self._url}{path}"
         with map_aiohttp_errors(self.name):
             response = await self._client().post(
                 url,
-                data=orjson.dumps({**self._body(body, tenant), "stream": True}),
-                headers={**self._headers(tenant, api_key), **(extra or {})},
+                data=orjson.dumps({**self._body(body, call.tenant), "stream": True}),
+                headers=self._call_headers(call),
             )
         try:
             with map_aiohttp_errors(self.name, answering=True):
@@ -264,6 +224,10 @@ class HTTPUpstream:
         finally:
             response.release()
 
+    # Chat and legacy completions are POSTs at their paths, as any API's call.
+    _answer = post_json
+    _events = post_events
+
     async def embeddings(
         self, body: dict[str, Any], *, tenant: str, api_key: str | None
     ) -> dict[str, Any]:
@@ -271,30 +235,21 @@ class HTTPUpstream:
         data = orjson.dumps({k: v for k, v in body.items() if k != "cache_salt"})
         return await self._json("POST", "/embeddings", headers, data)
 
-    async def forward(
-        self,
-        method: str,
-        path: str,
-        *,
-        query: str,
-        headers: Mapping[str, str],
-        body: AsyncIterator[bytes],
-        bearer: str | None,
-        secrets: Sequence[str],
-    ) -> Forwarded:
+    async def forward(self, request: PassedRequest) -> Forwarded:
         """Pass a request through with the client headers forwarding.py allows and our own
         credentials (never a gateway key); the answer streams back as it comes, still
         encoded."""
-        out = forwarded_headers(headers, secrets, also_allowed=self._forward_headers)
-        ours = self._headers("", bearer)
+        secrets = request.secrets
+        out = forwarded_headers(request.headers, secrets, also_allowed=self._forward_headers)
+        ours = self._headers("", request.bearer)
         out.update({k: v for k, v in ours.items() if k in _CREDENTIALS})
         if "anthropic-version" in ours:
             out.setdefault("anthropic-version", ours["anthropic-version"])
-        query = forwarded_query(query, secrets)
-        url = f"{self._url}{path}" + (f"?{query}" if query else "")
+        query = forwarded_query(request.query, secrets)
+        url = f"{self._url}{request.path}" + (f"?{query}" if query else "")
         with map_aiohttp_errors(self.name):
             response = await self._client().request(
-                method, url, headers=out, data=body, auto_decompress=False
+                request.method, url, headers=out, data=request.body, auto_decompress=False
             )
         kept = [(k, v) for k, v in response.headers.items() if k.lower() not in _NOT_FORWARDED_BACK]
 

@@ -4,19 +4,33 @@
     Upstream            chat completions, whole or streamed, and its `/v1/models`
     TextCompletions     the legacy `/v1/completions` too (prompt → text)
     EmbeddingsUpstream  `/v1/embeddings` (an HTTP upstream, or the packaged embedder)
-    PassThrough         any request as is, for paths the gateway does not cache (`Forwarded`:
-                        the answer, its body still streaming)
+    PassThrough         any request as is (a `PassedRequest`), for paths the gateway does not
+                        cache (`Forwarded`: the answer, its body still streaming)
     ProviderAPI         any API's call in its own shape (the Messages and Responses adapters'
-                        way to a provider that speaks them natively)
+                        way to a provider that speaks them natively), for an `UpstreamCall`:
+                        who the call is for
+
+`CompletionRoutes` is what both implementations share: `Upstream`'s and `TextCompletions`' four
+calls as one call at the API's OpenAI path (`CHAT_PATH`, `TEXT_PATH`), whole or streamed.
 """
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 from infercache.chat import StreamChunk
+
+
+class UpstreamCall(NamedTuple):
+    """Who a call is for: the tenant (the KV salt, the derived prompt-cache key), the caller's
+    bearer (sent only when configured) and an Anthropic client's beta header."""
+
+    tenant: str
+    api_key: str | None  # the caller's bearer: sent upstream only when configured to
+    beta: str | None = None  # an Anthropic client's `anthropic-beta`, sent on
 
 
 class Upstream(Protocol):
@@ -53,6 +67,49 @@ class TextCompletions(Protocol):
     ) -> AsyncIterator[StreamChunk]: ...
 
 
+CHAT_PATH = "/chat/completions"
+TEXT_PATH = "/completions"
+
+
+class CompletionRoutes(ABC):
+    """`Upstream.complete`/`stream` and `TextCompletions.complete_text`/`stream_text` for an
+    upstream that serves chat and legacy completions alike: each is one call at the API's path,
+    whole (`_answer`) or streamed (`_events`), as the subclass makes it (HTTPUpstream posts it,
+    EngineUpstream awaits the engine's entry point for it)."""
+
+    async def complete(
+        self, body: dict[str, Any], *, tenant: str, api_key: str | None
+    ) -> dict[str, Any]:
+        return await self._answer(CHAT_PATH, body, UpstreamCall(tenant, api_key))
+
+    def stream(
+        self, body: dict[str, Any], *, tenant: str, api_key: str | None
+    ) -> AsyncIterator[StreamChunk]:
+        return self._events(CHAT_PATH, body, UpstreamCall(tenant, api_key))
+
+    async def complete_text(
+        self, body: dict[str, Any], *, tenant: str, api_key: str | None
+    ) -> dict[str, Any]:
+        return await self._answer(TEXT_PATH, body, UpstreamCall(tenant, api_key))
+
+    def stream_text(
+        self, body: dict[str, Any], *, tenant: str, api_key: str | None
+    ) -> AsyncIterator[StreamChunk]:
+        return self._events(TEXT_PATH, body, UpstreamCall(tenant, api_key))
+
+    @abstractmethod
+    async def _answer(
+        self, path: str, body: dict[str, Any], call: UpstreamCall
+    ) -> dict[str, Any]: ...
+
+    @abstractmethod
+    def _events(
+        self, path: str, body: dict[str, Any], call: UpstreamCall
+    ) -> AsyncIterator[StreamChunk]:
+        """The chunks; raises before the first one when the call is refused (the engine's
+        full queue: at the call)."""
+
+
 class EmbeddingsUpstream(Protocol):
     """Where the gateway's `/v1/embeddings` misses go: an HTTP upstream, or the packaged
     embedder in process (local_embeddings.py)."""
@@ -64,6 +121,21 @@ class EmbeddingsUpstream(Protocol):
     ) -> dict[str, Any]:
         """An OpenAI `/v1/embeddings` answer for `body`."""
         ...
+
+
+@dataclass(frozen=True, slots=True)
+class PassedRequest:
+    """A request to pass through: `headers` and `query` as the client sent them (the upstream
+    keeps only what forwarding.py allows and no value holding one of `secrets`), its body still
+    streaming in, and the caller's bearer."""
+
+    method: str
+    path: str
+    query: str
+    headers: Mapping[str, str]
+    body: AsyncIterator[bytes]
+    bearer: str | None
+    secrets: Sequence[str]
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,19 +153,7 @@ class PassThrough(Protocol):
 
     name: str
 
-    async def forward(
-        self,
-        method: str,
-        path: str,
-        *,
-        query: str,
-        headers: Mapping[str, str],
-        body: AsyncIterator[bytes],
-        bearer: str | None,
-        secrets: Sequence[str],
-    ) -> Forwarded:
-        """`headers` and `query` as the client sent them: the upstream keeps only what
-        forwarding.py allows and no value holding one of `secrets`."""
+    async def forward(self, request: PassedRequest) -> Forwarded: ...
 
 
 @runtime_checkable
@@ -104,21 +164,17 @@ class ProviderAPI(Protocol):
     kind: str
 
     async def post_json(
-        self,
-        path: str,
-        body: dict[str, Any],
-        *,
-        tenant: str,
-        api_key: str | None,
-        headers: Mapping[str, str] | None = None,
-    ) -> dict[str, Any]: ...
+        self, path: str, body: dict[str, Any], call: UpstreamCall
+    ) -> dict[str, Any]:
+        """One call of any API at `path` (`/messages`, `/responses`), its JSON answer."""
 
     def post_events(
-        self,
-        path: str,
-        body: dict[str, Any],
-        *,
-        tenant: str,
-        api_key: str | None,
-        headers: Mapping[str, str] | None = None,
-    ) -> AsyncIterator[StreamChunk]: ...
+        self, path: str, body: dict[str, Any], call: UpstreamCall
+    ) -> AsyncIterator[StreamChunk]:
+        """One streamed call of any API at `path`: each server-sent event's JSON data."""
+
+
+def native_api(upstream: Upstream, kind: str) -> ProviderAPI | None:
+    """`upstream` when it carries `kind`'s own API (a `ProviderAPI` of that kind): the Messages
+    adapter's way to an anthropic upstream, the Responses adapter's to an openai one."""
+    return upstream if isinstance(upstream, ProviderAPI) and upstream.kind == kind else None

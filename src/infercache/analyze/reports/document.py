@@ -20,7 +20,6 @@ from infercache.analyze.replay_figures import (
     CapacityRow,
     KvDiskPoint,
     KvKnee,
-    KvPoint,
     KvSweepFigures,
     SimulationFigures,
     StrategyFigures,
@@ -262,7 +261,7 @@ def _kv_sweep(analysis: Analysis) -> KvSweepFigures | None:
     curve = sweep.curve()
     knee = sweep.knee(curve)
     return KvSweepFigures(
-        curve=tuple(KvPoint(p.budget_tokens, p.token_share, p.hit_share) for p in curve),
+        curve=tuple(curve),
         knee=None if knee is None else KvKnee(knee.budget_tokens, knee.token_share),
         unbounded_token_share=analysis.census.total.prefix_token_share,
         working_set_tokens=analysis.census.prefix.cached_tokens,

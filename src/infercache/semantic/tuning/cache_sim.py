@@ -169,7 +169,20 @@ def evaluate_lookups(
     guards: Sequence[Guard] = (),
     confidence: float = 0.95,
 ) -> LookupEvaluation:
-    served = [right for score, right in ceilings(cases, matcher, guards) if score >= threshold]
+    outcomes = ceilings(cases, matcher, guards)
+    return _evaluation(cases, outcomes, threshold, guards=guards, confidence=confidence)
+
+
+def _evaluation(
+    cases: Sequence[LookupCase],
+    outcomes: Sequence[tuple[float, bool]],
+    threshold: float,
+    *,
+    guards: Sequence[Guard],
+    confidence: float,
+) -> LookupEvaluation:
+    """`evaluate_lookups` from the cases' serving ceilings (`ceilings`), computed once."""
+    served = [right for score, right in outcomes if score >= threshold]
     right = sum(served)
     wrong = len(served) - right
     answerable = sum(case.answerable for case in cases)
@@ -204,15 +217,16 @@ def tune_lookups(
     all points that pass would pick the luckiest of many tests). Never below `floor` (what
     unrelated text reaches, replay.ood_floor). `InvalidRequestError` says what is missing
     when no point is certified."""
+    outcomes = ceilings(cases, matcher, guards)
     best = certify(
-        ceilings(cases, matcher, guards),
+        outcomes,
         target_false_hit=target_false_hit,
         confidence=confidence,
         floor=floor,
         lookups=len(cases),
         fitted=not isinstance(matcher, CosineMatcher),
     )
-    return evaluate_lookups(cases, matcher, best, guards=guards, confidence=confidence)
+    return _evaluation(cases, outcomes, best, guards=guards, confidence=confidence)
 
 
 def certify(
