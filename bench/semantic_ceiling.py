@@ -263,10 +263,11 @@ def _project(
 
 def answer_runs(
     embed: Embedder, days: tuple[list[LabelledText], list[LabelledText]],
-    guards: Sequence[Guard], size: int, target: float, top: int,
+    guards: Sequence[Guard], size: int, target: float, top: int, sweep: Sequence[str] = (),
 ) -> dict[str, Run]:  # fmt: skip
     """The answer-level scorers (module docstring); `top` 0: the layer's view only (`local-`,
-    semantic_ceiling_answers.py), for the static adapter."""
+    semantic_ceiling_answers.py), for the static adapter. The scorers named in `sweep` are also
+    replayed as stored at 16 thresholds (`stored_sweep`'s grid), the best at <= target kept."""
     first, second = days
     half = len(first) // 2
 
@@ -306,8 +307,14 @@ def answer_runs(
                 for key, t in points.items()
                 if t is not None
             }
-            prefix = "" if top else "local-"
-            runs[f"{prefix}{name}-{variant}"] = (outcomes, served, None, stored)
+            scorer = f"{'' if top else 'local-'}{name}-{variant}"
+            if scorer in sweep:
+                ranked = sorted((s.score for s in served), reverse=True)
+                grid = [ranked[int(r)] for r in np.linspace(100, len(ranked) - 1, 16)]
+                tried = [as_stored(second, space, guards, head, t, top) for t in grid]
+                passing = [x for x in tried if x["wrong"] <= target * x["served"]]
+                stored["sweep"] = max(passing, key=lambda x: x["recall"], default=None)
+            runs[scorer] = (outcomes, served, None, stored)
     return runs
 
 
@@ -382,12 +389,13 @@ def bot_runs(
     days = (stream_of(day.bot_day(bot, 1, spec)), stream_of(day.bot_day(bot, 2, spec)))
     embed.embed([r.text for r in days[0] + days[1]])
     asked = paraphrases(days[1])
+    sweep = args.sweep_answers.split(",")
     scorers: dict[str, Callable[[], Run | dict[str, Run]]] = {
         "cosine": lambda: cosine_run(embed, days, guards, 1, args.target),
         "cosine-seen2": lambda: cosine_run(embed, days, guards, 2, args.target),
         "fitted": lambda: fitted_run(embed, days, guards, Path(tempfile.mkdtemp()), args.target),
-        "answers": lambda: answer_runs(embed, days, guards, args.segment, args.target, 3),
-        "local": lambda: answer_runs(embed, days, guards, args.segment, args.target, 0),
+        "answers": lambda: answer_runs(embed, days, guards, args.segment, args.target, 3, sweep),
+        "local": lambda: answer_runs(embed, days, guards, args.segment, args.target, 0, sweep),
     }
     out: dict[str, Any] = {"paraphrases": asked, "scorers": {}}
     for key, make in scorers.items():
@@ -425,7 +433,7 @@ def table(results: dict[str, Any]) -> str:
                     else f"{r['recall']:.1%} / {r['wrong']} of {r['served']}"
                 )  # fmt: skip
             kept = row["as_stored"]
-            at = kept.get("sweep") or kept.get("hindsight")
+            at = kept["sweep"] if "sweep" in kept else kept.get("hindsight")
             cells.append(
                 "–" if at is None or at["threshold"] is None
                 else f"{at['recall']:.1%} of {at['paraphrases']} / {at['wrong']} of "
@@ -444,6 +452,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--segment", type=int, default=250)
     parser.add_argument("--target", type=float, default=0.01)
     parser.add_argument("--top", type=int, default=150)
+    parser.add_argument(
+        "--sweep-answers", default="", help="answer scorers to sweep as stored (slow), e.g. "
+        "combined-static,local-nearest-cross",
+    )  # fmt: skip
     parser.add_argument("--only", default="", help="cosine,cosine-seen2,fitted,answers,local")
     parser.add_argument("--vectors", type=Path, default=Path("/tmp/semceiling"))
     parser.add_argument("--out", type=Path, default=HERE / "out" / "semantic_ceiling")
