@@ -5,7 +5,8 @@ has no stored answer, its label has one). What a threshold serves then depends o
 itself, so each is replayed on its own (`stored_at`) and `stored_sweep` tries a few. Besides
 the requests, `stored_at` counts the distinct paraphrase texts and those answered right at
 least once: a day's exact repeats of an answered paraphrase are answered again and again, and
-they weigh heavily where a FAQ's pool of phrasings runs dry (hwu64's).
+they weigh heavily where a FAQ's pool of phrasings runs dry (hwu64's). `certify_stored` runs
+`tune`'s fixed-sequence walk on outcomes replayed this way.
 
 A per-question matcher (matcher.py: the plain cosine, today's fitted matcher) looks at the k
 nearest cached questions exactly as replay.replay_lookups finds them (the answer counts as
