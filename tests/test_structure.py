@@ -1,4 +1,6 @@
-"""The package's structure stays legible: every class (and type alias) name is defined once."""
+"""The package's structure stays legible (issue 24): every class (and type alias) name is defined
+once; no module over 400 lines, the hubs under 350, no function over 80; the serving gateway and
+the library never import the offline analyzer; the README names every module."""
 
 from __future__ import annotations
 
@@ -103,3 +105,48 @@ def test_the_readme_layout_and_each_package_docstring_name_its_subpackages() -> 
     assert unnamed == [], (
         f"subpackages the README or their package's docstring do not name: {unnamed}"
     )
+
+
+def _line_count(path: Path) -> int:
+    return len(path.read_text(encoding="utf-8").splitlines())
+
+
+def test_no_module_is_over_400_lines_and_the_hubs_stay_under_350() -> None:
+    sizes = {p.relative_to(PACKAGE).as_posix(): _line_count(p) for p in PACKAGE.rglob("*.py")}
+    assert {name: n for name, n in sizes.items() if n > 400} == {}
+    assert sizes["cache.py"] < 350
+    assert sizes["gateway/service.py"] < 350
+
+
+def test_no_function_is_over_80_lines() -> None:
+    long = []
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                lines = (node.end_lineno or node.lineno) - node.lineno + 1
+                if lines > 80:
+                    long.append(f"{path.relative_to(PACKAGE)}:{node.name} ({lines} lines)")
+    assert long == []
+
+
+def _imported_modules(tree: ast.Module) -> set[str]:
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module is not None and node.level == 0:
+            found.add(node.module)
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return found
+
+
+def test_neither_the_gateway_nor_the_library_stands_on_the_analyzer() -> None:
+    serving = [*PACKAGE.glob("*.py"), *(PACKAGE / "gateway").rglob("*.py")]
+    offenders = {
+        path.relative_to(PACKAGE).as_posix()
+        for path in serving
+        for name in _imported_modules(ast.parse(path.read_text(encoding="utf-8")))
+        if name == "infercache.analyze" or name.startswith("infercache.analyze.")
+    }
+    # cli.py, the command line's root, registers every subcommand, `analyze` among them
+    assert offenders == {"cli.py"}, offenders
