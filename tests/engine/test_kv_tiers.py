@@ -164,3 +164,22 @@ def test_a_second_engine_on_the_same_directory_runs_without_a_disk_tier(tmp_path
     assert second.ask(PROMPT).reused_tokens == 0
     holder.close()
     assert Replica(tmp_path).tiers is not None  # released on close
+
+
+def test_a_tier_failure_no_tier_foresaw_is_counted_and_the_prompt_recomputed(
+    tmp_path: Path, warm: Replica, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    again = warm.restart()
+    assert again.tiers is not None
+
+    def broken(*args: object) -> None:
+        raise RuntimeError("a bug in a tier")
+
+    monkeypatch.setattr(again.tiers, "load", broken)
+    monkeypatch.setattr(again.tiers, "save", broken)
+    lease = again.ask(PROMPT)  # checks every reused position: nothing half-loaded is kept
+    assert lease.reused_tokens == 0
+    assert again.counters()["kv_tier_errors:unforeseen"] == 2  # the load, then the save
+    assert "KV tiers failed to load" in caplog.text
+    assert "KV tiers failed to save" in caplog.text
+    assert again.ask(PROMPT).ram_tokens == len(PROMPT) - 1  # RAM kept what the save could not

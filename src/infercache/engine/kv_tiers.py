@@ -33,7 +33,8 @@ are not touched again, so a hot prefix costs no round trip per request.
 
 Events (the prefix strategy's metrics; prometheus.py names them): per tier (`:disk`,
 `:shared`), `kv_blocks_loaded`, `kv_blocks_written`, `kv_blocks_corrupt`, `kv_blocks_missing`,
-`kv_blocks_evicted`, `kv_tier_errors`, `kv_load_bytes`; gauges `kv_tier_bytes`. Tokens and
+`kv_blocks_evicted`, `kv_tier_errors`, `kv_load_bytes`; gauges `kv_tier_bytes`.
+`kv_tier_errors:unforeseen` counts a load or save that raised what no tier foresaw. Tokens and
 seconds per request are in `TierLoad`, for accounting.py. Not thread-safe: the engine's worker
 thread owns it.
 """
@@ -284,6 +285,12 @@ class KVTiers:
             self._disk_evicted = total
         else:
             self._shared_evicted = total
+
+    def count_unforeseen(self) -> None:
+        """A `load` or `save` raised what no tier counts (a bug, not a fault): the caller logs
+        it and goes on without the tiers; counted as `kv_tier_errors:unforeseen` (the tier is
+        not known) beside the faults each tier counts itself."""
+        self._events.count("kv_tier_errors:unforeseen")
 
     def stats(self) -> dict[str, object]:
         """For `/stats`: each tier's place, budget, use and state."""

@@ -16,8 +16,9 @@ shared Redis) continue a lookup that RAM ends, and keep what RAM computed.
   least-recently-used unlocked leaves to make room, then unlock. When even that cannot make room
   (other requests hold the memory), only the head of the new tokens that fits is cached. With
   tiers, then write the whole blocks of `tokens` through to them.
-A tier that fails in a way it did not foresee (a bug, not a fault it counts) is logged and
-skipped: the request recomputes, as it would without tiers.
+A tier that fails in a way it did not foresee (a bug, not a fault it counts) is logged,
+counted (`kv_tier_errors:unforeseen`) and skipped: the request recomputes, as it
+would without tiers.
 
 Invariant: `tree.stats().total_bytes == (pool.capacity_tokens - pool.free_tokens) *
 bytes_per_token <= max_kv_bytes`.
@@ -103,6 +104,7 @@ class PrefixCache:
             return self.tiers.load(namespace, prompt, start, workspace)
         except Exception:
             log.exception("KV tiers failed to load; the prompt is recomputed")
+            self.tiers.count_unforeseen()
             workspace.length = start
             return None
 
@@ -157,6 +159,7 @@ class PrefixCache:
                 self.tiers.save(lease.namespace, tokens, workspace)
             except Exception:
                 log.exception("KV tiers failed to save; RAM keeps the prefix")
+                self.tiers.count_unforeseen()
         return Release(inserted.inserted_tokens, *inserted.evicted)
 
     def abandon(self, lease: Lease) -> None:
