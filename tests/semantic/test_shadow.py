@@ -120,3 +120,29 @@ def test_the_would_be_hit_rate_counts_lookups_whose_candidate_reaches_the_point(
         live.record(0.9 + (i % 10) * 0.001, wrong=False)
     rate = live.state().would_be_hit_rate
     assert rate == pytest.approx(0.5, abs=0.01)
+
+
+def test_the_would_be_hit_rate_survives_a_rescore_of_the_window(tmp_path: Path) -> None:
+    """Shadow's refit replaces the judged pairs by the same judgments on a new scale: the rate
+    still counts them against the lookups they came from, not against the lookups since."""
+    live, _ = calibration(tmp_path, min_pairs=60)
+    for i in range(100):
+        live.note_lookup()
+        live.note_lookup()
+        live.record(0.9 + (i % 10) * 0.001, wrong=False)
+    before = live.state().would_be_hit_rate
+    rescored = [(0.5 + (i % 10) * 0.01, False) for i in range(100)]
+    live.reset(rescored, "m:refit")
+    after = live.state().would_be_hit_rate
+    assert before == pytest.approx(0.5, abs=0.01)
+    assert after == pytest.approx(before, abs=0.01)
+
+
+def test_the_would_be_hit_rate_survives_a_restart(tmp_path: Path) -> None:
+    live, _ = calibration(tmp_path, min_pairs=60, persist_every=100)
+    for i in range(100):
+        live.note_lookup()
+        live.note_lookup()
+        live.record(0.9 + (i % 10) * 0.001, wrong=False)  # the 100th record persists
+    restarted, _ = calibration(tmp_path, min_pairs=60, persist_every=100)
+    assert restarted.state().would_be_hit_rate == pytest.approx(0.5, abs=0.01)

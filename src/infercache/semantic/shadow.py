@@ -208,8 +208,16 @@ class LiveCalibration:
         configured matcher, must not read them)."""
         with self._lock:
             before = self._operating_point
+            # Both windows hold the latest judgments in time order: the rescored ones keep the
+            # lookup positions of the ones they replace, aligned from the newest (the would-be
+            # hit rate's denominator), the oldest position for any beyond this window's.
+            kept = [seq for _, _, seq in self._pairs][-len(pairs) :] if pairs else []
+            oldest = kept[0] if kept else self._lookups
+            seqs = [oldest] * (len(pairs) - len(kept)) + kept
             self._pairs.clear()
-            self._pairs.extend((score, wrong, self._lookups) for score, wrong in pairs)
+            self._pairs.extend(
+                (score, wrong, seq) for (score, wrong), seq in zip(pairs, seqs, strict=True)
+            )
             self._meta_name = f"semantic:calibration:{name}"
             self._recompute()
             switched = (before is None) != (self._operating_point is None)
@@ -272,7 +280,10 @@ class LiveCalibration:
 
     def _save(self) -> None:
         with self._lock:
-            body = {"judged": self._judged, "pairs": [[s, w] for s, w, _ in self._pairs]}
+            # Each pair's lookup position relative to now (<= 0): a restart resumes the would-be
+            # hit rate over the lookups the pairs came from.
+            now = self._lookups
+            body = {"judged": self._judged, "pairs": [[s, w, q - now] for s, w, q in self._pairs]}
         try:
             self._meta.write_meta(self._meta_name, json.dumps(body, separators=(",", ":")))
         except StoreError as exc:
@@ -287,6 +298,8 @@ class LiveCalibration:
         if raw is None:
             return
         body = json.loads(raw)
-        self._pairs.extend((float(s), bool(w), 0) for s, w in body["pairs"])
+        self._pairs.extend(
+            (float(p[0]), bool(p[1]), int(p[2]) if len(p) > 2 else 0) for p in body["pairs"]
+        )
         self._judged = int(body["judged"])
         self._recompute()
