@@ -4,6 +4,7 @@
 
     .venv/bin/python bench/semantic_days.py [--bots banking77,hwu64] [--phrasings 1,3]
         [--requests 3000] [--target 0.01] [--only log-fit,labels-fit,...] [--skip shadow,...]
+        [--shadow-refit N]
 
 Per bot (banking77, hwu64; tests/semantic/days/day.py) and answer variant (1 or 3 phrasings):
 1. day 1 through `serve --request-log day1.jsonl`, semantic layer off;
@@ -19,6 +20,7 @@ Per bot (banking77, hwu64; tests/semantic/days/day.py) and answer variant (1 or 
    answers, out-of-domain answered;
 4. `shadow`: nothing tuned, one gateway with `--semantic=shadow` (judge `exact` with one
    phrasing, `embedding` with three) over day 1 then day 2, scored per day (acceptance 3);
+   `--shadow-refit N` sets `shadow_refit_every` (the head refitted every N judged pairs);
 5. `poison` (banking77 only): each configuration on a fresh gateway asked the 100 attacks
    (attacker first, then the plain question and a paraphrase) and the 300 swaps (acceptance 5).
 Then `cross` (acceptance 4: each bot's configurations serve the other bot's day 2) and `ood`
@@ -186,8 +188,10 @@ def run_variant(run: Run, name: str, phrasings: int) -> dict[str, Any]:
     if run.wanted("shadow"):
         judge = "exact" if phrasings == 1 else "embedding"
         shadow = workdir / "shadow.toml"
-        shadow.write_text(f'[semantic]\nmode = "shadow"\njudge = "{judge}"\n')
-        print(f"  shadow ({judge} judge) over day 1 then day 2")
+        refit = f"shadow_refit_every = {run.args.shadow_refit}\n" if run.args.shadow_refit else ""
+        shadow.write_text(f'[semantic]\nmode = "shadow"\njudge = "{judge}"\n{refit}')
+        every = run.args.shadow_refit
+        print(f"  shadow ({judge} judge, refit every {every}) over day 1 then day 2")
         scores, _, stats = serve_batches(
             workdir / "shadow", labels, phrasings, bot.system, [first.requests, second.requests],
             flags=("--semantic=shadow", "--config", str(shadow)),
@@ -270,6 +274,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--target", type=float, default=0.01)
     parser.add_argument("--only", default="", help="comma list of steps/configs to run")
     parser.add_argument("--skip", default="", help="comma list of steps/configs to skip")
+    parser.add_argument(
+        "--shadow-refit", type=int, default=0,
+        help="shadow step: judged pairs between background head refits (0: never)",
+    )  # fmt: skip
     run = Run(parser.parse_args(argv))
     run.record(["load_before"], os.getloadavg())
     variants = {}

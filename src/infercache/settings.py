@@ -43,6 +43,8 @@ naming it.
     verify_sample_rate = 0.02            # share of semantic hits re-asked upstream (shadow: 0.05)
     judge = "embedding"                  # exact | equality | embedding | llm
     shadow_min_pairs = 300               # judged pairs at the operating point before serving
+    shadow_refit_every = 0               # judged pairs between shadow's background refits of
+                                         #   its matcher's head (0: never; shadow_fit.py)
     answer_stats = true                  # per-answer thresholds learned from judged outcomes
     k = 4                                # neighbours examined per lookup
     min_seen = 2                         # plain cosine (`tune` writes 2): an answer cached
