@@ -16,9 +16,14 @@ stand-in's first (no prefix-cache discount on it), so the miss is billed at full
 
 from __future__ import annotations
 
+import asyncio
 import os
+import warnings
+from collections.abc import Iterator
 from typing import Any
 
+import httpx
+import openai
 import pytest
 
 from infercache.metrics import Price, PriceTable
@@ -28,6 +33,23 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no fetch of its
 
 MODEL = "gpt-4o-mini"
 QUESTION = "What is the capital of France?"
+
+
+@pytest.fixture(autouse=True)
+def _close_litellm_loop() -> Iterator[None]:
+    """litellm's blocking `completion` asks `asyncio.get_event_loop()` for a loop to log on,
+    which creates one, sets it as this thread's and never closes it: collected unclosed later,
+    during another test, it is a ResourceWarning there (an error under filterwarnings=error).
+    Close the loop this thread was left with, if any."""
+    yield
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # 3.12+: it may warn
+            loop = asyncio.get_event_loop_policy().get_event_loop()
+    except RuntimeError:  # no loop set (an asyncio.Runner unset it): nothing to close
+        return
+    loop.close()
+    asyncio.set_event_loop(None)  # as asyncio.Runner leaves it
 
 
 def _gateway(make_gateway: MakeGateway, hit_usage: str) -> tuple[Running, dict[str, Any]]:
@@ -54,14 +76,21 @@ def _litellm_calls(running: Running) -> list[tuple[float, dict[str, str]]]:
     import litellm
 
     calls = []
-    for _ in range(2):
-        response = litellm.completion(
-            model=f"openai/{MODEL}",
-            api_base=f"{running.url}/v1",
-            api_key="anything",
-            messages=[{"role": "user", "content": QUESTION}],
-            temperature=0,
-        )
+    # Our own client, closed when done: litellm's cached one is left to the garbage collector.
+    with httpx.Client() as http:
+        client = openai.OpenAI(base_url=f"{running.url}/v1", api_key="anything", http_client=http)
+        responses = [
+            litellm.completion(
+                model=f"openai/{MODEL}",
+                api_base=f"{running.url}/v1",
+                api_key="anything",
+                messages=[{"role": "user", "content": QUESTION}],
+                temperature=0,
+                client=client,
+            )
+            for _ in range(2)
+        ]
+    for response in responses:
         hidden = response._hidden_params
         headers = {
             k.removeprefix("llm_provider-"): v for k, v in hidden["additional_headers"].items()
@@ -75,11 +104,17 @@ def _langchain_calls(running: Running, table: dict[str, Any]) -> list[tuple[floa
     `usage_metadata`, and its `cache_read` tokens."""
     from langchain_openai import ChatOpenAI
 
-    chat = ChatOpenAI(model=MODEL, base_url=f"{running.url}/v1", api_key="anything")  # type: ignore[arg-type]
-    chat.temperature = 0
     calls = []
-    for _ in range(2):
-        usage = chat.invoke(QUESTION).usage_metadata
+    with httpx.Client() as http:  # closed when done, not left to the garbage collector
+        chat = ChatOpenAI(
+            model=MODEL,
+            base_url=f"{running.url}/v1",
+            api_key="anything",  # type: ignore[arg-type]
+            http_client=http,
+        )
+        chat.temperature = 0
+        usages = [chat.invoke(QUESTION).usage_metadata for _ in range(2)]
+    for usage in usages:
         assert usage is not None
         cache_read = usage.get("input_token_details", {}).get("cache_read", 0) or 0
         cost = (
