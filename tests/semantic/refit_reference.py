@@ -43,7 +43,7 @@ def propose_by_loops(
     now = served_by_loops(current, late, target, min_pairs)
     if new is None or (now is not None and new <= now):
         return None
-    pairs = [(score_by_loops(fitted, j), j.wrong) for j in judged]
+    pairs = [(score_by_loops(fitted, j), j.wrong) for j in late]
     return Proposal(fitted, len(early), len(late), new, now, pairs)
 
 

@@ -15,7 +15,8 @@ gateway, background_process.py) does, in time order:
   3. switch when the new head's point serves more of the later judgments than the current
      matcher's does (or the current one has none): the layer's matcher becomes the fitted head
      (`FittedMatcher` over the same embedder: no vector is re-embedded), and the live
-     calibration is reset to every kept judgment rescored on the new scale (`on_switch`).
+     calibration is reset to the later judgments (those the head was not fitted on) rescored
+     on the new scale (`on_switch`): a bound over the ones it learnt from would be optimistic.
 Vectorised: the window is packed into a few numpy arrays (`pack`, which also crosses to the
 worker), padded into one row per judgment (matcher.Candidates), and the judged candidates'
 feature rows are computed once, in one numpy pass (matcher.features_at, equal to
@@ -154,7 +155,7 @@ class Proposal(NamedTuple):
     later: int  # judgments it was scored on
     served: int
     served_now: int | None  # what the current matcher serves of them (None: no point)
-    pairs: list[tuple[float, bool]]  # every judgment rescored on its scale
+    pairs: list[tuple[float, bool]]  # the later judgments rescored on its scale
 
 
 def propose(
@@ -191,7 +192,9 @@ def propose(
     )
     if new is None or (now is not None and new <= now):
         return None
-    pairs = list(zip(scores.tolist(), wrong.tolist(), strict=True))
+    # Only the judgments the head was not fitted on: its scores on those it learnt from would
+    # make the live bound look better than it is.
+    pairs = list(zip(scores[cut:].tolist(), wrong[cut:].tolist(), strict=True))
     return Proposal(fitted, cut, len(wrong) - cut, new, now, pairs)
 
 
