@@ -4,6 +4,7 @@ gateway key — and model lookups work."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -24,12 +25,17 @@ def running(make_gateway: MakeGateway, fake: tuple[Any, str]) -> Any:
     )
 
 
-def client(running: Any) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{running.url}/v1", api_key="sk-app", max_retries=0)
+@pytest.fixture
+def app(running: Any) -> Iterator[openai.OpenAI]:
+    """The app's client, closed after the test (left to the garbage collector, its sockets
+    are an unraisable ResourceWarning in whichever test the collector runs)."""
+    with openai.OpenAI(base_url=f"{running.url}/v1", api_key="sk-app", max_retries=0) as app:
+        yield app
 
 
-def test_files_and_responses_reach_the_upstream_with_its_own_key(running: Any) -> None:
-    app = client(running)
+def test_files_and_responses_reach_the_upstream_with_its_own_key(
+    running: Any, app: openai.OpenAI
+) -> None:
     files = app.files.list()
     assert [f.id for f in files.data] == ["file-1"]
     response = app.responses.create(model="test-model", input="hello")
@@ -62,15 +68,15 @@ def test_pass_through_needs_a_gateway_key_and_keeps_status_headers_and_query(
     assert "x-mine" not in last["headers"]  # an allowlist: forwarding.py
 
 
-def test_models_retrieve_works_and_an_unknown_model_is_404(running: Any) -> None:
-    app = client(running)
+def test_models_retrieve_works_and_an_unknown_model_is_404(
+    running: Any, app: openai.OpenAI
+) -> None:
     assert app.models.retrieve("test-model").id == "test-model"
     with pytest.raises(openai.NotFoundError):
         app.models.retrieve("no-such-model")
 
 
-def test_embeddings_are_cached_per_input(running: Any) -> None:
-    app = client(running)
+def test_embeddings_are_cached_per_input(running: Any, app: openai.OpenAI) -> None:
     first = app.embeddings.create(model="embed-model", input=["alpha", "beta", "gamma"])
     second = app.embeddings.create(
         model="embed-model", input=["beta", "a new one", "alpha", "gamma"]
@@ -90,8 +96,9 @@ def test_embeddings_are_cached_per_input(running: Any) -> None:
     assert second.usage.prompt_tokens >= 1
 
 
-def test_legacy_completions_are_cached_and_replayed_as_streams(running: Any) -> None:
-    app = client(running)
+def test_legacy_completions_are_cached_and_replayed_as_streams(
+    running: Any, app: openai.OpenAI
+) -> None:
     first = app.completions.with_raw_response.create(
         model="test-model", prompt="Once upon a time", temperature=0, max_tokens=8
     )
@@ -119,8 +126,9 @@ def test_legacy_completions_are_cached_and_replayed_as_streams(running: Any) -> 
     assert running.fake.calls == 2
 
 
-def test_a_chat_and_a_completion_with_the_same_text_never_share_an_entry(running: Any) -> None:
-    app = client(running)
+def test_a_chat_and_a_completion_with_the_same_text_never_share_an_entry(
+    running: Any, app: openai.OpenAI
+) -> None:
     app.completions.create(model="test-model", prompt="hello", temperature=0)
     chat = app.chat.completions.with_raw_response.create(
         model="test-model", messages=[{"role": "user", "content": "hello"}], temperature=0
