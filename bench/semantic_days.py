@@ -20,7 +20,8 @@ Per bot (banking77, hwu64; tests/semantic/days/day.py) and answer variant (1 or 
    answers, out-of-domain answered;
 4. `shadow`: nothing tuned, one gateway with `--semantic=shadow` (judge `exact` with one
    phrasing, `embedding` with three) over day 1 then day 2, scored per day (acceptance 3);
-   `--shadow-refit N` sets `shadow_refit_every` (the head refitted every N judged pairs);
+   `--shadow-refit N` sets `shadow_refit_every` (the head refitted every N judged pairs; 0
+   never; the gateway's default otherwise);
 5. `poison` (banking77 only): each configuration on a fresh gateway asked the 100 attacks
    (attacker first, then the plain question and a paraphrase) and the 300 swaps (acceptance 5).
 Then `cross` (acceptance 4: each bot's configurations serve the other bot's day 2) and `ood`
@@ -188,10 +189,11 @@ def run_variant(run: Run, name: str, phrasings: int) -> dict[str, Any]:
     if run.wanted("shadow"):
         judge = "exact" if phrasings == 1 else "embedding"
         shadow = workdir / "shadow.toml"
-        refit = f"shadow_refit_every = {run.args.shadow_refit}\n" if run.args.shadow_refit else ""
-        shadow.write_text(f'[semantic]\nmode = "shadow"\njudge = "{judge}"\n{refit}')
         every = run.args.shadow_refit
-        print(f"  shadow ({judge} judge, refit every {every}) over day 1 then day 2")
+        refit = "" if every is None else f"shadow_refit_every = {every}\n"
+        shadow.write_text(f'[semantic]\nmode = "shadow"\njudge = "{judge}"\n{refit}')
+        refits = "default" if every is None else every
+        print(f"  shadow ({judge} judge, refit every {refits}) over day 1 then day 2")
         scores, _, stats = serve_batches(
             workdir / "shadow", labels, phrasings, bot.system, [first.requests, second.requests],
             flags=("--semantic=shadow", "--config", str(shadow)),
@@ -275,8 +277,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--only", default="", help="comma list of steps/configs to run")
     parser.add_argument("--skip", default="", help="comma list of steps/configs to skip")
     parser.add_argument(
-        "--shadow-refit", type=int, default=0,
-        help="shadow step: judged pairs between background head refits (0: never)",
+        "--shadow-refit", type=int, default=None,
+        help="shadow step: judged pairs between background head refits (0: never; "
+        "default: the gateway's)",
     )  # fmt: skip
     run = Run(parser.parse_args(argv))
     run.record(["load_before"], os.getloadavg())

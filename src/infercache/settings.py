@@ -43,7 +43,7 @@ naming it.
     verify_sample_rate = 0.02            # share of semantic hits re-asked upstream (shadow: 0.05)
     judge = "embedding"                  # exact | equality | embedding | llm
     shadow_min_pairs = 300               # judged pairs at the operating point before serving
-    shadow_refit_every = 0               # judged pairs between shadow's background refits of
+    shadow_refit_every = 200             # judged pairs between shadow's background refits of
                                          #   its matcher's head (0: never; shadow_fit.py)
     answer_stats = true                  # per-answer thresholds learned from judged outcomes
     k = 4                                # neighbours examined per lookup
@@ -94,7 +94,7 @@ class SemanticSettings:
     judge: str = "embedding"
     shadow_min_pairs: int = 300
     shadow_window: int = 5000
-    shadow_refit_every: int = 0  # judged pairs between shadow's head refits (0: never)
+    shadow_refit_every: int = 200  # judged pairs between shadow's head refits (0: never)
     answer_stats: bool = True
     k: int = 4
     store_hits_as_exact: bool = False
